@@ -264,3 +264,27 @@ def beam_search(
         if len(live):
             state.select(rows)
     return [h.best() for h in hyps]
+
+
+def search(
+    state: DecoderState, sources: Sequence[Sequence[int]], beam: int, start_id: int, eos_id: int, max_output_tokens: int
+) -> list[list[int]]:
+    """Greedy (beam 1) or beam search over a state started for these sources."""
+    limits = [default_max_output(len(s) + 1, max_output_tokens) for s in sources]
+    if beam == 1:
+        return greedy_search(state, limits, start_id, eos_id)
+    return beam_search(state, limits, beam, start_id, eos_id)
+
+
+def translate_in_batches(
+    tokenizer, texts: Sequence[str], translate_ids: Callable[[list[list[int]]], list[list[int]]], batch_size: int
+) -> list[str]:
+    """Tokenize, translate length-sorted batches (little padding), detokenize in the input order."""
+    ids = tokenizer.encode_source(texts)
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    outputs: list[list[int]] = [[] for _ in ids]
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        for i, out in zip(chunk, translate_ids([ids[i] for i in chunk]), strict=True):
+            outputs[i] = out
+    return tokenizer.decode(outputs)

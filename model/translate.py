@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,14 +15,9 @@ import numpy as np
 import torch
 
 from model.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
-from model.search import CachedDecoderState, KVCache, beam_search, default_max_output, greedy_search, pad_sources
+from model.search import CachedDecoderState, KVCache, pad_sources, search, translate_in_batches
 from model.tokenizer import Tokenizer
 from model.transformer import Transformer
-
-
-def batched(items: Sequence[int], size: int) -> Iterator[Sequence[int]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
 
 
 @dataclass
@@ -71,19 +66,12 @@ class TorchTranslator:
             state = CachedDecoderState(self._step, cross_k.numpy(), cross_v.numpy(), mask.numpy(), source_index, cache)
         else:
             state = PrefixDecoderState(self.model, memory, mask, source_index, np.zeros((rows, 0), np.int64))
-        limits = [default_max_output(len(s) + 1, self.max_output_tokens) for s in sources]
-        if beam == 1:
-            return greedy_search(state, limits, c.decoder_start_id, c.eos_id)
-        return beam_search(state, limits, beam, c.decoder_start_id, c.eos_id)
+        return search(state, sources, beam, c.decoder_start_id, c.eos_id, self.max_output_tokens)
 
     def translate(self, texts: Sequence[str], beam: int = 1, batch_size: int = 64, use_cache: bool = True) -> list[str]:
-        ids = self.tokenizer.encode_source(texts)
-        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-        outputs: list[list[int]] = [[] for _ in ids]
-        for chunk in batched(order, batch_size):
-            for i, out in zip(chunk, self.translate_ids([ids[i] for i in chunk], beam, use_cache), strict=True):
-                outputs[i] = out
-        return self.tokenizer.decode(outputs)
+        return translate_in_batches(
+            self.tokenizer, texts, lambda ids: self.translate_ids(ids, beam, use_cache), batch_size
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

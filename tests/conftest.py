@@ -30,3 +30,58 @@ def multi30k() -> Path:
     if not (MULTI30K / "test_2016_flickr.en.gz").exists():
         pytest.skip(f"Multi30k corpus not found at {MULTI30K} (place it in ../shared/data/multi30k)")
     return MULTI30K
+
+
+def own_sentences(n: int) -> list[str]:
+    """n distinct English sentences of the default model's domain, generated from templates."""
+    subjects = [
+        "A man",
+        "A woman",
+        "A young boy",
+        "A little girl",
+        "Two dogs",
+        "An old man",
+        "Three children",
+        "A black cat",
+    ]
+    verbs = ["is walking", "is running", "is sitting", "is playing", "is standing", "is waiting"]
+    places = ["on the street", "in the park", "near the water", "in front of a building", "on the grass"]
+    sentences = [f"{s} {v} {p}." for s in subjects for v in verbs for p in places]
+    return sentences[:n]
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    """A random-weight model with a real (small) sentencepiece tokenizer, saved as a checkpoint."""
+    import torch
+
+    from model.checkpoint import save_checkpoint
+    from model.config import ModelConfig
+    from model.tokenizer import Tokenizer
+    from model.transformer import Transformer
+
+    texts = own_sentences(240) + [german for _, german in OWN_SENTENCES]
+    tokenizer, blob = Tokenizer.train(texts * 3, vocab_size=120)
+    config = ModelConfig(
+        vocab_size=tokenizer.vocab_size,
+        d_model=32,
+        n_heads=4,
+        n_encoder_layers=2,
+        n_decoder_layers=2,
+        d_ff=64,
+        dropout=0.0,
+    )
+    torch.manual_seed(0)
+    directory = tmp_path_factory.mktemp("tiny_checkpoint")
+    save_checkpoint(directory, Transformer(config), blob, {"name": "tiny-test"})
+    return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_export(tiny_checkpoint: Path, tmp_path_factory) -> Path:
+    """The tiny checkpoint exported with every variant."""
+    from export.__main__ import main
+
+    out = tmp_path_factory.mktemp("tiny_export") / "model"
+    assert main(["--checkpoint", str(tiny_checkpoint), "--out", str(out), "--int8", "--fp16"]) == 0
+    return out

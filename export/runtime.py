@@ -1,0 +1,128 @@
+"""Runtime-side decoding over an exported model folder: numpy + ONNX Runtime, no torch.
+
+The server's engine is built on ``OrtModel``. On CUDA the cross-attention
+keys/values stay on the device between steps (IOBinding); on CPU plain numpy
+arrays are passed without copies. The same IOBinding path runs on the CPU
+provider too (``io_binding=True``), which is how it is tested without a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from export.manifest import ModelFolderError, read_manifest
+from model.config import ModelConfig
+from model.search import CachedDecoderState, KVCache, pad_sources, search, translate_in_batches
+from model.tokenizer import Tokenizer
+
+PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+
+
+def resolve_provider(requested: str) -> str:
+    """'cpu', 'cuda' or 'auto' (CUDA when this onnxruntime build can use it, else CPU)."""
+    available = ort.get_available_providers()
+    if requested == "auto":
+        return "cuda" if PROVIDERS["cuda"] in available else "cpu"
+    if requested not in PROVIDERS:
+        raise ValueError(f"provider {requested!r}: use cpu, cuda or auto")
+    if PROVIDERS[requested] not in available:
+        raise ValueError(f"provider {requested!r} is not available in this onnxruntime build (has {available})")
+    return requested
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    variant: str = "fp32"
+    provider: str = "auto"
+    intra_op_threads: int = 0  # 0: ONNX Runtime's default (one per physical core)
+    io_binding: bool | None = None  # None: on for CUDA, off for CPU
+    verify_files: bool = True
+
+
+class OrtModel:
+    """An exported model folder loaded into two ONNX Runtime sessions."""
+
+    def __init__(self, folder: str | Path, options: RuntimeOptions = RuntimeOptions()) -> None:
+        self.folder = Path(folder)
+        self.manifest = read_manifest(self.folder, verify=options.verify_files)
+        variants = self.manifest["variants"]
+        if options.variant not in variants:
+            raise ModelFolderError(f"{self.folder} has no {options.variant!r} variant (has {sorted(variants)})")
+        self.variant = options.variant
+        self.config = ModelConfig.from_dict(self.manifest["model_config"])
+        self.tokenizer = Tokenizer.from_file(self.folder / self.manifest["tokenizer"])
+        self.provider = resolve_provider(options.provider)
+        self.device = "cuda" if self.provider == "cuda" else "cpu"
+        self.io_binding = self.provider == "cuda" if options.io_binding is None else options.io_binding
+        session_options = ort.SessionOptions()
+        session_options.intra_op_num_threads = options.intra_op_threads
+        session_options.inter_op_num_threads = 1
+        providers = [PROVIDERS[self.provider]]
+        files = variants[self.variant]
+        self.encoder = ort.InferenceSession(str(self.folder / files["encoder"]), session_options, providers=providers)
+        self.decoder = ort.InferenceSession(str(self.folder / files["decoder"]), session_options, providers=providers)
+        cache_type = next(i.type for i in self.decoder.get_inputs() if i.name == "past_k")
+        self.cache_dtype = ORT_DTYPES[cache_type]
+
+    # --- graphs ------------------------------------------------------------------
+
+    def encode(self, src_tokens: np.ndarray, src_mask: np.ndarray) -> tuple[Any, Any]:
+        """Cross-attention keys/values (L, B, H, S, d_k): numpy, or OrtValues on the device with IOBinding."""
+        if not self.io_binding:
+            _, cross_k, cross_v = self.encoder.run(None, {"src_tokens": src_tokens, "src_mask": src_mask})
+            return cross_k, cross_v
+        binding = self.encoder.io_binding()
+        binding.bind_cpu_input("src_tokens", src_tokens)
+        binding.bind_cpu_input("src_mask", src_mask)
+        for name in ("memory", "cross_k", "cross_v"):
+            binding.bind_output(name, self.device)
+        self.encoder.run_with_iobinding(binding)
+        _, cross_k, cross_v = binding.get_outputs()
+        return cross_k, cross_v
+
+    def step(self, inputs: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One decoder step; returns (log_probs, new_k, new_v) as numpy arrays."""
+        if not self.io_binding:
+            return tuple(self.decoder.run(None, inputs))
+        binding = self.decoder.io_binding()
+        for name, value in inputs.items():
+            if isinstance(value, ort.OrtValue):
+                binding.bind_ortvalue_input(name, value)
+            else:
+                binding.bind_cpu_input(name, np.ascontiguousarray(value))
+        for name in ("log_probs", "new_k", "new_v"):
+            binding.bind_output(name, "cpu")
+        self.decoder.run_with_iobinding(binding)
+        return tuple(binding.copy_outputs_to_cpu())
+
+    # --- decoding ----------------------------------------------------------------
+
+    def start(self, sources: Sequence[Sequence[int]], beam: int = 1) -> CachedDecoderState:
+        """Encode sources and return a decoder state with ``beam`` rows per source."""
+        c = self.config
+        src_tokens, src_mask = pad_sources(sources, c.pad_id, c.eos_id)
+        cross_k, cross_v = self.encode(src_tokens, src_mask)
+        rows = len(sources) * beam
+        cache = KVCache.empty(c.n_decoder_layers, rows, c.n_heads, c.d_head, self.cache_dtype)
+        source_index = np.repeat(np.arange(len(sources)), beam)
+        return CachedDecoderState(self.step, cross_k, cross_v, src_mask, source_index, cache)
+
+    def translate_ids(
+        self, sources: Sequence[Sequence[int]], beam: int = 1, max_output_tokens: int = 256
+    ) -> list[list[int]]:
+        c = self.config
+        return search(self.start(sources, beam), sources, beam, c.decoder_start_id, c.eos_id, max_output_tokens)
+
+    def translate(
+        self, texts: Sequence[str], beam: int = 1, batch_size: int = 64, max_output_tokens: int = 256
+    ) -> list[str]:
+        return translate_in_batches(
+            self.tokenizer, texts, lambda ids: self.translate_ids(ids, beam, max_output_tokens), batch_size
+        )

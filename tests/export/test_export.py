@@ -1,0 +1,106 @@
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from export import __main__ as export_main
+from export.manifest import ModelFolderError, read_manifest
+from export.parity import ParityReport, check_graphs
+from export.runtime import OrtModel, RuntimeOptions
+from model.checkpoint import load_checkpoint
+from model.translate import TorchTranslator
+from tests.conftest import own_sentences
+
+
+def test_manifest_describes_the_folder(tiny_export: Path):
+    manifest = read_manifest(tiny_export)
+    assert set(manifest["variants"]) == {"fp32", "int8", "fp16"}
+    assert manifest["variants"]["fp32"]["parity"]["passed"] is True
+    assert manifest["variants"]["fp32"]["parity"]["decoder_max_abs_diff"] <= 1e-4
+    assert manifest["variants"]["fp32"]["quality"]["greedy_token_agreement_with_pytorch"] == 1.0
+    assert {"onnxruntime", "onnx", "torch"} <= set(manifest["versions"])
+    decoder_inputs = [i["name"] for i in manifest["graphs"]["decoder"]["inputs"]]
+    assert decoder_inputs == [
+        "tokens",
+        "positions",
+        "past_k",
+        "past_v",
+        "cache_mask",
+        "cross_k",
+        "cross_v",
+        "src_mask",
+        "source_index",
+    ]
+    assert set(manifest["files"]) == {p.name for p in tiny_export.iterdir()} - {"manifest.json"}
+    assert manifest["export_command"].startswith("python -m export")
+
+
+def test_parity_with_rows_of_different_cache_lengths(tiny_checkpoint: Path, tiny_export: Path):
+    model, _ = load_checkpoint(tiny_checkpoint)
+    sessions = [
+        ort.InferenceSession(str(tiny_export / f), providers=["CPUExecutionProvider"])
+        for f in ("encoder.onnx", "decoder.onnx")
+    ]
+    report = check_graphs(model, *sessions)
+    assert report.passed, report
+    assert report.cases >= 9
+
+
+@pytest.mark.parametrize("io_binding", [False, True])
+@pytest.mark.parametrize("beam", [1, 4])
+def test_runtime_decoder_equals_pytorch(tiny_checkpoint: Path, tiny_export: Path, beam: int, io_binding: bool):
+    model, tokenizer = load_checkpoint(tiny_checkpoint)
+    sentences = own_sentences(40)
+    runtime = OrtModel(tiny_export, RuntimeOptions(provider="cpu", io_binding=io_binding))
+    ids = tokenizer.encode_source(sentences)
+    expected = TorchTranslator(model, tokenizer, max_output_tokens=20).translate_ids(ids, beam)
+    assert runtime.translate_ids(ids, beam, max_output_tokens=20) == expected
+
+
+def test_fp16_variant_runs_and_stays_close(tiny_export: Path):
+    parity = read_manifest(tiny_export)["variants"]["fp16"]["parity"]
+    assert parity["passed"], parity
+    runtime = OrtModel(tiny_export, RuntimeOptions(variant="fp16", provider="cpu"))
+    assert runtime.cache_dtype == np.float16
+    assert len(runtime.translate(["A man is walking."])) == 1
+
+
+def test_modified_file_refuses_to_load(tiny_export: Path, tmp_path: Path):
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_export, folder)
+    with open(folder / "decoder.onnx", "r+b") as f:
+        f.truncate(1000)
+    with pytest.raises(ModelFolderError, match=r"decoder.onnx does not match its sha256"):
+        OrtModel(folder)
+    shutil.copy(tiny_export / "decoder.onnx", folder / "decoder.onnx")
+    (folder / "sentencepiece.model").unlink()
+    with pytest.raises(ModelFolderError, match=r"sentencepiece.model is listed in the manifest but missing"):
+        read_manifest(folder)
+
+
+def test_existing_output_needs_force(tiny_checkpoint: Path, tiny_export: Path, capsys):
+    assert export_main.main(["--checkpoint", str(tiny_checkpoint), "--out", str(tiny_export)]) == 1
+    assert "already exists, use --force to override" in capsys.readouterr().err
+
+
+def test_failed_parity_writes_nothing(tiny_checkpoint: Path, tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(export_main, "check_graphs", lambda *a, **k: ParityReport(1.0, 1.0, 1, 1e-4))
+    out = tmp_path / "model"
+    assert export_main.main(["--checkpoint", str(tiny_checkpoint), "--out", str(out)]) == 1
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_check_command_passes_on_an_export(tiny_export: Path):
+    result = subprocess.run(
+        [sys.executable, "-m", "export.check", "--model", str(tiny_export)], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["fp32"]["passed"] is True
