@@ -18,7 +18,7 @@ import onnxruntime as ort
 
 from export.manifest import ModelFolderError, read_manifest
 from model.config import ModelConfig
-from model.search import CachedDecoderState, KVCache, pad_sources, search, translate_in_batches
+from model.search import DecodeBatch, decode, pad_sources, translate_in_batches
 from model.tokenizer import Tokenizer
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
@@ -104,21 +104,18 @@ class OrtModel:
 
     # --- decoding ----------------------------------------------------------------
 
-    def start(self, sources: Sequence[Sequence[int]], beam: int = 1) -> CachedDecoderState:
-        """Encode sources and return a decoder state with ``beam`` rows per source."""
+    def new_batch(self) -> DecodeBatch:
+        """An empty running batch over this model's decoder step."""
         c = self.config
-        src_tokens, src_mask = pad_sources(sources, c.pad_id, c.eos_id)
-        cross_k, cross_v = self.encode(src_tokens, src_mask)
-        rows = len(sources) * beam
-        cache = KVCache.empty(c.n_decoder_layers, rows, c.n_heads, c.d_head, self.cache_dtype)
-        source_index = np.repeat(np.arange(len(sources)), beam)
-        return CachedDecoderState(self.step, cross_k, cross_v, src_mask, source_index, cache)
+        return DecodeBatch(self.step, c.n_decoder_layers, c.n_heads, c.d_head, c.decoder_start_id, self.cache_dtype)
 
     def translate_ids(
         self, sources: Sequence[Sequence[int]], beam: int = 1, max_output_tokens: int = 256
     ) -> list[list[int]]:
         c = self.config
-        return search(self.start(sources, beam), sources, beam, c.decoder_start_id, c.eos_id, max_output_tokens)
+        src_tokens, src_mask = pad_sources(sources, c.pad_id, c.eos_id)
+        cross_k, cross_v = self.encode(src_tokens, src_mask)
+        return decode(self.new_batch(), cross_k, cross_v, src_mask, sources, beam, c.eos_id, max_output_tokens)
 
     def translate(
         self, texts: Sequence[str], beam: int = 1, batch_size: int = 64, max_output_tokens: int = 256

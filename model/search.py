@@ -1,19 +1,24 @@
-"""Decoding algorithms over an abstract decoder, in numpy only.
+"""Decoding over an abstract decoder step, in numpy only.
 
-PyTorch (``model.translate``), ONNX Runtime (``export.runtime``) and the server
-all decode through this module, so the search itself is written once and the
+PyTorch (``model.translate``), ONNX Runtime (``export.runtime``) and the
+server all decode through this module: the search is written once, and the
 backends differ only in how one decoder step is computed.
 
-A backend provides a ``DecoderState``: ``step(tokens)`` runs one decoder step
-for every live row and returns log-probabilities, ``select(rows)`` keeps (and
-reorders) rows, which is how beams are re-ranked and finished rows leave.
+- ``GreedySearch`` / ``BeamSearch``: the search of one source. Each step it
+  receives the log-probabilities of its live rows and says which rows go on
+  (by origin) with which tokens; it is done when it returns no rows.
+- ``DecodeBatch``: the running batch. Sources join (``add``) at any step with
+  an empty self-attention cache and their own cross-attention keys/values,
+  and leave as soon as their search is done (or they are cancelled). Offline
+  decoding adds everything once and steps until empty; the server's
+  continuous scheduler adds arrivals between steps.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -32,14 +37,6 @@ def pad_sources(ids: Sequence[Sequence[int]], pad: int, eos: int) -> tuple[np.nd
 def default_max_output(source_len: int, cap: int) -> int:
     """Longest translation searched for a source of source_len tokens (eos included)."""
     return min(cap, 2 * source_len + 10)
-
-
-class DecoderState(Protocol):
-    def step(self, tokens: np.ndarray) -> np.ndarray:
-        """Feed one token per live row (R,); returns log-probabilities (R, V)."""
-
-    def select(self, rows: np.ndarray) -> None:
-        """Keep only these rows, in this order (indices may repeat)."""
 
 
 @dataclass
@@ -62,9 +59,8 @@ class KVCache:
     @classmethod
     def empty(cls, layers: int, rows: int, heads: int, d_head: int, dtype=np.float32, chunk: int = 16) -> KVCache:
         shape = (layers, rows, heads, 0, d_head)
-        return cls(
-            np.zeros(shape, dtype), np.zeros(shape, dtype), np.zeros((rows, 0), bool), np.zeros(rows, np.int64), chunk
-        )
+        empty = np.zeros(shape, dtype)
+        return cls(empty, empty.copy(), np.zeros((rows, 0), bool), np.zeros(rows, np.int64), chunk)
 
     @property
     def capacity(self) -> int:
@@ -93,7 +89,7 @@ class KVCache:
         self.lengths = self.lengths + 1
 
     def select(self, rows: np.ndarray) -> None:
-        """Keep these rows; the capacity shrinks to what the longest kept row needs."""
+        """Keep these rows (indices may repeat); capacity shrinks to what the longest needs."""
         self.lengths = self.lengths[rows]
         longest = int(self.lengths.max(initial=0))
         capacity = min(self.capacity, -(-longest // self.chunk) * self.chunk)
@@ -101,83 +97,42 @@ class KVCache:
         self.v = np.ascontiguousarray(self.v[:, rows, :, :capacity])
         self.mask = np.ascontiguousarray(self.mask[rows, :capacity])
 
-    def extend(self, other: KVCache) -> None:
-        """Append other's rows (e.g. new arrivals with empty caches) after this cache's rows."""
-        capacity = max(self.capacity, other.capacity)
-        for cache in (self, other):
-            if cache.capacity < capacity:
-                cache._grow(capacity)
-        self.k = np.concatenate([self.k, other.k], axis=1)
-        self.v = np.concatenate([self.v, other.v], axis=1)
-        self.mask = np.concatenate([self.mask, other.mask], axis=0)
-        self.lengths = np.concatenate([self.lengths, other.lengths])
+    def add_empty_rows(self, count: int) -> None:
+        """Rows for new arrivals: nothing cached yet."""
+        layers, _, heads, capacity, d_head = self.k.shape
+        zeros = np.zeros((layers, count, heads, capacity, d_head), self.k.dtype)
+        self.k = np.concatenate([self.k, zeros], axis=1)
+        self.v = np.concatenate([self.v, zeros], axis=1)
+        self.mask = np.concatenate([self.mask, np.zeros((count, capacity), bool)])
+        self.lengths = np.concatenate([self.lengths, np.zeros(count, np.int64)])
 
 
-StepFn = Callable[[dict[str, np.ndarray]], tuple[np.ndarray, np.ndarray, np.ndarray]]
+class Search(Protocol):
+    rows: int  # live rows this source occupies
+
+    def advance(self, log_probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """log_probs (rows, V) of this step -> (origin of each next row, its token); none when done."""
+
+    def result(self) -> list[int]: ...
 
 
 @dataclass
-class CachedDecoderState:
-    """A DecoderState over any backend that computes one step from numpy inputs.
+class GreedySearch:
+    max_length: int  # tokens including eos
+    eos_id: int
+    tokens: list[int] = field(default_factory=list)
+    rows: int = 1
 
-    ``step_fn`` takes the decoder-step inputs by name (tokens, positions,
-    past_k, past_v, cache_mask, cross_k, cross_v, src_mask, source_index) and
-    returns (log_probs, new_k, new_v). Cross-attention keys/values are stored
-    once per source; rows point at their source through source_index.
-    """
+    def advance(self, log_probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        token = int(log_probs[0].argmax())
+        if token == self.eos_id or len(self.tokens) + 1 >= self.max_length:
+            self.rows = 0
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        self.tokens.append(token)
+        return np.zeros(1, np.int64), np.array([token])
 
-    step_fn: StepFn
-    cross_k: np.ndarray  # (L, N, H, S, d_k)
-    cross_v: np.ndarray
-    src_mask: np.ndarray  # (N, S)
-    source_index: np.ndarray  # (R,)
-    cache: KVCache
-    steps: int = field(default=0)
-
-    def step(self, tokens: np.ndarray) -> np.ndarray:
-        inputs = {
-            "tokens": tokens.astype(np.int64),
-            "positions": self.cache.lengths.copy(),
-            "past_k": self.cache.k,
-            "past_v": self.cache.v,
-            "cache_mask": self.cache.mask,
-            "cross_k": self.cross_k,
-            "cross_v": self.cross_v,
-            "src_mask": self.src_mask,
-            "source_index": self.source_index.astype(np.int64),
-        }
-        log_probs, new_k, new_v = self.step_fn(inputs)
-        self.cache.append(new_k, new_v)
-        self.steps += 1
-        return log_probs
-
-    def select(self, rows: np.ndarray) -> None:
-        self.source_index = self.source_index[rows]
-        self.cache.select(rows)
-
-
-def greedy_search(state: DecoderState, max_lengths: Sequence[int], start_id: int, eos_id: int) -> list[list[int]]:
-    """Greedy decoding of one row per source; a row leaves the batch when it emits eos
-    or reaches its max length. Returns token ids without the start and eos tokens."""
-    n = len(max_lengths)
-    outputs: list[list[int]] = [[] for _ in range(n)]
-    live = np.arange(n)
-    tokens = np.full(n, start_id, dtype=np.int64)
-    limits = np.asarray(max_lengths)
-    step = 0
-    while len(live):
-        log_probs = state.step(tokens)
-        step += 1
-        tokens = np.where(limits[live] <= step, eos_id, log_probs.argmax(-1))  # at its limit a row must end
-        for row, source in enumerate(live):
-            if tokens[row] != eos_id:
-                outputs[source].append(int(tokens[row]))
-        keep = tokens != eos_id
-        if not keep.all():
-            rows = np.flatnonzero(keep)
-            state.select(rows)
-            live, tokens = live[rows], tokens[rows]
-    return outputs
+    def result(self) -> list[int]:
+        return self.tokens
 
 
 def length_normalized(score: float, length: int, alpha: float) -> float:
@@ -186,94 +141,239 @@ def length_normalized(score: float, length: int, alpha: float) -> float:
 
 
 @dataclass
-class _Hypotheses:
-    """The finished hypotheses of one source."""
+class BeamSearch:
+    """Beam search for one source. It starts from one row; each step takes the 2·beam
+    best extensions: those ending in eos within the top beam ranks are finished
+    (scored with the GNMT length penalty), the best non-eos ones form the next
+    beam. Done with ``beam`` finished hypotheses or at max_length."""
 
     beam: int
-    alpha: float
-    done: list[tuple[float, list[int]]] = field(default_factory=list)
+    max_length: int
+    eos_id: int
+    alpha: float = 0.6
+    scores: np.ndarray = field(default_factory=lambda: np.zeros(1))
+    history: np.ndarray = field(default_factory=lambda: np.zeros((1, 0), np.int64))
+    finished: list[tuple[float, list[int]]] = field(default_factory=list)
+    rows: int = 1
 
-    def add(self, score: float, tokens: list[int]) -> None:
-        self.done.append((length_normalized(score, len(tokens) + 1, self.alpha), tokens))
+    def advance(self, log_probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        vocab = log_probs.shape[-1]
+        candidates = self.scores[:, None] + log_probs.astype(np.float64)
+        at_limit = self.history.shape[1] + 1 >= self.max_length
+        if at_limit:  # the only way on is to end
+            candidates[:, : self.eos_id] = NEG_INF
+            candidates[:, self.eos_id + 1 :] = NEG_INF
+        flat = candidates.reshape(-1)
+        top = np.argsort(-flat, kind="stable")[: 2 * self.beam]
+        origins, tokens, scores = [], [], []
+        for rank, index in enumerate(top):
+            origin, token = divmod(int(index), vocab)
+            if flat[index] <= NEG_INF / 2:
+                break
+            if token == self.eos_id:
+                if rank < self.beam:
+                    length = self.history.shape[1] + 1
+                    self.finished.append(
+                        (length_normalized(float(flat[index]), length, self.alpha), self.history[origin].tolist())
+                    )
+            elif len(origins) < self.beam:
+                origins.append(origin)
+                tokens.append(token)
+                scores.append(flat[index])
+            if len(self.finished) >= self.beam or (len(origins) == self.beam and rank >= self.beam - 1):
+                break
+        if len(self.finished) >= self.beam or at_limit or not origins:
+            self.rows = 0
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        origin_array, token_array = np.array(origins), np.array(tokens)
+        self.history = np.concatenate([self.history[origin_array], token_array[:, None]], axis=1)
+        self.scores = np.array(scores)
+        self.rows = len(origins)
+        return origin_array, token_array
+
+    def result(self) -> list[int]:
+        return max(self.finished, key=lambda f: f[0])[1]
+
+
+def new_search(beam: int, max_length: int, eos_id: int) -> Search:
+    return GreedySearch(max_length, eos_id) if beam == 1 else BeamSearch(beam, max_length, eos_id)
+
+
+StepFn = Callable[[dict[str, Any]], tuple[np.ndarray, np.ndarray, np.ndarray]]
+
+
+class DecodeBatch:
+    """The running decode batch: sources with their searches, and the rows of their hypotheses.
+
+    ``step_fn`` computes one decoder step from named numpy inputs (tokens,
+    positions, past_k, past_v, cache_mask, cross_k, cross_v, src_mask,
+    source_index) and returns (log_probs, new_k, new_v). Cross-attention
+    keys/values are kept once per source (slot); rows point at their slot
+    through source_index, so a request's beams share them.
+    """
+
+    def __init__(self, step_fn: StepFn, layers: int, heads: int, d_head: int, start_id: int, dtype=np.float32) -> None:
+        self.step_fn = step_fn
+        self.start_id = start_id
+        self.cache = KVCache.empty(layers, 0, heads, d_head, dtype)
+        self.cross_k: Any = None  # (L, N, H, S, d_k) per source slot
+        self.cross_v: Any = None
+        self.src_mask = np.zeros((0, 0), bool)
+        self.slots: list[Any] = []  # key of the source in each slot (None once it left)
+        self.searches: dict[Any, Search] = {}  # live sources in row order
+        self.slot_of: dict[Any, int] = {}
+        self.source_index = np.zeros(0, np.int64)
+        self.tokens = np.zeros(0, np.int64)
 
     @property
-    def complete(self) -> bool:
-        return len(self.done) >= self.beam
+    def rows(self) -> int:
+        return len(self.tokens)
 
-    def best(self) -> list[int]:
-        return max(self.done, key=lambda d: d[0])[1]
+    def __len__(self) -> int:
+        return len(self.searches)
+
+    @property
+    def cross_nbytes(self) -> int:
+        if self.cross_k is None or not hasattr(self.cross_k, "nbytes"):
+            return 0
+        return self.cross_k.nbytes + self.cross_v.nbytes
+
+    def add(
+        self, keys: Sequence[Any], searches: Sequence[Search], cross_k: Any, cross_v: Any, src_mask: np.ndarray
+    ) -> None:
+        """Join sources (encoded together: cross_k (L, n, H, S, d_k)) with empty caches."""
+        if self.cross_k is None:
+            self.cross_k, self.cross_v, self.src_mask = cross_k, cross_v, src_mask
+        else:
+            self._compact_sources()
+            self.cross_k, self.cross_v, self.src_mask = _join_sources(
+                (self.cross_k, self.cross_v, self.src_mask), (cross_k, cross_v, src_mask)
+            )
+        first_slot = len(self.slots)
+        for i, (key, search) in enumerate(zip(keys, searches, strict=True)):
+            self.slots.append(key)
+            self.slot_of[key] = first_slot + i
+            self.searches[key] = search
+        self.cache.add_empty_rows(len(keys))
+        self.source_index = np.concatenate([self.source_index, first_slot + np.arange(len(keys))])
+        self.tokens = np.concatenate([self.tokens, np.full(len(keys), self.start_id, np.int64)])
+
+    def _run_step(self) -> np.ndarray:
+        inputs = {
+            "tokens": self.tokens,
+            "positions": self.cache.lengths.copy(),
+            "past_k": self.cache.k,
+            "past_v": self.cache.v,
+            "cache_mask": self.cache.mask,
+            "cross_k": self.cross_k,
+            "cross_v": self.cross_v,
+            "src_mask": self.src_mask,
+            "source_index": self.source_index,
+        }
+        log_probs, new_k, new_v = self.step_fn(inputs)
+        self.cache.append(new_k, new_v)
+        return log_probs
+
+    def step(self) -> list[tuple[Any, list[int]]]:
+        """One decoder step for every row; returns the sources finished by it (key, token ids)."""
+        log_probs = self._run_step()
+        rows, tokens, finished, offset = [], [], [], 0
+        for key, search in list(self.searches.items()):
+            n = search.rows
+            origins, next_tokens = search.advance(log_probs[offset : offset + n])
+            rows.append(offset + origins)
+            tokens.append(next_tokens)
+            offset += n
+            if search.rows == 0:
+                finished.append((key, search.result()))
+                self._forget(key)
+        self._keep_rows(np.concatenate(rows) if rows else np.zeros(0, np.int64), tokens)
+        return finished
+
+    def remove(self, key: Any) -> None:
+        """Drop a source mid-way (its caller went away); its rows and cache go at once."""
+        offset = 0
+        keep = []
+        for k, search in self.searches.items():
+            if k != key:
+                keep.append(np.arange(offset, offset + search.rows))
+            offset += search.rows
+        self._forget(key)
+        rows = np.concatenate(keep) if keep else np.zeros(0, np.int64)
+        self._select_rows(rows)
+        self.tokens = self.tokens[rows]
+
+    def _select_rows(self, rows: np.ndarray) -> None:
+        self.cache.select(rows)
+        self.source_index = self.source_index[rows]
+
+    def _forget(self, key: Any) -> None:
+        del self.searches[key]
+        self.slots[self.slot_of.pop(key)] = None
+
+    def _keep_rows(self, rows: np.ndarray, tokens: list[np.ndarray]) -> None:
+        if len(rows) != self.rows or not np.array_equal(rows, np.arange(self.rows)):
+            self._select_rows(rows)
+        self.tokens = np.concatenate(tokens).astype(np.int64) if tokens else np.zeros(0, np.int64)
+        if not self.searches:
+            self.cross_k = self.cross_v = None
+            self.src_mask = np.zeros((0, 0), bool)
+            self.slots, self.slot_of = [], {}
+
+    def _compact_sources(self) -> None:
+        """Drop the cross-attention keys/values of sources that left, once they are the majority."""
+        live = [i for i, key in enumerate(self.slots) if key is not None]
+        if len(live) * 2 > len(self.slots):
+            return
+        remap = np.full(len(self.slots), -1, np.int64)
+        remap[live] = np.arange(len(live))
+        index = np.array(live, np.int64)
+        self.cross_k, self.cross_v = _take_sources(self.cross_k, index), _take_sources(self.cross_v, index)
+        self.src_mask = self.src_mask[index]
+        self.slots = [self.slots[i] for i in live]
+        self.slot_of = {key: i for i, key in enumerate(self.slots)}
+        self.source_index = remap[self.source_index]
 
 
-def beam_search(
-    state: DecoderState,
-    max_lengths: Sequence[int],
+def _take_sources(cross: np.ndarray, index: np.ndarray) -> np.ndarray:
+    if not isinstance(cross, np.ndarray):
+        raise NotImplementedError("sources can only join a running batch whose cross-attention cache is in host memory")
+    return np.ascontiguousarray(cross[:, index])
+
+
+def _join_sources(running: tuple, joining: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Concatenate per-source cross keys/values and masks, padding the shorter sources."""
+    length = max(running[2].shape[1], joining[2].shape[1])
+    padded = []
+    for k, v, mask in (running, joining):
+        if not isinstance(k, np.ndarray):
+            raise NotImplementedError(
+                "sources can only join a running batch whose cross-attention cache is in host memory"
+            )
+        extra = length - mask.shape[1]
+        pad = ((0, 0), (0, 0), (0, 0), (0, extra), (0, 0))
+        padded.append((np.pad(k, pad), np.pad(v, pad), np.pad(mask, ((0, 0), (0, extra)))))
+    (k1, v1, m1), (k2, v2, m2) = padded
+    return np.concatenate([k1, k2], 1), np.concatenate([v1, v2], 1), np.concatenate([m1, m2], 0)
+
+
+def decode(
+    batch: DecodeBatch,
+    cross_k: Any,
+    cross_v: Any,
+    src_mask: np.ndarray,
+    sources: Sequence[Sequence[int]],
     beam: int,
-    start_id: int,
     eos_id: int,
-    alpha: float = 0.6,
+    max_output_tokens: int,
 ) -> list[list[int]]:
-    """Beam search, ``beam`` rows per source, laid out source-major (the state
-    must start with n·beam rows whose row r belongs to source r // beam).
-
-    Each step takes the 2·beam best extensions per source: those ending in eos
-    within the top beam ranks are finished (scored with the GNMT length
-    penalty), the best non-eos ones form the next beam. A source is done when
-    it has ``beam`` finished hypotheses; the best by normalized score wins.
-    """
-    n = len(max_lengths)
-    hyps = [_Hypotheses(beam, alpha) for _ in range(n)]
-    live = np.arange(n)  # sources still searching
-    scores = np.full((n, beam), NEG_INF, dtype=np.float64)
-    scores[:, 0] = 0.0  # all beams start identical: expand only the first
-    history = np.zeros((n, beam, 0), dtype=np.int64)
-    tokens = np.full(n * beam, start_id, dtype=np.int64)
-    limits = np.asarray(max_lengths)
-    step = 0
-    while len(live):
-        log_probs = state.step(tokens)
-        vocab = log_probs.shape[-1]
-        step += 1
-        candidates = scores[:, :, None] + log_probs.reshape(len(live), beam, vocab)
-        at_limit = limits[live] <= step
-        candidates[at_limit, :, :eos_id] = NEG_INF  # a source at its limit may only finish
-        candidates[at_limit, :, eos_id + 1 :] = NEG_INF
-        flat = candidates.reshape(len(live), beam * vocab)
-        top = np.argsort(-flat, axis=1, kind="stable")[:, : 2 * beam]
-        next_scores = np.full((len(live), beam), NEG_INF)
-        next_origin = np.zeros((len(live), beam), dtype=np.int64)
-        next_tokens = np.full((len(live), beam), eos_id, dtype=np.int64)
-        for i, source in enumerate(live):
-            kept = 0
-            for rank, index in enumerate(top[i]):
-                origin, token = divmod(int(index), vocab)
-                score = flat[i, index]
-                if score <= NEG_INF / 2:
-                    break
-                if token == eos_id:
-                    if rank < beam:
-                        hyps[source].add(float(score), history[i, origin].tolist())
-                elif kept < beam:
-                    next_scores[i, kept], next_origin[i, kept], next_tokens[i, kept] = score, origin, token
-                    kept += 1
-                if hyps[source].complete or kept == beam and rank >= beam - 1:
-                    break
-        still = np.array([not hyps[s].complete for s in live], dtype=bool) & ~at_limit
-        rows = (np.flatnonzero(still)[:, None] * beam + next_origin[still]).reshape(-1)
-        history = np.concatenate([history[np.arange(len(live))[:, None], next_origin], next_tokens[:, :, None]], 2)
-        live, scores, history, tokens = live[still], next_scores[still], history[still], next_tokens[still].reshape(-1)
-        if len(live):
-            state.select(rows)
-    return [h.best() for h in hyps]
-
-
-def search(
-    state: DecoderState, sources: Sequence[Sequence[int]], beam: int, start_id: int, eos_id: int, max_output_tokens: int
-) -> list[list[int]]:
-    """Greedy (beam 1) or beam search over a state started for these sources."""
-    limits = [default_max_output(len(s) + 1, max_output_tokens) for s in sources]
-    if beam == 1:
-        return greedy_search(state, limits, start_id, eos_id)
-    return beam_search(state, limits, beam, start_id, eos_id)
+    """Decode sources (already encoded together) to completion: token ids without start and eos."""
+    searches = [new_search(beam, default_max_output(len(s) + 1, max_output_tokens), eos_id) for s in sources]
+    batch.add(list(range(len(sources))), searches, cross_k, cross_v, src_mask)
+    results: dict[int, list[int]] = {}
+    while len(batch):
+        results.update(batch.step())
+    return [results[i] for i in range(len(sources))]
 
 
 def translate_in_batches(

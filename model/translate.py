@@ -8,36 +8,42 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from model.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
-from model.search import CachedDecoderState, KVCache, pad_sources, search, translate_in_batches
+from model.search import DecodeBatch, decode, pad_sources, translate_in_batches
 from model.tokenizer import Tokenizer
 from model.transformer import Transformer
 
 
-@dataclass
-class PrefixDecoderState:
+class PrefixDecodeBatch(DecodeBatch):
     """Decoding without a cache: every step re-runs the decoder over each row's whole prefix."""
 
-    model: Transformer
-    memory: torch.Tensor  # (N, S, D)
-    src_mask: torch.Tensor  # (N, S)
-    source_index: np.ndarray  # (R,)
-    prefix: np.ndarray  # (R, t)
+    def __init__(self, model: Transformer, memory: torch.Tensor) -> None:
+        c = model.config
+        super().__init__(None, c.n_decoder_layers, c.n_heads, c.d_head, c.decoder_start_id)
+        self.model, self.memory = model, memory
+        self.prefix = np.zeros((0, 0), np.int64)
 
-    def step(self, tokens: np.ndarray) -> np.ndarray:
-        self.prefix = np.concatenate([self.prefix, tokens[:, None]], axis=1)
+    def add(self, keys, searches, cross_k, cross_v, src_mask) -> None:
+        if self.rows:
+            raise NotImplementedError("the uncached reference decoder does not take sources mid-way")
+        super().add(keys, searches, cross_k, cross_v, src_mask)
+        self.prefix = np.zeros((self.rows, 0), np.int64)
+
+    def _run_step(self) -> np.ndarray:
+        self.prefix = np.concatenate([self.prefix, self.tokens[:, None]], axis=1)
         index = torch.from_numpy(self.source_index)
-        logits = self.model.decode(torch.from_numpy(self.prefix), self.memory[index], self.src_mask[index])
+        mask = torch.from_numpy(self.src_mask)[index]
+        logits = self.model.decode(torch.from_numpy(self.prefix), self.memory[index], mask)
         return torch.log_softmax(logits[:, -1].float(), dim=-1).numpy()
 
-    def select(self, rows: np.ndarray) -> None:
-        self.source_index, self.prefix = self.source_index[rows], self.prefix[rows]
+    def _select_rows(self, rows: np.ndarray) -> None:
+        self.prefix = self.prefix[rows]
+        self.source_index = self.source_index[rows]
 
 
 class TorchTranslator:
@@ -47,26 +53,24 @@ class TorchTranslator:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.max_output_tokens = max_output_tokens
+        self.device = next(model.parameters()).device
 
     def _step(self, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        args = {name: torch.from_numpy(value) for name, value in inputs.items()}
-        log_probs, new_k, new_v = self.model.decode_step(**args)
-        return log_probs.numpy(), new_k.numpy(), new_v.numpy()
+        args = {name: torch.from_numpy(value).to(self.device) for name, value in inputs.items()}
+        return tuple(t.cpu().numpy() for t in self.model.decode_step(**args))
 
     @torch.inference_mode()
     def translate_ids(self, sources: Sequence[Sequence[int]], beam: int = 1, use_cache: bool = True) -> list[list[int]]:
         c = self.model.config
-        src, mask = (torch.from_numpy(a) for a in pad_sources(sources, c.pad_id, c.eos_id))
-        memory = self.model.encode(src, mask)
-        rows = len(sources) * beam
-        source_index = np.repeat(np.arange(len(sources)), beam)
+        src, mask = pad_sources(sources, c.pad_id, c.eos_id)
+        memory = self.model.encode(torch.from_numpy(src).to(self.device), torch.from_numpy(mask).to(self.device))
         if use_cache:
-            cross_k, cross_v = self.model.cross_kv(memory)
-            cache = KVCache.empty(c.n_decoder_layers, rows, c.n_heads, c.d_head)
-            state = CachedDecoderState(self._step, cross_k.numpy(), cross_v.numpy(), mask.numpy(), source_index, cache)
+            cross_k, cross_v = (t.cpu().numpy() for t in self.model.cross_kv(memory))
+            batch = DecodeBatch(self._step, c.n_decoder_layers, c.n_heads, c.d_head, c.decoder_start_id)
         else:
-            state = PrefixDecoderState(self.model, memory, mask, source_index, np.zeros((rows, 0), np.int64))
-        return search(state, sources, beam, c.decoder_start_id, c.eos_id, self.max_output_tokens)
+            cross_k = cross_v = None
+            batch = PrefixDecodeBatch(self.model, memory)
+        return decode(batch, cross_k, cross_v, mask, sources, beam, c.eos_id, self.max_output_tokens)
 
     def translate(self, texts: Sequence[str], beam: int = 1, batch_size: int = 64, use_cache: bool = True) -> list[str]:
         return translate_in_batches(
