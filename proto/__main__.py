@@ -1,0 +1,5 @@
+"""Generate the gRPC stubs: ``python -m proto`` (importing the package does it when needed)."""
+
+from proto import generate
+
+generate()

@@ -1,0 +1,105 @@
+"""Assembling and running the server: gRPC (translation, health, reflection),
+the metrics HTTP port, warm-up, and graceful shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import start_http_server
+
+from proto import translate_pb2, translate_pb2_grpc
+from server.config import ServerConfig
+from server.engine import Engine
+from server.metrics import Metrics
+from server.scheduler import Scheduler
+from server.service import TranslatorService
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = translate_pb2.DESCRIPTOR.services_by_name["Translator"].full_name
+
+
+@dataclass
+class Server:
+    grpc_server: grpc.aio.Server
+    port: int
+    metrics_port: int
+    health: health.aio.HealthServicer
+    scheduler: Scheduler
+    metrics: Metrics
+    engine: Engine
+    config: ServerConfig
+    _metrics_http: object = None
+
+    async def start(self) -> None:
+        await self.grpc_server.start()
+        self.scheduler.start()
+        if self.config.warmup:
+            await asyncio.get_running_loop().run_in_executor(None, self.engine.warmup)
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log.info("serving %s on port %d, metrics on %d", self.engine.name, self.port, self.metrics_port)
+
+    async def drain(self) -> None:
+        """Graceful shutdown: NOT_SERVING, refuse new work (UNAVAILABLE), let in-flight requests
+        finish within grace_seconds, then stop."""
+        await self.health.enter_graceful_shutdown()
+        self.scheduler.stop_accepting()
+        await self.grpc_server.stop(self.config.grace_seconds)
+        await asyncio.get_running_loop().run_in_executor(None, self.scheduler.stop, 5.0)
+        if self._metrics_http is not None:
+            self._metrics_http.shutdown()
+
+
+def _credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
+    if config.tls_cert is None:
+        return None
+    key, cert = config.tls_key.read_bytes(), config.tls_cert.read_bytes()
+    client_ca = config.tls_client_ca.read_bytes() if config.tls_client_ca else None
+    return grpc.ssl_server_credentials(
+        [(key, cert)], root_certificates=client_ca, require_client_auth=client_ca is not None
+    )
+
+
+def create_server(config: ServerConfig, engine: Engine | None = None, metrics: Metrics | None = None) -> Server:
+    """Build (not start) the server; port 0 in config picks free ports, read back from the result."""
+    engine = engine or Engine(config)
+    metrics = metrics or Metrics()
+    metrics.model_info.info(
+        {"name": engine.name, "version": engine.version, "provider": engine.provider, "variant": engine.variant}
+    )
+    scheduler = Scheduler(engine, config, metrics)
+    options = [
+        ("grpc.max_receive_message_length", config.max_message_bytes),
+        ("grpc.max_send_message_length", config.max_message_bytes),
+    ]
+    server = grpc.aio.server(options=options)
+    translate_pb2_grpc.add_TranslatorServicer_to_server(TranslatorService(engine, scheduler, config, metrics), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection([SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    address = f"{config.host}:{config.port}"
+    credentials = _credentials(config)
+    port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+    metrics_http, _ = start_http_server(config.metrics_port, registry=metrics.registry)
+    return Server(
+        server, port, metrics_http.server_port, health_servicer, scheduler, metrics, engine, config, metrics_http
+    )
+
+
+async def serve(config: ServerConfig) -> None:
+    """Run until SIGTERM or SIGINT, then drain."""
+    server = create_server(config)
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("draining (grace %.0f s)", config.grace_seconds)
+    await server.drain()

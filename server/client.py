@@ -1,0 +1,43 @@
+"""A command-line client: ``python -m server.client [--target HOST:PORT] [--beam N]``.
+
+Reads source lines on stdin and prints one translation per line. On error it
+prints the gRPC status code and message and exits non-zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+import grpc
+
+from proto import translate_pb2, translate_pb2_grpc
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", default="localhost:50051")
+    parser.add_argument("--beam", type=int, default=0, help="beam size (0: the server's default)")
+    parser.add_argument("--max-output-tokens", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=60.0, help="deadline per request, in seconds")
+    parser.add_argument("--batch", type=int, default=32, help="lines per request")
+    args = parser.parse_args(argv)
+    lines = [line.rstrip("\n") for line in sys.stdin]
+    options = translate_pb2.TranslateOptions(beam_size=args.beam, max_output_tokens=args.max_output_tokens)
+    with grpc.insecure_channel(args.target) as channel:
+        stub = translate_pb2_grpc.TranslatorStub(channel)
+        for start in range(0, len(lines), args.batch):
+            request = translate_pb2.TranslateRequest(texts=lines[start : start + args.batch], options=options)
+            try:
+                response = stub.Translate(request, timeout=args.timeout)
+            except grpc.RpcError as error:
+                print(f"error: {error.code().name}: {error.details()}", file=sys.stderr)
+                return 1
+            for translation in response.translations:
+                print(translation.text, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""Server configuration: one frozen dataclass; every field is a flag and an
+environment variable (``TRANSLATE_<FIELD>``, a deploy-time override of the default)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "exported" / "default"
+ENV_PREFIX = "TRANSLATE_"
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    model: Path = DEFAULT_MODEL_DIR
+    variant: str = "fp32"
+    provider: str = "auto"
+    host: str = "[::]"
+    port: int = 50051
+    metrics_port: int = 9464
+    intra_op_threads: int = 0
+    scheduler: str = "continuous"
+    max_batch_size: int = 64
+    max_batch_tokens: int = 4096
+    max_batch_delay_ms: float = 5.0
+    max_queue_size: int = 1024
+    memory_budget_mib: int = 512
+    max_texts: int = 64
+    max_source_tokens: int = 1024
+    long_input_tokens: int = 128
+    long_input: str = "split"
+    max_beam_size: int = 8
+    default_beam_size: int = 1
+    max_output_tokens: int = 256
+    max_message_bytes: int = 4 * MIB
+    grace_seconds: float = 20.0
+    warmup: bool = True
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.scheduler not in ("continuous", "static"):
+            problems.append(f"scheduler={self.scheduler!r}: use continuous or static")
+        if self.long_input not in ("split", "truncate", "reject"):
+            problems.append(f"long_input={self.long_input!r}: use split, truncate or reject")
+        if self.variant not in ("fp32", "int8", "fp16"):
+            problems.append(f"variant={self.variant!r}: use fp32, int8 or fp16")
+        for name in ("max_batch_size", "max_batch_tokens", "max_queue_size", "memory_budget_mib", "max_texts",
+                     "max_source_tokens", "long_input_tokens", "max_beam_size", "max_output_tokens"):  # fmt: skip
+            if getattr(self, name) < 1:
+                problems.append(f"{name}={getattr(self, name)} must be at least 1")
+        if not 1 <= self.default_beam_size <= self.max_beam_size:
+            problems.append(f"default_beam_size={self.default_beam_size} must be within 1..max_beam_size")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            problems.append("tls_cert and tls_key go together")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            problems.append("tls_client_ca (mutual TLS) needs tls_cert and tls_key")
+        if problems:
+            raise ValueError("invalid server configuration: " + "; ".join(problems))
+
+    @property
+    def memory_budget_bytes(self) -> int:
+        return self.memory_budget_mib * MIB
+
+
+def _field_type(field: dataclasses.Field) -> type:
+    text = str(field.type)
+    if "Path" in text:
+        return Path
+    return {"int": int, "float": float, "str": str, "bool": bool}[text]
+
+
+def _parse_bool(value: str) -> bool:
+    if value.lower() in ("1", "true", "yes", "on"):
+        return True
+    if value.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"{value!r} is not a boolean (true/false)")
+
+
+def parse_config(argv: Sequence[str] | None = None, environ: dict[str, str] | None = None) -> ServerConfig:
+    """Flags first, then TRANSLATE_* environment variables, then the defaults."""
+    environ = os.environ if environ is None else environ
+    parser = argparse.ArgumentParser(prog="python -m server", description="The translation gRPC server.")
+    for field in dataclasses.fields(ServerConfig):
+        kind = _field_type(field)
+        flag = "--" + field.name.replace("_", "-")
+        env = ENV_PREFIX + field.name.upper()
+        default = field.default
+        if env in environ:
+            default = _parse_bool(environ[env]) if kind is bool else kind(environ[env])
+        parser.add_argument(
+            flag, type=_parse_bool if kind is bool else kind, default=default, help=f"(env {env}, default {default})"
+        )
+    args = parser.parse_args(argv)
+    try:
+        return ServerConfig(**vars(args))
+    except ValueError as e:
+        parser.error(str(e))
+        raise

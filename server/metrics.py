@@ -1,0 +1,107 @@
+"""Prometheus metrics, declared once. Labels are bounded: status codes, methods,
+and the fixed input-length buckets below."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client.process_collector import ProcessCollector
+
+# Input-length buckets (source tokens) used as a label: a fixed, small set.
+LENGTH_BUCKETS = (16, 32, 64, 128, 256, 512, 1024)
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5)
+SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+TOKEN_BUCKETS = (16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384)
+RATIO_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0)
+
+
+def length_bucket(tokens: int) -> str:
+    """'1-16', '17-32', ..., '513-1024', '1025+'."""
+    low = 1
+    for high in LENGTH_BUCKETS:
+        if tokens <= high:
+            return f"{low}-{high}"
+        low = high + 1
+    return f"{low}+"
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        ProcessCollector(registry=r)  # process_resident_memory_bytes, process_cpu_seconds_total, ...
+        self.requests = Counter(
+            "translate_requests_total", "Finished RPCs by method and gRPC status code.", ["method", "code"], registry=r
+        )
+        self.request_latency = Histogram(
+            "translate_request_duration_seconds", "Time from arrival to answer of each text, by input length (source tokens).",
+            ["length_bucket"], buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.queue_wait = Histogram(
+            "translate_queue_wait_seconds",
+            "Time a sentence waits before it starts decoding.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.encoder_latency = Histogram(
+            "translate_encoder_duration_seconds", "Encoder time per batch, by its longest input.",
+            ["length_bucket"], buckets=STEP_BUCKETS + (1.0, 2.5), registry=r,
+        )  # fmt: skip
+        self.decoder_step = Histogram(
+            "translate_decoder_step_duration_seconds",
+            "Time of one decoder step over the running batch.",
+            buckets=STEP_BUCKETS,
+            registry=r,
+        )
+        self.batch_sentences = Histogram(
+            "translate_batch_size_sentences",
+            "Sentences encoded together in one batch.",
+            buckets=SIZE_BUCKETS,
+            registry=r,
+        )
+        self.batch_tokens = Histogram(
+            "translate_batch_size_tokens",
+            "Padded source tokens in one encoder batch.",
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.decode_rows = Histogram(
+            "translate_decode_batch_rows",
+            "Rows (hypotheses) in the running batch at each decoder step.",
+            buckets=SIZE_BUCKETS,
+            registry=r,
+        )
+        self.padding_ratio = Histogram(
+            "translate_batch_padding_ratio", "Share of padding in an encoder batch.", buckets=RATIO_BUCKETS, registry=r
+        )
+        self.input_tokens = Counter("translate_input_tokens_total", "Source tokens translated.", registry=r)
+        self.output_tokens = Counter("translate_output_tokens_total", "Target tokens generated.", registry=r)
+        self.long_inputs = Counter(
+            "translate_long_inputs_total",
+            "Texts over long_input_tokens, by the policy applied.",
+            ["policy"],
+            registry=r,
+        )
+        self.rejected = Counter(
+            "translate_rejected_total", "Requests refused at admission, by reason.", ["reason"], registry=r
+        )
+        self.queue_depth = Gauge("translate_queue_depth", "Sentences waiting to start decoding.", registry=r)
+        self.inflight = Gauge("translate_inflight_sequences", "Sentences being decoded.", registry=r)
+        self.kv_cache_bytes = Gauge(
+            "translate_kv_cache_bytes", "Bytes of the live self-attention KV cache.", registry=r
+        )
+        self.cross_cache_bytes = Gauge(
+            "translate_cross_attention_cache_bytes", "Bytes of the live cross-attention keys/values.", registry=r
+        )
+        self.reserved_bytes = Gauge(
+            "translate_memory_reserved_bytes", "Bytes reserved by admitted sentences (estimate).", registry=r
+        )
+        self.budget_bytes = Gauge(
+            "translate_memory_budget_bytes", "The memory budget for caches and attention scores.", registry=r
+        )
+        self.attention_scores_bytes = Gauge(
+            "translate_attention_scores_bytes",
+            "Attention-score bytes of the largest encoder batch so far (B·H·S² floats).",
+            registry=r,
+        )
+        self.model_info = Info("translate_model", "The served model.", registry=r)

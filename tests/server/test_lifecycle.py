@@ -1,0 +1,131 @@
+"""Shutdown, cancellation, failures and queue limits."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import pytest
+
+from proto import translate_pb2, translate_pb2_grpc
+from server.errors import Overloaded
+from server.scheduler import Job
+from server.text import SegmentSpec
+from tests.conftest import own_sentences
+from tests.server.conftest import RunningServer, server_config
+
+
+def start_subprocess_server(model: Path, *flags: str) -> tuple[subprocess.Popen, int, int]:
+    cmd = [sys.executable, "-m", "server", "--model", str(model), "--port", "0", "--metrics-port", "0",
+           "--host", "127.0.0.1", "--provider", "cpu", *flags]  # fmt: skip
+    process = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = process.stderr.readline()
+        match = re.search(r"on port (\d+), metrics on (\d+)", line)
+        if match:
+            return process, int(match.group(1)), int(match.group(2))
+        if process.poll() is not None:
+            break
+    process.kill()
+    raise AssertionError("server did not start")
+
+
+def in_flight(metrics_port: int) -> float:
+    """Sentences queued or decoding, read from the server's metrics port."""
+    body = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+    values = dict(re.findall(r"^(translate_queue_depth|translate_inflight_sequences) (\S+)$", body, re.M))
+    return sum(float(v) for v in values.values())
+
+
+def test_sigterm_drains_in_flight_requests(tiny_export: Path):
+    process, port, metrics_port = start_subprocess_server(
+        tiny_export, "--grace-seconds", "30", "--max-output-tokens", "32"
+    )
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    stub = translate_pb2_grpc.TranslatorStub(channel)
+    request = translate_pb2.TranslateRequest(
+        texts=own_sentences(8), options=translate_pb2.TranslateOptions(beam_size=4)
+    )
+    stub.Translate(request, timeout=60)  # connected and warm
+    with ThreadPoolExecutor(12) as pool:
+        futures = [pool.submit(stub.Translate, request, timeout=60) for _ in range(12)]
+        deadline = time.monotonic() + 30
+        while in_flight(metrics_port) < 12 * 8 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        process.send_signal(signal.SIGTERM)
+        results = [f.result() for f in futures]  # raises if any request was lost
+    assert all(len(r.translations) == 8 for r in results)
+    assert process.wait(60) == 0
+    with pytest.raises(grpc.RpcError) as error:
+        stub.Translate(request, timeout=5)
+    assert error.value.code() == grpc.StatusCode.UNAVAILABLE
+    channel.close()
+
+
+def test_client_command_prints_translations_and_errors(running: RunningServer):
+    target = f"localhost:{running.server.port}"
+    ok = subprocess.run([sys.executable, "-m", "server.client", "--target", target], input="A man is walking.\nA cat is sleeping.\n",
+                        capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    assert len(ok.stdout.splitlines()) == 2
+    bad = subprocess.run([sys.executable, "-m", "server.client", "--target", target, "--beam", "99"], input="A man.\n",
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert bad.returncode == 1
+    assert "INVALID_ARGUMENT" in bad.stderr and "beam_size=99" in bad.stderr
+
+
+def test_cancelled_request_frees_its_cache(running: RunningServer):
+    request = translate_pb2.TranslateRequest(
+        texts=own_sentences(48), options=translate_pb2.TranslateOptions(beam_size=8)
+    )
+    future = running.stub.Translate.future(request)
+    deadline = time.monotonic() + 10
+    while running.metric("translate_kv_cache_bytes") == 0 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    future.cancel()
+    assert running.wait_for_metric("translate_inflight_sequences", 0) == 0
+    assert running.wait_for_metric("translate_kv_cache_bytes", 0) == 0
+    assert running.translate(["A man is walking."]).translations[0].text
+
+
+def test_inference_failure_answers_its_batch_with_internal(running: RunningServer, monkeypatch):
+    batch = running.server.scheduler.batch
+    original = batch.step_fn
+    calls = {"n": 0}
+
+    def failing_once(inputs):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("injected failure")
+        return original(inputs)
+
+    monkeypatch.setattr(batch, "step_fn", failing_once)
+    with pytest.raises(grpc.RpcError) as error:
+        running.translate(["A man is walking."])
+    assert error.value.code() == grpc.StatusCode.INTERNAL
+    assert "inference failed" in error.value.details() and "Traceback" not in error.value.details()
+    assert running.translate(["A man is walking."]).translations[0].text
+
+
+def test_full_queue_refuses_at_once_with_a_retry_hint(tiny_export: Path):
+    from server.app import create_server
+
+    server = create_server(server_config(tiny_export, max_queue_size=2))  # inference thread not started: nothing drains
+    spec = SegmentSpec(0, 0, "x", [5, 6, 7])
+    job = lambda: Job([spec], 1, 16, on_segment=lambda s: None, on_done=lambda e: None)  # noqa: E731
+    server.scheduler.submit(job())
+    server.scheduler.submit(job())
+    started = time.monotonic()
+    with pytest.raises(Overloaded, match=r"queue is full \(2 of 2 sentences waiting\); retry in about [\d.]+ s"):
+        server.scheduler.submit(job())
+    assert time.monotonic() - started < 0.05
+    assert server.metrics.registry.get_sample_value("translate_rejected_total", {"reason": "queue_full"}) == 1
+    server._metrics_http.shutdown()

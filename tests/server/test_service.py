@@ -1,0 +1,151 @@
+from __future__ import annotations
+
+import re
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from export.runtime import OrtModel, RuntimeOptions
+from proto import translate_pb2
+from tests.conftest import own_sentences
+from tests.server.conftest import RunningServer, server_config
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_translations_equal_the_runtime_decoder(running: RunningServer, tiny_export: Path, beam: int):
+    sentences = own_sentences(12)
+    expected = OrtModel(tiny_export, RuntimeOptions(provider="cpu")).translate(
+        sentences, beam=beam, max_output_tokens=24
+    )
+    response = running.translate(sentences, beam=beam)
+    assert [t.text for t in response.translations] == expected
+    assert all(t.input_tokens > 0 and t.segments == 1 for t in response.translations)
+    assert response.model.startswith("tiny-test@")
+
+
+def test_concurrent_requests_are_batched_with_identical_results(running: RunningServer):
+    sentences = own_sentences(32)
+    one_by_one = [running.translate([s]).translations[0].text for s in sentences]
+    batches_before = running.metric("translate_batch_size_sentences_count")
+    with ThreadPoolExecutor(32) as pool:
+        concurrent = list(pool.map(lambda s: running.translate([s]).translations[0].text, sentences))
+    batches = running.metric("translate_batch_size_sentences_count") - batches_before
+    assert concurrent == one_by_one
+    assert batches < len(sentences), f"{batches} encoder batches for {len(sentences)} requests"
+
+
+def test_stream_returns_sentences_in_order(running: RunningServer):
+    text = "A man is walking on the street. Two dogs are playing in the park! A woman is sitting."
+    request = translate_pb2.TranslateRequest(texts=[text, "A cat is sleeping."])
+    segments = list(running.stub.TranslateStream(request))
+    assert [(s.text_index, s.segment_index) for s in segments] == [(0, 0), (0, 1), (0, 2), (1, 0)]
+    assert [s.last_in_text for s in segments] == [False, False, True, True]
+    singles = running.translate([s.source for s in segments]).translations
+    assert [s.translation for s in segments] == [t.text for t in singles]
+
+
+@pytest.mark.parametrize(
+    ("texts", "options", "message"),
+    [
+        ([], {}, "texts: at least one text is required"),
+        (["A man.", "  "], {}, r"texts\[1\] is empty"),
+        (["a"] * 65, {}, r"65 texts, the limit is 64 \(max_texts\)"),
+        (["A man."], {"beam_size": 9}, r"options.beam_size=9 is over the limit 8"),
+        (["A man."], {"max_output_tokens": 1000}, r"options.max_output_tokens=1000 is over the limit 24"),
+        (["walking " * 1100], {}, r"texts\[0\] has \d+ tokens; the limit is 1024 \(max_source_tokens\)"),
+    ],
+)
+def test_invalid_requests_name_the_field(running: RunningServer, texts, options, message):
+    request = translate_pb2.TranslateRequest(texts=texts, options=translate_pb2.TranslateOptions(**options))
+    with pytest.raises(grpc.RpcError) as error:
+        running.stub.Translate(request)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert re.search(message, error.value.details()), error.value.details()
+    assert running.translate(["A man is walking."]).translations[0].text  # still serving
+
+
+def test_model_info_health_and_reflection(running: RunningServer):
+    info = running.stub.GetModelInfo(translate_pb2.GetModelInfoRequest())
+    assert (info.name, info.source_language, info.target_language, info.provider) == ("tiny-test", "en", "de", "cpu")
+    assert (
+        info.limits.max_texts == 64 and info.limits.max_output_tokens == 24 and info.limits.long_input_policy == "split"
+    )
+    health = health_pb2_grpc.HealthStub(running.channel)
+    for service in ("", "translation.v1.Translator"):
+        assert (
+            health.Check(health_pb2.HealthCheckRequest(service=service)).status
+            == health_pb2.HealthCheckResponse.SERVING
+        )
+    stub = reflection_pb2_grpc.ServerReflectionStub(running.channel)
+    responses = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+    names = {s.name for r in responses for s in r.list_services_response.service}
+    assert {"translation.v1.Translator", "grpc.health.v1.Health"} <= names
+
+
+DOCUMENTED_METRICS = [
+    "translate_requests_total", "translate_request_duration_seconds_bucket", "translate_queue_wait_seconds_bucket",
+    "translate_encoder_duration_seconds_bucket", "translate_decoder_step_duration_seconds_bucket",
+    "translate_batch_size_sentences_bucket", "translate_batch_size_tokens_bucket", "translate_batch_padding_ratio_bucket",
+    "translate_input_tokens_total", "translate_output_tokens_total", "translate_queue_depth", "translate_inflight_sequences",
+    "translate_kv_cache_bytes", "translate_memory_budget_bytes", "translate_attention_scores_bytes", "translate_model_info",
+    "process_resident_memory_bytes", "translate_cross_attention_cache_bytes", "translate_decode_batch_rows_bucket",
+]  # fmt: skip
+
+
+def test_metrics_port_exposes_documented_metrics(running: RunningServer):
+    running.translate(["A man is walking.", "walking " * 100 + "."])
+    body = urllib.request.urlopen(f"http://127.0.0.1:{running.server.metrics_port}/metrics", timeout=10).read().decode()
+    for name in DOCUMENTED_METRICS:
+        assert f"\n{name}" in body, name
+    assert 'length_bucket="1-16"' in body and 'length_bucket="65-128"' in body
+    assert running.metric("translate_memory_budget_bytes") == 512 * 2**20
+    assert running.metric("translate_input_tokens_total") > 100
+    assert running.metric("process_resident_memory_bytes") > 10 * 2**20
+    assert running.wait_for_metric("translate_inflight_sequences", 0) == 0
+    assert running.metric("translate_attention_scores_bytes") > 0
+
+
+def test_deadline_exceeded_frees_everything(running: RunningServer):
+    with pytest.raises(grpc.RpcError) as error:
+        running.translate(own_sentences(40), beam=4, timeout=0.001)
+    assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    running.translate(["A man is walking."])  # the queue moved on
+    assert running.wait_for_metric("translate_inflight_sequences", 0) == 0
+    assert running.wait_for_metric("translate_kv_cache_bytes", 0) == 0
+
+
+@pytest.mark.parametrize(
+    ("policy", "code"), [("reject", grpc.StatusCode.INVALID_ARGUMENT), ("truncate", None), ("split", None)]
+)
+def test_long_input_policies(tiny_export: Path, policy: str, code):
+    server = RunningServer(server_config(tiny_export, long_input=policy, long_input_tokens=20, max_output_tokens=16))
+    try:
+        text = "A man is walking on the street near the water. " * 6
+        if code is not None:
+            with pytest.raises(grpc.RpcError) as error:
+                server.translate([text])
+            assert error.value.code() == code and "long-input policy is reject" in error.value.details()
+        else:
+            translation = server.translate([text]).translations[0]
+            assert translation.truncated == (policy == "truncate")
+            assert translation.input_tokens <= 20 if policy == "truncate" else translation.segments == 6
+        assert server.metric("translate_long_inputs_total", {"policy": policy}) == 1
+    finally:
+        server.close()
+
+
+def test_request_over_the_memory_budget_is_refused_at_once(tiny_export: Path):
+    server = RunningServer(server_config(tiny_export, memory_budget_mib=1))
+    try:
+        with pytest.raises(grpc.RpcError) as error:
+            server.translate(["walking " * 1000 + "."], beam=8)
+        assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "over the memory budget of 1 MiB" in error.value.details()
+        assert server.translate(["A man is walking."]).translations[0].text
+    finally:
+        server.close()
