@@ -135,6 +135,17 @@ class GreedySearch:
         return self.tokens
 
 
+def top_indices(values: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest values, best first, ties broken by the lower index (O(n), not a full sort)."""
+    if values.size > k:
+        candidates = np.argpartition(-values, k - 1)[:k]
+        threshold = values[candidates].min()
+        candidates = np.flatnonzero(values >= threshold)  # every tie at the boundary, so the choice is stable
+    else:
+        candidates = np.arange(values.size)
+    return candidates[np.lexsort((candidates, -values[candidates]))][:k]
+
+
 def length_normalized(score: float, length: int, alpha: float) -> float:
     """GNMT length penalty: score / ((5 + length) / 6)^alpha."""
     return score / (((5.0 + length) / 6.0) ** alpha)
@@ -164,7 +175,7 @@ class BeamSearch:
             candidates[:, : self.eos_id] = NEG_INF
             candidates[:, self.eos_id + 1 :] = NEG_INF
         flat = candidates.reshape(-1)
-        top = np.argsort(-flat, kind="stable")[: 2 * self.beam]
+        top = top_indices(flat, 2 * self.beam)
         origins, tokens, scores = [], [], []
         for rank, index in enumerate(top):
             origin, token = divmod(int(index), vocab)

@@ -1,0 +1,86 @@
+"""Decoding speed: ``python -m export.benchmark --model DIR [--data DIR]``.
+
+Output tokens per second on test_2016_flickr sentences, batch 1 and 32,
+greedy and beam 4, for PyTorch without and with the KV cache, ONNX Runtime
+fp32 and int8. Prints a Markdown table of medians over repeated runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from export.runtime import OrtModel, RuntimeOptions
+from model.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
+from model.data import corpus_path, read_lines
+from model.translate import TorchTranslator
+
+Translate = Callable[[list[list[int]], int], list[list[int]]]
+
+
+def measure(translate: Translate, sources: list[list[int]], batch: int, beam: int, repeats: int) -> float:
+    """Median output tokens per second of translating sources in batches of ``batch``."""
+    rates = []
+    for _ in range(repeats):
+        tokens, start = 0, time.perf_counter()
+        for i in range(0, len(sources), batch):
+            tokens += sum(len(out) + 1 for out in translate(sources[i : i + batch], beam))
+        rates.append(tokens / (time.perf_counter() - start))
+    return statistics.median(rates)
+
+
+def machine() -> str:
+    return (
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, required=True, help="exported folder (with the int8 variant)")
+    parser.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT)
+    parser.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[2] / "shared/data/multi30k")
+    parser.add_argument("--sentences", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    model, tokenizer = load_checkpoint(args.checkpoint)
+    texts = read_lines(corpus_path(args.data, "test_2016_flickr", "en"))[: args.sentences]
+    sources = tokenizer.encode_source(texts)
+    torch_translator = TorchTranslator(model, tokenizer)
+    fp32 = OrtModel(args.model, RuntimeOptions(variant="fp32", provider="cpu"))
+    int8 = OrtModel(args.model, RuntimeOptions(variant="int8", provider="cpu"))
+    variants: dict[str, Translate] = {
+        "PyTorch, no cache": lambda s, b: torch_translator.translate_ids(s, b, use_cache=False),
+        "PyTorch, KV cache": lambda s, b: torch_translator.translate_ids(s, b),
+        "ONNX Runtime fp32": fp32.translate_ids,
+        "ONNX Runtime int8": int8.translate_ids,
+    }
+    columns = [(batch, beam) for batch in (1, 32) for beam in (1, 4)]
+    print(f"command: python -m export.benchmark {shlex.join(sys.argv[1:])}")
+    print(f"machine: {machine()}; {len(texts)} sentences of test_2016_flickr, median of {args.repeats} runs\n")
+    header = " | ".join(f"batch {b}, {'greedy' if k == 1 else f'beam {k}'}" for b, k in columns)
+    print(f"| output tokens/s | {header} |")
+    print("|---" * (len(columns) + 1) + "|")
+    baseline = {}
+    for name, translate in variants.items():
+        cells = []
+        for column in columns:
+            rate = measure(translate, sources, *column, args.repeats)
+            baseline.setdefault(column, rate)
+            cells.append(f"{rate:,.0f} ({rate / baseline[column]:.1f}×)")
+            print(f"  {name} {column}: {rate:.0f}", file=sys.stderr, flush=True)
+        print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

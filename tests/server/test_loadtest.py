@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import sentencepiece as spm
+
+from server import loadtest
+from tests.server.conftest import RunningServer
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_export: Path) -> spm.SentencePieceProcessor:
+    return spm.SentencePieceProcessor(model_file=str(tiny_export / "sentencepiece.model"))
+
+
+@pytest.mark.parametrize("tokens", [16, 64, 256, 1024])
+def test_fixed_profile_gives_the_token_count_asked_for(tokenizer, tokens: int):
+    text, counted = loadtest.Profile(f"fixed:{tokens}", tokenizer).next()
+    assert counted == len(tokenizer.encode(text))
+    assert tokens - 2 - tokens // 50 <= counted <= tokens
+
+
+def test_mix_profile_draws_both_ranges(tokenizer):
+    profile = loadtest.Profile("mix:50:10-20:100-120", tokenizer, seed=1)
+    lengths = [profile.length() for _ in range(200)]
+    assert all(10 <= n <= 20 or 100 <= n <= 120 for n in lengths)
+    assert 60 < sum(n <= 20 for n in lengths) < 140
+
+
+def test_bounded_load_is_counted_exactly(running: RunningServer, tiny_export: Path, tmp_path: Path):
+    args = ["--target", f"localhost:{running.server.port}", "--metrics", f"http://127.0.0.1:{running.server.metrics_port}/metrics",
+            "--tokenizer", str(tiny_export / "sentencepiece.model"), "--profile", "uniform:4-40", "--concurrency", "1,4",
+            "--requests", "12", "--out", str(tmp_path)]  # fmt: skip
+    assert loadtest.main(args) == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert [run["requests"] for run in report["runs"]] == [12, 12]
+    assert [len(results) for results in report["results"]] == [12, 12]
+    assert all(run["codes"] == {"OK": 12} for run in report["runs"])
+    assert report["runs"][1]["latency"]["p50"] > 0
+    assert report["runs"][1]["server"]["translate_requests_total_delta"] == 12
+    for name in ("latency_vs_length.png", "throughput_vs_concurrency.png"):
+        assert (tmp_path / name).stat().st_size > 5000
+    assert "| closed | 4 | 12 |" in (tmp_path / "report.md").read_text()
+
+
+def test_open_loop_with_deadlines_counts_errors(running: RunningServer, tiny_export: Path, tmp_path: Path):
+    args = ["--target", f"localhost:{running.server.port}", "--metrics", "", "--tokenizer", str(tiny_export / "sentencepiece.model"),
+            "--profile", "fixed:30", "--rate", "50", "--requests", "10", "--deadline", "0.0001", "--out", str(tmp_path)]  # fmt: skip
+    assert loadtest.main(args) == 0
+    run = json.loads((tmp_path / "report.json").read_text())["runs"][0]
+    assert run["requests"] == 10 and sum(run["codes"].values()) == 10
+    assert run["codes"].get("DEADLINE_EXCEEDED", 0) >= 1

@@ -1,0 +1,72 @@
+"""Continuous vs static batching on the running server."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from export.runtime import OrtModel, RuntimeOptions
+from tests.conftest import own_sentences
+from tests.server.conftest import RunningServer, server_config
+
+LONG_TEXT = " ".join(
+    f"A man is walking near the water number {i} and a dog follows him" for i in range(6)
+)  # one long sentence
+
+
+@pytest.fixture(scope="module", params=["static", "continuous"])
+def scheduled(request, tiny_export: Path):
+    server = RunningServer(server_config(tiny_export, scheduler=request.param, max_output_tokens=200, long_input_tokens=400,
+                                         max_batch_delay_ms=10.0, memory_budget_mib=64))  # fmt: skip
+    yield request.param, server
+    server.close()
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_translations_identical_under_both_schedulers(scheduled, tiny_export: Path, beam: int):
+    _, server = scheduled
+    sentences = own_sentences(16)
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(lambda s: server.translate([s], beam=beam).translations[0].text, sentences))
+    reference = OrtModel(tiny_export, RuntimeOptions(provider="cpu")).translate(
+        sentences, beam=beam, max_output_tokens=200
+    )
+    assert results == reference
+
+
+def test_short_requests_finish_before_a_long_one(scheduled):
+    name, server = scheduled
+    finished: dict[str, float] = {}
+
+    def timed(label: str, text: str) -> None:
+        server.translate([text])
+        finished[label] = time.monotonic()
+
+    with ThreadPoolExecutor(9) as pool:
+        pool.submit(timed, "long", LONG_TEXT)
+        time.sleep(0.05)  # the long one is decoding when the short ones arrive
+        for i, sentence in enumerate(own_sentences(8)):
+            pool.submit(timed, f"short{i}", sentence)
+    shorts = [t for label, t in finished.items() if label != "long"]
+    if name == "continuous":
+        assert max(shorts) < finished["long"], "short requests must not wait for the long one"
+    else:
+        assert min(shorts) > finished["long"], "static batching makes arrivals wait for the running batch"
+
+
+def test_cache_never_exceeds_the_budget(scheduled):
+    _, server = scheduled
+    budget = server.metric("translate_memory_budget_bytes")
+    peak = 0.0
+    with ThreadPoolExecutor(24) as pool:
+        futures = [pool.submit(server.translate, [LONG_TEXT], beam=4) for _ in range(24)]
+        while not all(f.done() for f in futures):
+            used = server.metric("translate_kv_cache_bytes") + server.metric("translate_cross_attention_cache_bytes")
+            peak = max(peak, used)
+            time.sleep(0.002)
+        for f in futures:
+            f.result()
+    assert 0 < peak <= budget
