@@ -260,17 +260,16 @@ def plot(runs: list[Run], summaries: list[dict], out: Path) -> list[Path]:
 
     paths = []
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    answered = 0
     for run in runs:
         ok = [r for r in run.results if r.code == "OK"]
-        ax.scatter(
-            [r.input_tokens for r in ok],
-            [r.latency for r in ok],
-            s=8,
-            alpha=0.5,
-            label=f"{run.mode} {run.concurrency or run.rate}",
-        )
-    ax.set(xlabel="input tokens", ylabel="latency (s)", title="Latency vs input length", xscale="log", yscale="log")
-    ax.legend()
+        answered += len(ok)
+        label = f"{run.mode} {run.concurrency or run.rate}"
+        ax.scatter([r.input_tokens for r in ok], [r.latency for r in ok], s=8, alpha=0.5, label=label)
+    ax.set(xlabel="input tokens", ylabel="latency (s)", title="Latency vs input length (answered requests)")
+    if answered:
+        ax.set(xscale="log", yscale="log")
+        ax.legend()
     paths.append(out / "latency_vs_length.png")
     fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
     closed = [s for s in summaries if s["mode"] == "closed"]
