@@ -9,16 +9,17 @@ import signal
 from dataclasses import dataclass
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
-from proto import translate_pb2, translate_pb2_grpc
+from proto import translate_pb2
 from server.config import ServerConfig
 from server.engine import Engine
 from server.metrics import Metrics
 from server.scheduler import Scheduler
-from server.service import TranslatorService
+from server.service import MALFORMED, TranslatorService
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = translate_pb2.DESCRIPTOR.services_by_name["Translator"].full_name
@@ -56,6 +57,42 @@ class Server:
             self._metrics_http.shutdown()
 
 
+def _tolerant(parse):
+    """A request deserializer that turns unparsable bytes (e.g. invalid UTF-8 in a string
+    field) into MALFORMED, so the handler answers INVALID_ARGUMENT instead of gRPC's INTERNAL."""
+
+    def deserialize(data: bytes):
+        try:
+            return parse(data)
+        except DecodeError:
+            return MALFORMED
+
+    return deserialize
+
+
+def _translator_handlers(servicer: TranslatorService) -> grpc.GenericRpcHandler:
+    """The generated registration, with tolerant request deserializers."""
+    request = _tolerant(translate_pb2.TranslateRequest.FromString)
+    handlers = {
+        "Translate": grpc.unary_unary_rpc_method_handler(
+            servicer.Translate,
+            request_deserializer=request,
+            response_serializer=translate_pb2.TranslateResponse.SerializeToString,
+        ),
+        "TranslateStream": grpc.unary_stream_rpc_method_handler(
+            servicer.TranslateStream,
+            request_deserializer=request,
+            response_serializer=translate_pb2.TranslationSegment.SerializeToString,
+        ),
+        "GetModelInfo": grpc.unary_unary_rpc_method_handler(
+            servicer.GetModelInfo,
+            request_deserializer=_tolerant(translate_pb2.GetModelInfoRequest.FromString),
+            response_serializer=translate_pb2.ModelInfo.SerializeToString,
+        ),
+    }
+    return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
+
+
 def _credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
     if config.tls_cert is None:
         return None
@@ -78,8 +115,9 @@ def create_server(config: ServerConfig, engine: Engine | None = None, metrics: M
         ("grpc.max_receive_message_length", config.max_message_bytes),
         ("grpc.max_send_message_length", config.max_message_bytes),
     ]
-    server = grpc.aio.server(options=options)
-    translate_pb2_grpc.add_TranslatorServicer_to_server(TranslatorService(engine, scheduler, config, metrics), server)
+    # RPCs over the limit are refused by gRPC itself (RESOURCE_EXHAUSTED) before they queue up unseen.
+    server = grpc.aio.server(options=options, maximum_concurrent_rpcs=config.max_concurrent_rpcs)
+    server.add_generic_rpc_handlers((_translator_handlers(TranslatorService(engine, scheduler, config, metrics)),))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection([SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], server)

@@ -29,6 +29,7 @@ class ServerConfig:
     max_batch_tokens: int = 4096
     max_batch_delay_ms: float = 5.0
     max_queue_size: int = 1024
+    max_concurrent_rpcs: int = 512
     memory_budget_mib: int = 512
     max_texts: int = 64
     max_source_tokens: int = 1024
@@ -52,7 +53,7 @@ class ServerConfig:
             problems.append(f"long_input={self.long_input!r}: use split, truncate or reject")
         if self.variant not in ("fp32", "int8", "fp16"):
             problems.append(f"variant={self.variant!r}: use fp32, int8 or fp16")
-        for name in ("max_batch_size", "max_batch_tokens", "max_queue_size", "memory_budget_mib", "max_texts",
+        for name in ("max_batch_size", "max_batch_tokens", "max_queue_size", "max_concurrent_rpcs", "memory_budget_mib", "max_texts",
                      "max_source_tokens", "long_input_tokens", "max_beam_size", "max_output_tokens"):  # fmt: skip
             if getattr(self, name) < 1:
                 problems.append(f"{name}={getattr(self, name)} must be at least 1")

@@ -189,6 +189,7 @@ class Scheduler:
                     InferenceFailed(f"inference failed on the batch holding this request: {type(error).__name__}")
                 )
             self._update_gauges()
+            time.sleep(0)  # hand the GIL to the gRPC event loop between steps, so admission stays prompt
 
     def _wait_for_batch(self) -> None:
         """With nothing running, give arrivals up to max_batch_delay_ms to form a batch."""

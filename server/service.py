@@ -18,6 +18,12 @@ from server.scheduler import Job, Scheduler, Segment
 from server.text import SegmentSpec, TextLimits, segment_texts
 
 log = logging.getLogger(__name__)
+MALFORMED = object()  # what the tolerant deserializer returns for bytes that are no valid message
+
+
+def _check_parsed(request) -> None:
+    if request is MALFORMED:
+        raise InvalidRequest("the request is not a valid translation.v1 message (is every text valid UTF-8?)")
 
 
 class TranslatorService(translate_pb2_grpc.TranslatorServicer):
@@ -55,6 +61,7 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
         self, request: translate_pb2.TranslateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[Segment]:
         """Submit the request and yield its segments in order as they finish."""
+        _check_parsed(request)
         beam, max_output = self._options(request)
         specs = [spec for text in self._specs(request) for spec in text]
         loop = asyncio.get_running_loop()
@@ -157,6 +164,8 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
         self.metrics.requests.labels("TranslateStream", "OK").inc()
 
     async def GetModelInfo(self, request, context):  # noqa: N802
+        if request is MALFORMED:
+            await self._fail("GetModelInfo", InvalidRequest("the request is not a valid GetModelInfoRequest"), context)
         c = self.config
         self.metrics.requests.labels("GetModelInfo", "OK").inc()
         return translate_pb2.ModelInfo(

@@ -1,0 +1,248 @@
+"""Overload, long-sequence pressure, hostile input, broken model files, TLS."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from proto import translate_pb2, translate_pb2_grpc
+from server.config import MIB
+from tests.conftest import ROOT
+from tests.server.conftest import RunningServer, server_config
+from tests.server.test_lifecycle import start_subprocess_server
+
+DOCUMENTED_CODES = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED}
+
+
+class MetricSampler:
+    """Polls a server's metrics port in the background and keeps each metric's peak."""
+
+    def __init__(self, port: int, names: tuple[str, ...]) -> None:
+        self.url, self.names = f"http://127.0.0.1:{port}/metrics", names
+        self.peak = dict.fromkeys(names, 0.0)
+        self.running = True
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+        self.thread.start()
+
+    def read(self) -> dict[str, float]:
+        body = urllib.request.urlopen(self.url, timeout=5).read().decode()
+        return {n: float(v) for n, v in re.findall(r"^(\w+) (\S+)$", body, re.M) if n in self.names}
+
+    def _poll(self) -> None:
+        while self.running:
+            for name, value in self.read().items():
+                self.peak[name] = max(self.peak[name], value)
+            time.sleep(0.01)
+
+    def stop(self) -> dict[str, float]:
+        self.running = False
+        self.thread.join(5)
+        return self.peak
+
+
+def call(stub, texts: list[str], timeout: float = 60) -> tuple[grpc.StatusCode, float, str]:
+    start = time.perf_counter()
+    try:
+        stub.Translate(translate_pb2.TranslateRequest(texts=texts), timeout=timeout)
+        return grpc.StatusCode.OK, time.perf_counter() - start, ""
+    except grpc.RpcError as error:
+        return error.code(), time.perf_counter() - start, error.details()
+
+
+async def flood(target: str, texts: list[str], count: int) -> list[tuple[grpc.StatusCode, float, str]]:
+    """count requests sent at once from an asyncio client; each outcome with its latency."""
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = translate_pb2_grpc.TranslatorStub(channel)
+
+        async def one():
+            start = time.perf_counter()
+            try:
+                await stub.Translate(translate_pb2.TranslateRequest(texts=texts), timeout=60)
+                return grpc.StatusCode.OK, time.perf_counter() - start, ""
+            except grpc.aio.AioRpcError as error:
+                return error.code(), time.perf_counter() - start, error.details()
+
+        return await asyncio.gather(*(one() for _ in range(count)))
+
+
+def test_overload_refuses_fast_and_answers_every_request(tiny_export: Path):
+    budget_mib = 64
+    process, port, metrics_port = start_subprocess_server(
+        tiny_export,
+        "--max-queue-size",
+        "8",
+        "--max-batch-size",
+        "8",
+        "--max-concurrent-rpcs",
+        "24",
+        "--memory-budget-mib",
+        str(budget_mib),
+        "--max-output-tokens",
+        "24",
+    )
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = translate_pb2_grpc.TranslatorStub(channel)
+            sentence = ["A man is walking on the street near the water."]
+            call(stub, sentence)
+            baseline = MetricSampler(metrics_port, ("process_resident_memory_bytes",)).stop()[
+                "process_resident_memory_bytes"
+            ]
+            sampler = MetricSampler(metrics_port, ("process_resident_memory_bytes", "translate_queue_depth"))
+            sent = 200  # each holds 8 sentences: the server holds 16 at a time, so most must be refused
+            results = asyncio.run(flood(f"127.0.0.1:{port}", sentence * 8, sent))
+            peak = sampler.stop()
+            codes = [code for code, _, _ in results]
+            assert len(results) == sent and set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}
+            refused = sorted(t for code, t, _ in results if code == grpc.StatusCode.RESOURCE_EXHAUSTED)
+            served = sorted(t for code, t, _ in results if code == grpc.StatusCode.OK)
+            assert refused and served, codes
+            hints = ("retry in about", "Concurrent RPC limit exceeded")
+            assert all(any(h in d for h in hints) for c, _, d in results if c == grpc.StatusCode.RESOURCE_EXHAUSTED)
+            assert peak["translate_queue_depth"] <= 8
+            assert peak["process_resident_memory_bytes"] <= baseline + (budget_mib + 64) * MIB
+            assert call(stub, sentence)[0] == grpc.StatusCode.OK
+
+            # While long work fills the batch and the queue, a new request is refused at once,
+            # without waiting for any decoding.
+            busy = translate_pb2.TranslateRequest(
+                texts=["walking " * 60 + "."] * 8, options=translate_pb2.TranslateOptions(beam_size=8)
+            )
+            running = [stub.Translate.future(busy, timeout=120) for _ in range(2)]
+            deadline = time.monotonic() + 30
+            while sampler.read().get("translate_queue_depth", 0) < 8 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            probes = [call(stub, sentence) for _ in range(10)]
+            assert all(not f.done() for f in running), "the probes must run while the server is saturated"
+            assert [code for code, _, _ in probes] == [grpc.StatusCode.RESOURCE_EXHAUSTED] * 10
+            assert sorted(t for _, t, _ in probes)[5] < 0.1, probes
+            assert all(f.result().translations for f in running)
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+def test_concurrent_long_inputs_stay_within_the_memory_budget(tiny_export: Path):
+    budget = 48 * MIB
+    server = RunningServer(
+        server_config(tiny_export, memory_budget_mib=48, long_input_tokens=1024, max_output_tokens=16)
+    )
+    try:
+        long_text = "walking " * 990 + "."
+        sampler = MetricSampler(
+            server.server.metrics_port, ("translate_memory_reserved_bytes", "translate_kv_cache_bytes")
+        )
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(lambda _: call(server.stub, [long_text]), range(8)))
+        peak = sampler.stop()
+        assert [code for code, _, _ in results] == [grpc.StatusCode.OK] * 8  # queued, not failed
+        assert 0 < peak["translate_memory_reserved_bytes"] <= budget
+        assert server.metric("translate_attention_scores_bytes") <= budget
+    finally:
+        server.close()
+    small = RunningServer(server_config(tiny_export, memory_budget_mib=8, long_input_tokens=1024))
+    try:
+        code, elapsed, details = call(small.stub, [long_text])
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "over the memory budget of 8 MiB" in details
+        assert elapsed < 1.0
+    finally:
+        small.close()
+
+
+texts = st.one_of(
+    st.lists(st.text(max_size=300), max_size=8),
+    st.lists(st.text(st.characters(codec="utf-8", categories=("Cc", "Cf", "Zs", "So", "Lo")), max_size=50), max_size=4),
+    st.builds(lambda n, t: [t] * n, st.integers(60, 3000), st.text(min_size=1, max_size=5)),
+    st.builds(lambda n: ["word " * n], st.integers(100, 3000)),
+)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
+@given(texts=texts, beam=st.integers(0, 40), max_output=st.integers(0, 5000))
+def test_fuzzed_requests_get_only_documented_codes(running: RunningServer, texts, beam, max_output):
+    request = translate_pb2.TranslateRequest(
+        texts=texts, options=translate_pb2.TranslateOptions(beam_size=beam, max_output_tokens=max_output)
+    )
+    try:
+        running.stub.Translate(request, timeout=60)
+    except grpc.RpcError as error:
+        assert error.code() in DOCUMENTED_CODES, (error.code(), error.details())
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [b"\x0a\x03\xff\xfe\xfd", b"\x0a\x02\xed\xa0", b"\xff\xff\xff", b"\x12\x05\x08\xff\xff\xff\xff\x0f"],
+    ids=["invalid-utf8", "surrogate", "garbage", "huge-varint-option"],
+)
+def test_malformed_bytes_get_invalid_argument(running: RunningServer, payload: bytes):
+    raw = running.channel.unary_unary(
+        "/translation.v1.Translator/Translate", request_serializer=None, response_deserializer=None
+    )
+    with pytest.raises(grpc.RpcError) as error:
+        raw(payload, timeout=10)
+    assert error.value.code() in (grpc.StatusCode.INVALID_ARGUMENT,)
+    assert running.translate(["A man is walking."]).translations[0].text
+
+
+def test_oversized_message_is_refused(running: RunningServer):
+    with pytest.raises(grpc.RpcError) as error:
+        running.translate(["x" * (5 * MIB)])
+    assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert running.translate(["A man is walking."]).translations[0].text
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [("missing", "is listed in the manifest but missing"), ("truncated", "does not match its sha256")],
+)
+def test_broken_model_files_fail_startup_naming_the_file(tiny_export: Path, tmp_path: Path, damage: str, message: str):
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_export, folder)
+    if damage == "missing":
+        (folder / "encoder.onnx").unlink()
+    else:
+        with open(folder / "encoder.onnx", "r+b") as f:
+            f.truncate(100)
+    result = subprocess.run([sys.executable, "-m", "server", "--model", str(folder), "--port", "0", "--metrics-port", "0"],
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert result.returncode != 0
+    assert "encoder.onnx" in result.stderr and message in result.stderr
+
+
+def test_metrics_port_serves_only_metrics(running: RunningServer):
+    base = f"http://127.0.0.1:{running.server.metrics_port}"
+    body = urllib.request.urlopen(f"{base}/anything", timeout=5).read().decode()
+    assert body.startswith("# HELP") and "translate_requests_total" in body
+    with pytest.raises(urllib.error.HTTPError) as error:
+        urllib.request.urlopen(urllib.request.Request(f"{base}/metrics", data=b"x", method="POST"), timeout=5)
+    assert error.value.code == 405
+
+
+def test_no_pickle_on_any_loading_path():
+    sources = [
+        p
+        for package in ("model", "export", "server", "proto")
+        for p in (ROOT / package).rglob("*.py")
+        if "_pb2" not in p.name
+    ]
+    for path in sources:
+        text = path.read_text()
+        assert "import pickle" not in text and "pickle.load" not in text, path
+        for call_text in re.findall(r"torch\.load\([^)]*\)", text):
+            assert "weights_only=True" in call_text, (path, call_text)
