@@ -31,6 +31,16 @@ serve: $(STAMP) $(MODEL_DIR)/manifest.json
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+# Benchmarks (not tests): decoding speed and the server under load. Figures go to tests/benchmarks/.
+bench: $(STAMP) $(MODEL_DIR)/manifest.json
+	$(PY) -m export.benchmark --model $(MODEL_DIR) | tee tests/benchmarks/decode_speed.md
+	$(PY) tests/benchmarks/engine_report.py --model $(MODEL_DIR) --out tests/benchmarks
+
+# Memory growth under steady load (not in CI): SOAK_SECONDS=3600 make soak
+SOAK_SECONDS ?= 600
+soak: $(STAMP) $(MODEL_DIR)/manifest.json
+	$(PY) tests/benchmarks/soak.py --model $(MODEL_DIR) --duration $(SOAK_SECONDS)
+
 lint: $(STAMP)
 	$(PY) -m ruff check . && $(PY) -m ruff format --check .
 

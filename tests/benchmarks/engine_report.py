@@ -1,0 +1,258 @@
+"""Engine benchmark report (part of ``make bench``; not a test).
+
+    python tests/benchmarks/engine_report.py --model exported/default --out tests/benchmarks
+
+For input lengths 16..1024: encoder time, decoder-step time with the KV cache
+(ONNX Runtime and PyTorch) and without it (PyTorch re-running the prefix), the
+share of attention in the step, and peak memory measured in a fresh process
+next to the server's own estimate; plus a batch-size sweep. Writes
+engine_report.md and PNG plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from export.runtime import OrtModel, RuntimeOptions  # noqa: E402
+from server.config import ServerConfig  # noqa: E402
+from server.engine import Engine  # noqa: E402
+
+LENGTHS = (16, 64, 256, 512, 1024)
+
+
+def median_time(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def step_inputs(model: OrtModel, rows: int, source_len: int, cache_len: int) -> dict[str, np.ndarray]:
+    c = model.config
+    rng = np.random.default_rng(0)
+    cache = (c.n_decoder_layers, rows, c.n_heads, cache_len, c.d_head)
+    cross = (c.n_decoder_layers, rows, c.n_heads, source_len, c.d_head)
+    return {
+        "tokens": rng.integers(4, c.vocab_size, rows), "positions": np.full(rows, cache_len, np.int64),
+        "past_k": rng.standard_normal(cache, np.float32), "past_v": rng.standard_normal(cache, np.float32),
+        "cache_mask": np.ones((rows, cache_len), bool), "cross_k": rng.standard_normal(cross, np.float32),
+        "cross_v": rng.standard_normal(cross, np.float32), "src_mask": np.ones((rows, source_len), bool),
+        "source_index": np.arange(rows, dtype=np.int64),
+    }  # fmt: skip
+
+
+def timing_rows(model_dir: Path, repeats: int) -> list[dict]:
+    import torch
+
+    from model.checkpoint import load_checkpoint
+
+    torch_model, _ = load_checkpoint()
+    ort_model = OrtModel(model_dir, RuntimeOptions(provider="cpu"))
+    c = ort_model.config
+    rows = []
+    for length in LENGTHS:
+        src = np.random.default_rng(1).integers(4, c.vocab_size, (1, length))
+        mask = np.ones_like(src, dtype=bool)
+        encoder = median_time(lambda: ort_model.encode(src, mask), repeats)
+        # One step at cache length T = length with a source of the same length.
+        inputs = step_inputs(ort_model, 1, length, length)
+        ort_step = median_time(lambda: ort_model.step(inputs), repeats)
+        tensors = {k: torch.from_numpy(v) for k, v in inputs.items()}
+        with torch.inference_mode():
+            torch_step = median_time(lambda: torch_model.decode_step(**tensors), repeats)
+            memory = torch_model.encode(torch.from_numpy(src), torch.from_numpy(mask))
+            prefix = torch.from_numpy(np.random.default_rng(2).integers(4, c.vocab_size, (1, length + 1)))
+            no_cache = median_time(lambda: torch_model.decode(prefix, memory, torch.from_numpy(mask)), repeats)
+        rows.append(
+            {
+                "length": length,
+                "encoder_s": encoder,
+                "ort_step_s": ort_step,
+                "torch_step_s": torch_step,
+                "torch_no_cache_step_s": no_cache,
+            }
+        )
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    # The step with almost nothing to attend to: what is left is projections, FFN and the output layer.
+    base = step_inputs(ort_model, 1, 1, 0)
+    floor = median_time(lambda: ort_model.step(base), repeats)
+    for row in rows:
+        row["attention_share"] = max(0.0, 1 - floor / row["ort_step_s"])
+    return rows
+
+
+def batch_sweep(model_dir: Path, data: Path, repeats: int) -> list[dict]:
+    from model.data import corpus_path, read_lines
+
+    ort_model = OrtModel(model_dir, RuntimeOptions(provider="cpu"))
+    texts = read_lines(corpus_path(data, "test_2016_flickr", "en"))[:128]
+    ids = ort_model.tokenizer.encode_source(texts)
+    result = []
+    for batch in (1, 4, 16, 64):
+        outputs: list[int] = []
+
+        def run():
+            outputs.clear()
+            for i in range(0, len(ids), batch):
+                outputs.extend(len(o) + 1 for o in ort_model.translate_ids(ids[i : i + batch]))
+
+        seconds = median_time(run, repeats)
+        result.append({"batch": batch, "tokens_per_s": sum(outputs) / seconds, "sentences_per_s": len(ids) / seconds})
+        print(json.dumps(result[-1]), file=sys.stderr, flush=True)
+    return result
+
+
+def measure_memory(model_dir: Path, length: int, beam: int) -> None:
+    """In a fresh process: peak RSS growth while encoding one source of ``length`` tokens and
+    decoding ``length`` steps with ``beam`` rows, next to the server's estimate."""
+    import psutil
+
+    engine = Engine(ServerConfig(model=model_dir, provider="cpu", warmup=False))
+    engine.warmup(lengths=(8,), beams=(1,))
+    process = psutil.Process()
+    baseline, peak, running = process.memory_info().rss, [0], [True]
+
+    def sample():
+        while running[0]:
+            peak[0] = max(peak[0], process.memory_info().rss)
+            time.sleep(0.0005)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    c = engine.config
+    src = np.random.default_rng(0).integers(4, c.vocab_size, length).tolist()
+    encoded = engine.encode([src])
+    batch = engine.new_batch()
+    from model.search import GreedySearch
+
+    batch.add([0], [GreedySearch(10**9, -1)], encoded.cross_k, encoded.cross_v, encoded.src_mask)
+    batch.cache.chunk = 1
+    for _ in range(beam - 1):  # extra rows decode alongside, as beams would
+        batch.cache.add_empty_rows(1)
+    for _ in range(length):
+        inputs = {"tokens": np.full(batch.cache.k.shape[1], 5, np.int64), "positions": batch.cache.lengths.copy(),
+                  "past_k": batch.cache.k, "past_v": batch.cache.v, "cache_mask": batch.cache.mask,
+                  "cross_k": batch.cross_k, "cross_v": batch.cross_v, "src_mask": batch.src_mask,
+                  "source_index": np.zeros(batch.cache.k.shape[1], np.int64)}  # fmt: skip
+        _, new_k, new_v = engine.model.step(inputs)
+        batch.cache.append(new_k, new_v)
+    running[0] = False
+    thread.join()
+    estimate = engine.source_bytes(length) + engine.target_bytes(length, beam) + engine.encoder_scores_bytes(1, length)
+    print(json.dumps({"length": length, "beam": beam, "measured_bytes": peak[0] - baseline, "estimate_bytes": estimate,
+                      "cache_bytes": batch.cache.nbytes + encoded.cross_k.nbytes * 2}))  # fmt: skip
+
+
+def memory_rows(model_dir: Path, beam: int) -> list[dict]:
+    rows = []
+    for length in LENGTHS:
+        out = subprocess.run([sys.executable, __file__, "--model", str(model_dir), "--measure-memory", str(length), "--beam", str(beam)],
+                             capture_output=True, text=True, check=True)  # fmt: skip
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    return rows
+
+
+def plots(timings: list[dict], memory: list[dict], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lengths = [r["length"] for r in timings]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for key, label in (("encoder_s", "encoder (ORT)"), ("ort_step_s", "decoder step, KV cache (ORT)"),
+                       ("torch_step_s", "decoder step, KV cache (PyTorch)"), ("torch_no_cache_step_s", "decoder step, no cache (PyTorch)")):  # fmt: skip
+        ax.plot(lengths, [r[key] * 1000 for r in timings], marker="o", label=label)
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="input length = cache length (tokens)",
+        ylabel="ms",
+        title="Latency vs sequence length",
+    )
+    ax.legend()
+    fig.savefig(out / "latency_vs_length.png", dpi=110, bbox_inches="tight")
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot(
+        [r["length"] for r in memory],
+        [r["measured_bytes"] / 2**20 for r in memory],
+        marker="o",
+        label="measured peak RSS growth",
+    )
+    ax.plot(
+        [r["length"] for r in memory],
+        [r["estimate_bytes"] / 2**20 for r in memory],
+        marker="s",
+        label="server estimate",
+    )
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="input length = output length (tokens)",
+        ylabel="MiB",
+        title="Memory vs sequence length",
+    )
+    ax.legend()
+    fig.savefig(out / "memory_vs_length.png", dpi=110, bbox_inches="tight")
+    plt.close("all")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, default=ROOT / "exported/default")
+    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared/data/multi30k")
+    parser.add_argument("--out", type=Path, default=ROOT / "tests/benchmarks")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--measure-memory", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.measure_memory:
+        measure_memory(args.model, args.measure_memory, args.beam)
+        return 0
+    timings = timing_rows(args.model, args.repeats)
+    memory = memory_rows(args.model, args.beam)
+    sweep = batch_sweep(args.model, args.data, max(1, args.repeats // 2))
+    args.out.mkdir(parents=True, exist_ok=True)
+    lines = [f"command: `python tests/benchmarks/engine_report.py --model {args.model} --repeats {args.repeats}`",
+             f"machine: {platform.machine()}, {os.cpu_count()} cores; medians of {args.repeats} runs", "",
+             "| length | encoder ms | step ms, cache (ORT) | step ms, cache (PyTorch) | step ms, no cache (PyTorch) | attention share of ORT step |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for r in timings:
+        lines.append(f"| {r['length']} | {r['encoder_s'] * 1e3:.2f} | {r['ort_step_s'] * 1e3:.2f} | {r['torch_step_s'] * 1e3:.2f} | "
+                     f"{r['torch_no_cache_step_s'] * 1e3:.2f} | {r['attention_share']:.0%} |")  # fmt: skip
+    lines += ["", f"Peak memory, one source decoded for as many steps as it has tokens, beam {args.beam} (fresh process each):", "",
+              "| length | measured peak RSS growth MiB | server estimate MiB | ratio | caches (exact) MiB |", "|---|---|---|---|---|"]  # fmt: skip
+    for r in memory:
+        ratio = r["measured_bytes"] / r["estimate_bytes"]
+        lines.append(
+            f"| {r['length']} | {r['measured_bytes'] / 2**20:.1f} | {r['estimate_bytes'] / 2**20:.1f} | {ratio:.2f} | {r['cache_bytes'] / 2**20:.1f} |"
+        )
+    lines += ["", "Batch-size sweep (ONNX Runtime fp32, greedy, 128 test_2016_flickr sentences):", "",
+              "| batch | output tokens/s | sentences/s |", "|---|---|---|"]  # fmt: skip
+    lines += [f"| {r['batch']} | {r['tokens_per_s']:.0f} | {r['sentences_per_s']:.1f} |" for r in sweep]
+    (args.out / "engine_report.md").write_text("\n".join(lines) + "\n")
+    plots(timings, memory, args.out)
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
