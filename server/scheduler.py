@@ -73,6 +73,14 @@ class Job:
     finished: bool = False
 
 
+def _notify(callback: Callable, value) -> None:
+    """Hand a result to its caller; a caller that is gone (closed event loop) must not stop the inference thread."""
+    try:
+        callback(value)
+    except RuntimeError:
+        log.warning("a result could not be delivered: its caller is gone")
+
+
 def bucket_index(tokens: int) -> int:
     return next((i for i, high in enumerate(LENGTH_BUCKETS) if tokens <= high), len(LENGTH_BUCKETS))
 
@@ -176,18 +184,18 @@ class Scheduler:
                     self.lock.wait()
                 if self.stopped and not self.waiting and not self.running:
                     return
-            self._drop_abandoned()
-            admitted = self._admit() if (self.continuous or not self.running) else []
+            admitted: list[Segment] = []
             try:
+                self._drop_abandoned()
+                admitted = self._admit() if (self.continuous or not self.running) else []
                 if admitted:
                     self._encode_and_join(admitted)
                 if self.running:
                     self._step()
             except Exception as error:  # one failed batch must not take the server down
                 log.exception("inference failed; answering the batch with INTERNAL")
-                self._fail_batch(
-                    InferenceFailed(f"inference failed on the batch holding this request: {type(error).__name__}")
-                )
+                failure = InferenceFailed(f"inference failed on the batch holding this request: {type(error).__name__}")
+                self._fail_batch(failure, admitted)
             self._update_gauges()
             time.sleep(0)  # hand the GIL to the gRPC event loop between steps, so admission stays prompt
 
@@ -288,11 +296,11 @@ class Scheduler:
         job = segment.job
         if job.finished:
             return
-        job.on_segment(segment)
+        _notify(job.on_segment, segment)
         job.remaining -= 1
         if job.remaining == 0:
             job.finished = True
-            job.on_done(None)
+            _notify(job.on_done, None)
 
     def _leave(self, segment: Segment) -> None:
         if segment in self.running:
@@ -312,7 +320,7 @@ class Scheduler:
             if segment in self.running:
                 self.batch.remove(segment)
                 self._leave(segment)
-        job.on_done(error)
+        _notify(job.on_done, error)
 
     def _drop_abandoned(self) -> None:
         now = time.monotonic()
@@ -324,8 +332,9 @@ class Scheduler:
             elif job.deadline is not None and now > job.deadline:
                 self._end_job(job, DeadlineExceeded("the deadline passed before the translation finished"))
 
-    def _fail_batch(self, error: ServiceError) -> None:
-        jobs = {s.job for s in self.running}
+    def _fail_batch(self, error: ServiceError, admitted: list[Segment]) -> None:
+        """Answer every job in the batch (and those being admitted into it) with error; start afresh."""
+        jobs = {s.job for s in itertools.chain(self.running, admitted)}
         self.batch = self.engine.new_batch()
         self.running.clear()
         self.reserved_bytes = 0
