@@ -114,6 +114,9 @@ def create_server(config: ServerConfig, engine: Engine | None = None, metrics: M
     options = [
         ("grpc.max_receive_message_length", config.max_message_bytes),
         ("grpc.max_send_message_length", config.max_message_bytes),
+        # Close connections after a while so clients that balance per connection find new replicas.
+        ("grpc.max_connection_age_ms", int(config.max_connection_age_s * 1000)),
+        ("grpc.max_connection_age_grace_ms", int(config.grace_seconds * 1000)),
     ]
     # RPCs over the limit are refused by gRPC itself (RESOURCE_EXHAUSTED) before they queue up unseen.
     server = grpc.aio.server(options=options, maximum_concurrent_rpcs=config.max_concurrent_rpcs)

@@ -40,6 +40,7 @@ class ServerConfig:
     max_output_tokens: int = 256
     max_message_bytes: int = 4 * MIB
     grace_seconds: float = 20.0
+    max_connection_age_s: float = 300.0
     warmup: bool = True
     tls_cert: Path | None = None
     tls_key: Path | None = None

@@ -32,7 +32,7 @@ import grpc
 import sentencepiece as spm
 from prometheus_client.parser import text_string_to_metric_families
 
-from model.data import read_lines
+from model.corpus import read_lines
 from proto import translate_pb2, translate_pb2_grpc
 from server.config import DEFAULT_MODEL_DIR
 from server.metrics import length_bucket
