@@ -10,7 +10,7 @@ MODEL_DIR ?= exported/default
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[train,test]'
+	$(PY) -m pip install -q -e '.[train,test,marian]'
 	touch $(STAMP)
 
 install: $(STAMP)

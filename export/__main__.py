@@ -4,6 +4,8 @@ A fixed pipeline: load and validate the checkpoint, export the encoder and
 decoder-step graphs, optimize, check parity against PyTorch, quantize, measure
 each variant, and write the folder with its manifest. A model that fails
 parity is not written.
+
+``--format marian`` writes a Hugging Face MarianMT folder instead (see export/marian.py).
 """
 
 from __future__ import annotations
@@ -32,11 +34,13 @@ from export.graphs import (
     export_graphs,
 )
 from export.manifest import sha256, write_manifest
+from export.marian import export_marian
 from export.optimize import convert_fp16, optimize, quantize_int8
 from export.parity import FP32_TOLERANCE, check_graphs
 from export.runtime import OrtModel, RuntimeOptions
-from model.checkpoint import DEFAULT_CHECKPOINT, SPM_FILE, WEIGHTS_FILE, load_checkpoint, read_config
+from model.checkpoint import DEFAULT_CHECKPOINT, WEIGHTS_FILE, load_checkpoint, read_config, tokenizer_spec
 from model.data import corpus_path, read_lines
+from model.marian import MarianError
 from model.translate import TorchTranslator
 
 CHECK_SENTENCES = Path(__file__).resolve().parent / "sentences.en"
@@ -59,6 +63,7 @@ class ExportConfig:
     eval_split: str = "test_2016_flickr"
     eval_sentences: int = 0
     force: bool = False
+    format: str = "onnx"
 
 
 def parse_args(argv: Sequence[str] | None) -> ExportConfig:
@@ -77,6 +82,12 @@ def parse_args(argv: Sequence[str] | None) -> ExportConfig:
     parser.add_argument("--eval-split", default="test_2016_flickr")
     parser.add_argument("--eval-sentences", type=int, default=0, help="limit the BLEU evaluation (0 = all)")
     parser.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    parser.add_argument(
+        "--format",
+        choices=["onnx", "marian"],
+        default="onnx",
+        help="onnx: the folder the server loads; marian: a Hugging Face MarianMT folder (transformers, CTranslate2)",
+    )
     args = parser.parse_args(argv)
     return ExportConfig(**vars(args))
 
@@ -110,6 +121,10 @@ def evaluate(model: OrtModel, cfg: ExportConfig, reference_ids: list[list[int]],
 def run(cfg: ExportConfig) -> Path:
     if cfg.out.exists() and not cfg.force:
         raise ExportError(f"{cfg.out} already exists, use --force to override")
+    if cfg.format == "marian":
+        if cfg.int8 or cfg.fp16 or cfg.eval_data:
+            raise ExportError("--int8, --fp16 and --eval-data apply to --format onnx only")
+        return export_marian(cfg.checkpoint, cfg.out, read_lines(CHECK_SENTENCES))
     model, tokenizer = load_checkpoint(cfg.checkpoint)
     checkpoint_config = read_config(cfg.checkpoint)
     sentences = read_lines(CHECK_SENTENCES)
@@ -133,7 +148,9 @@ def run(cfg: ExportConfig) -> Path:
             convert_fp16(raw_encoder, folder / "encoder.fp16.onnx")
             convert_fp16(raw_decoder, folder / "decoder.fp16.onnx")
         shutil.rmtree(raw)
-        shutil.copy(cfg.checkpoint / SPM_FILE, folder / SPM_FILE)
+        tokenizer_files = tokenizer_spec(cfg.checkpoint)
+        for name in tokenizer_files["files"]:
+            shutil.copy(cfg.checkpoint / name, folder / name)
 
         real_sources = tokenizer.encode_source(sentences)
         for name, files in variants.items():
@@ -146,7 +163,7 @@ def run(cfg: ExportConfig) -> Path:
             "target_language": checkpoint_config.get("target_language", "de"),
             "model_config": model.config.to_dict(),
             "special_ids": vars(tokenizer.special_ids),
-            "tokenizer": SPM_FILE,
+            "tokenizer": tokenizer_files,
             "graphs": signature,
             "dynamic_axes": {"encoder": ENCODER_AXES, "decoder": DECODER_AXES},
             "io_names": {"encoder": [ENCODER_INPUTS, ENCODER_OUTPUTS], "decoder": [DECODER_INPUTS, DECODER_OUTPUTS]},
@@ -194,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = parse_args(argv)
     try:
         out = run(cfg)
-    except ExportError as e:
+    except (ExportError, MarianError) as e:
         print(f"export: {e}", file=sys.stderr)
         return 1
     print(f"exported {cfg.checkpoint} to {out}", file=sys.stderr)

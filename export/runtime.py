@@ -19,7 +19,7 @@ import onnxruntime as ort
 from export.manifest import ModelFolderError, read_manifest
 from model.config import ModelConfig
 from model.search import DecodeBatch, decode, pad_sources, translate_in_batches
-from model.tokenizer import Tokenizer
+from model.tokenizer import Tokenizer, TokenizerError
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
@@ -57,7 +57,10 @@ class OrtModel:
             raise ModelFolderError(f"{self.folder} has no {options.variant!r} variant (has {sorted(variants)})")
         self.variant = options.variant
         self.config = ModelConfig.from_dict(self.manifest["model_config"])
-        self.tokenizer = Tokenizer.from_file(self.folder / self.manifest["tokenizer"])
+        try:  # a file name (older manifests) or {"kind", "files"}
+            self.tokenizer = Tokenizer.load(self.folder, self.manifest["tokenizer"])
+        except TokenizerError as e:
+            raise ModelFolderError(str(e)) from e
         self.provider = resolve_provider(options.provider)
         self.device = "cuda" if self.provider == "cuda" else "cpu"
         self.io_binding = self.provider == "cuda" if options.io_binding is None else options.io_binding

@@ -1,8 +1,11 @@
 """Self-describing checkpoints: one folder, no pickles.
 
-DIR/config.json          {"format_revision", "model": ModelConfig, "tokenizer", ...}
+DIR/config.json          {"format_revision", "model": ModelConfig, "tokenizer": {"kind", "files"}, ...}
 DIR/model.safetensors    weights
-DIR/sentencepiece.model  the joint tokenizer (or source.spm + target.spm + vocab.json)
+DIR/sentencepiece.model  the joint tokenizer (kind "joint"), or
+DIR/source.spm, target.spm, vocab.json  two models mapped through a shared vocabulary (kind "marian")
+
+A config.json without "tokenizer" (written before the record existed) means the joint model.
 """
 
 from __future__ import annotations
@@ -15,13 +18,13 @@ import torch
 from safetensors.torch import load_file, save_model
 
 from model.config import ModelConfig
-from model.tokenizer import Tokenizer
+from model.tokenizer import TOKENIZER_FILES, Tokenizer, TokenizerError, kind_spec
 from model.transformer import Transformer
 
 FORMAT_REVISION = 1
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-SPM_FILE = "sentencepiece.model"
+SPM_FILE = TOKENIZER_FILES["joint"][0]
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parent / "default"
 
 
@@ -30,13 +33,23 @@ class CheckpointError(ValueError):
 
 
 def save_checkpoint(
-    directory: str | Path, model: Transformer, spm_model: bytes, metadata: dict[str, Any] | None = None
+    directory: str | Path, model: Transformer, tokenizer: bytes | Tokenizer, metadata: dict[str, Any] | None = None
 ) -> Path:
+    """Write a checkpoint; tokenizer is a serialized joint sentencepiece model or a Tokenizer of either kind."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     save_model(model, str(directory / WEIGHTS_FILE))
-    (directory / SPM_FILE).write_bytes(spm_model)
-    config = {"format_revision": FORMAT_REVISION, "model": model.config.to_dict(), **(metadata or {})}
+    if isinstance(tokenizer, bytes):
+        (directory / SPM_FILE).write_bytes(tokenizer)
+        spec = kind_spec("joint")
+    else:
+        spec = tokenizer.save(directory)
+    config = {
+        "format_revision": FORMAT_REVISION,
+        "model": model.config.to_dict(),
+        "tokenizer": spec,
+        **(metadata or {}),
+    }
     (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
     return directory
 
@@ -52,11 +65,18 @@ def read_config(directory: str | Path) -> dict[str, Any]:
     return config
 
 
+def tokenizer_spec(directory: str | Path) -> dict[str, Any]:
+    """The checkpoint's tokenizer record {"kind", "files"}; the joint model for checkpoints without one."""
+    path = Path(directory) / CONFIG_FILE
+    spec = json.loads(path.read_text()).get("tokenizer") if path.exists() else None
+    return spec or kind_spec("joint")
+
+
 def load_tokenizer(directory: str | Path) -> Tokenizer:
-    path = Path(directory) / SPM_FILE
-    if not path.exists():
-        raise CheckpointError(f"{path} is missing")
-    return Tokenizer.from_file(path)
+    try:
+        return Tokenizer.load(directory, tokenizer_spec(directory))
+    except TokenizerError as e:
+        raise CheckpointError(str(e)) from e
 
 
 def load_checkpoint(directory: str | Path = DEFAULT_CHECKPOINT, device: str = "cpu") -> tuple[Transformer, Tokenizer]:

@@ -4,13 +4,27 @@ models mapped through a shared vocabulary (the Marian / OPUS-MT scheme)."""
 from __future__ import annotations
 
 import io
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import sentencepiece as spm
 
 SPECIAL_PIECES = {"pad": "<pad>", "unk": "<unk>", "bos": "<s>", "eos": "</s>"}
+# The files of each kind of tokenizer, as a checkpoint or an exported folder records them
+# ({"kind": ..., "files": [...]}). Folders written before the record existed hold one joint model.
+TOKENIZER_FILES = {"joint": ("sentencepiece.model",), "marian": ("source.spm", "target.spm", "vocab.json")}
+
+
+class TokenizerError(ValueError):
+    """Tokenizer files that cannot be loaded; the message names the file."""
+
+
+def kind_spec(kind: str) -> dict[str, Any]:
+    """The record of a tokenizer kind with its standard file names."""
+    return {"kind": kind, "files": list(TOKENIZER_FILES[kind])}
 
 
 @dataclass(frozen=True)
@@ -38,7 +52,26 @@ class Tokenizer:
 
     @classmethod
     def from_file(cls, path: str | Path) -> Tokenizer:
-        return cls(spm.SentencePieceProcessor(model_file=str(path)))
+        return cls(_processor(path))
+
+    @classmethod
+    def load(cls, directory: str | Path, spec: dict[str, Any] | str | None = None) -> Tokenizer:
+        """The tokenizer of a folder, as its spec records it: {"kind", "files"}; a bare file
+        name (an older manifest's form) or None mean one joint sentencepiece model."""
+        directory = Path(directory)
+        if spec is None or isinstance(spec, str):
+            spec = {"kind": "joint", "files": [spec]} if spec else kind_spec("joint")
+        kind, files = spec.get("kind"), spec.get("files", [])
+        if kind not in TOKENIZER_FILES or len(files) != len(TOKENIZER_FILES[kind]):
+            raise TokenizerError(f"{directory}: unknown tokenizer {spec}; expected kind joint or marian with its files")
+        paths = [directory / name for name in files]
+        for path in paths:
+            if not path.is_file():
+                raise TokenizerError(f"{path} is missing")
+        if kind == "joint":
+            return cls.from_file(paths[0])
+        source, target, vocab = paths
+        return cls(_processor(source), _processor(target), json.loads(vocab.read_text(encoding="utf-8")))
 
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int, model_type: str = "bpe") -> tuple[Tokenizer, bytes]:
@@ -62,6 +95,26 @@ class Tokenizer:
         return cls(spm.SentencePieceProcessor(model_proto=blob)), blob
 
     @property
+    def kind(self) -> str:
+        return "joint" if self.vocab is None else "marian"
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        return kind_spec(self.kind)
+
+    def save(self, directory: str | Path) -> dict[str, Any]:
+        """Write the tokenizer's files into directory; returns its spec."""
+        directory = Path(directory)
+        if self.vocab is None:
+            (directory / TOKENIZER_FILES["joint"][0]).write_bytes(self.source.serialized_model_proto())
+            return self.spec
+        source, target, vocab = TOKENIZER_FILES["marian"]
+        (directory / source).write_bytes(self.source.serialized_model_proto())
+        (directory / target).write_bytes(self.target.serialized_model_proto())
+        (directory / vocab).write_text(json.dumps(self.vocab, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+        return self.spec
+
+    @property
     def vocab_size(self) -> int:
         return len(self.vocab) if self.vocab else self.source.get_piece_size()
 
@@ -77,7 +130,7 @@ class Tokenizer:
         if self.vocab is None:
             return processor.encode(list(texts), out_type=int)
         unk = self.special_ids.unk
-        return [[self.vocab.get(p, unk) for p in pieces] for pieces in processor.encode(list(texts), out_type=str)]
+        return [[self.vocab.get(p, unk) for p in _marian_pieces(processor, text)] for text in texts]
 
     def encode_source(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids of source texts, without bos/eos."""
@@ -94,3 +147,15 @@ class Tokenizer:
         if self.pieces is None:
             return self.target.decode(rows)
         return [self.target.decode_pieces([self.pieces[i] for i in row]) for row in rows]
+
+
+def _processor(path: str | Path) -> spm.SentencePieceProcessor:
+    return spm.SentencePieceProcessor(model_file=str(path))
+
+
+def _marian_pieces(processor: spm.SentencePieceProcessor, text: str) -> list[str]:
+    """Pieces of text; a leading target-language token (">>fr<<", multilingual OPUS-MT
+    models) stays one piece, as MarianTokenizer keeps it."""
+    if text.startswith(">>") and (end := text.find("<<")) != -1:
+        return [text[: end + 2], *processor.encode(text[end + 2 :], out_type=str)]
+    return processor.encode(text, out_type=str)

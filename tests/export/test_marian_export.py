@@ -1,0 +1,152 @@
+"""Our checkpoints in the Hugging Face Marian format, and Marian models through our ONNX export."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from export import __main__ as export_main
+from export.manifest import read_manifest
+from export.runtime import OrtModel, RuntimeOptions
+from model.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint, save_checkpoint
+from model.config import ModelConfig
+from model.marian import halves_order, load_marian, permute_residual
+from model.marian import main as marian_main
+from model.search import pad_sources
+from model.transformer import Transformer
+from model.translate import TorchTranslator
+from tests.conftest import own_sentences
+from tests.model.test_marian import build_marian_folder, one_torch_thread, until_eos  # noqa: F401 (a fixture)
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
+
+SENTENCES = own_sentences(240)[::11]
+
+
+def export_to_marian(checkpoint: Path, out: Path) -> Path:
+    assert export_main.main(["--format", "marian", "--checkpoint", str(checkpoint), "--out", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny_marian(tiny_checkpoint: Path, tmp_path_factory) -> Path:
+    return export_to_marian(tiny_checkpoint, tmp_path_factory.mktemp("tiny_marian") / "marian")
+
+
+@pytest.fixture(scope="module")
+def imported_checkpoint(tmp_path_factory) -> Path:
+    """A random OPUS-MT-style Hugging Face folder imported as our checkpoint."""
+    folder = build_marian_folder(tmp_path_factory.mktemp("hf") / "opus-mt-en-de")
+    out = tmp_path_factory.mktemp("imported") / "checkpoint"
+    assert marian_main(["import", "--hf", str(folder), "--out", str(out)]) == 0
+    return out
+
+
+def assert_loads_in_transformers_with_our_translations(checkpoint: Path, folder: Path, sentences: list[str]) -> None:
+    model, tokenizer = load_checkpoint(checkpoint)
+    c, limit = model.config, 16
+    reference, info = transformers.MarianMTModel.from_pretrained(folder, output_loading_info=True)
+    assert not any(info.values()), info
+    batch = transformers.MarianTokenizer.from_pretrained(folder)(sentences, padding=True, return_tensors="pt")
+    ids = tokenizer.encode_source(sentences)
+    assert batch["input_ids"].tolist() == pad_sources(ids, c.pad_id, c.eos_id)[0].tolist()
+    tgt = torch.randint(4, c.vocab_size, (len(sentences), 10), generator=torch.Generator().manual_seed(0))
+    tgt[:, 0] = c.decoder_start_id
+    with torch.no_grad():
+        ours = model(batch["input_ids"], batch["attention_mask"].bool(), tgt)
+        assert (ours - reference.eval()(**batch, decoder_input_ids=tgt).logits).abs().max() <= 1e-4
+        rows = reference.generate(**batch, num_beams=1, do_sample=False, max_new_tokens=limit)
+    assert TorchTranslator(model, tokenizer, max_output_tokens=limit).translate_ids(ids) == until_eos(rows, c.eos_id)
+
+
+def test_marian_export_loads_in_transformers(tiny_checkpoint: Path, tiny_marian: Path):
+    assert {p.name for p in tiny_marian.iterdir()} == {
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "source.spm",
+        "target.spm",
+        "tokenizer_config.json",
+        "vocab.json",
+    }
+    assert (tiny_marian / "source.spm").read_bytes() == (tiny_checkpoint / "sentencepiece.model").read_bytes()
+    assert_loads_in_transformers_with_our_translations(tiny_checkpoint, tiny_marian, SENTENCES)
+
+
+@pytest.mark.skipif(not (DEFAULT_CHECKPOINT / "model.safetensors").exists(), reason="model/default not trained yet")
+def test_default_model_exports_to_marian(tmp_path: Path):
+    folder = export_to_marian(DEFAULT_CHECKPOINT, tmp_path / "marian")
+    assert_loads_in_transformers_with_our_translations(DEFAULT_CHECKPOINT, folder, SENTENCES[:6])
+
+
+def test_round_trip_ours_marian_ours_is_exact(tiny_checkpoint: Path, tiny_marian: Path, tmp_path: Path):
+    original, tokenizer = load_checkpoint(tiny_checkpoint)
+    imported, imported_tokenizer, _ = load_marian(tiny_marian)
+    assert imported.config == ModelConfig.from_dict({**original.config.to_dict(), "positions": "halves"})
+    back = permute_residual(imported.state_dict(), torch.argsort(halves_order(original.config.d_model)))
+    for name, tensor in original.state_dict().items():
+        assert torch.equal(tensor, back[name]), name
+    ids = tokenizer.encode_source(SENTENCES)
+    assert imported_tokenizer.encode_source(SENTENCES) == ids
+    for beam in (1, 4):
+        ours = TorchTranslator(original, tokenizer).translate_ids(ids, beam)
+        assert TorchTranslator(imported, imported_tokenizer).translate_ids(ids, beam) == ours
+    # Marian -> ours -> Marian gives back the same folder.
+    assert marian_main(["import", "--hf", str(tiny_marian), "--out", str(tmp_path / "imported")]) == 0
+    again = export_to_marian(tmp_path / "imported", tmp_path / "again")
+    for name in ("source.spm", "target.spm", "vocab.json", "config.json", "generation_config.json"):
+        assert (again / name).read_bytes() == (tiny_marian / name).read_bytes(), name
+    first, second = load_file(str(tiny_marian / "model.safetensors")), load_file(str(again / "model.safetensors"))
+    assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+
+
+def test_unsupported_model_is_not_written(tiny_checkpoint: Path, tmp_path: Path, capsys):
+    model, tokenizer = load_checkpoint(tiny_checkpoint)
+    config = ModelConfig.from_dict({**model.config.to_dict(), "norm": "pre", "layer_norm_eps": 1e-6})
+    save_checkpoint(tmp_path / "pre_norm", Transformer(config), tokenizer)
+    out = tmp_path / "marian"
+    assert export_main.main(["--format", "marian", "--checkpoint", str(tmp_path / "pre_norm"), "--out", str(out)]) == 1
+    error = capsys.readouterr().err
+    assert "norm='pre': Hugging Face Marian models are post-norm" in error and "layer_norm_eps=1e-06" in error
+    assert not out.exists()
+
+
+def test_imported_marian_model_exports_to_onnx_and_serves(imported_checkpoint: Path, tmp_path: Path):
+    out = tmp_path / "onnx"
+    assert export_main.main(["--checkpoint", str(imported_checkpoint), "--out", str(out)]) == 0
+    manifest = read_manifest(out)
+    assert manifest["variants"]["fp32"]["parity"]["passed"] is True
+    assert manifest["variants"]["fp32"]["quality"]["greedy_token_agreement_with_pytorch"] == 1.0
+    assert manifest["tokenizer"] == {"kind": "marian", "files": ["source.spm", "target.spm", "vocab.json"]}
+    assert {"source.spm", "target.spm", "vocab.json"} <= set(manifest["files"])
+    assert (manifest["source_language"], manifest["target_language"]) == ("en", "de")
+    model, tokenizer = load_checkpoint(imported_checkpoint)
+    served = OrtModel(out, RuntimeOptions(provider="cpu"))
+    reference = TorchTranslator(model, tokenizer)
+    assert served.translate(SENTENCES) == reference.translate(SENTENCES)
+    assert served.translate(SENTENCES, beam=4) == reference.translate(SENTENCES, beam=4)
+    # Manifests written before the tokenizer record name one joint sentencepiece file.
+    manifest["tokenizer"] = "source.spm"
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    assert OrtModel(out, RuntimeOptions(provider="cpu")).tokenizer.kind == "joint"
+
+
+def test_ctranslate2_translates_an_imported_opus_mt_model_as_we_do(imported_checkpoint: Path, tmp_path: Path):
+    """A third implementation: CTranslate2's converter reads the Hugging Face folder (its Marian loader
+    assumes OPUS-MT's layout, <pad> last and a zero start embedding, as our import keeps it)."""
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    model, tokenizer = load_checkpoint(imported_checkpoint)
+    folder = export_to_marian(imported_checkpoint, tmp_path / "marian")
+    ctranslate2.converters.TransformersConverter(str(folder)).convert(str(tmp_path / "ct2"))
+    limit = 16
+    ids = tokenizer.encode_source(SENTENCES)
+    pieces = [[tokenizer.pieces[i] for i in row] + ["</s>"] for row in ids]
+    translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu", inter_threads=1, intra_threads=1)
+    results = translator.translate_batch(pieces, beam_size=1, max_decoding_length=limit - 1, min_decoding_length=0)
+    theirs = [[tokenizer.vocab[p] for p in r.hypotheses[0]] for r in results]
+    assert TorchTranslator(model, tokenizer, max_output_tokens=limit).translate_ids(ids) == theirs
