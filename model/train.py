@@ -72,6 +72,7 @@ class TrainConfig:
     threads: int = 0
     resume: bool = False
     limit_train: int = 0
+    name: str = ""  # the model's name in checkpoints and the server (default: SRC-TGT-transformer)
 
 
 def parse_args(argv: Sequence[str] | None) -> TrainConfig:
@@ -296,8 +297,16 @@ class Trainer:
         summary = {"selected": source, "averaged_epochs": [p.name for p in last_epochs], "averaged_valid_bleu": scores["valid_bleu"],
                    "best_valid_bleu": self.best_bleu, "steps": self.step, "epochs": self.epoch}  # fmt: skip
         self.log({"final": summary})
-        meta = {"training": {"command": "python -m model.train " + shlex.join(sys.argv[1:]), **summary,
-                             "config": {k: str(v) for k, v in dataclasses.asdict(self.cfg).items()}}}  # fmt: skip
+        meta = {
+            "name": self.cfg.name or f"{self.cfg.src_lang}-{self.cfg.tgt_lang}-transformer",
+            "source_language": self.cfg.src_lang,
+            "target_language": self.cfg.tgt_lang,
+            "training": {
+                "command": "python -m model.train " + shlex.join(sys.argv[1:]),
+                **summary,
+                "config": {k: str(v) for k, v in dataclasses.asdict(self.cfg).items()},
+            },
+        }
         save_checkpoint(self.cfg.out, choice, self.spm_model, meta)
         assert (self.cfg.out / WEIGHTS_FILE).exists()
 
