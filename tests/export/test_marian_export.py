@@ -78,7 +78,6 @@ def test_marian_export_loads_in_transformers(tiny_checkpoint: Path, tiny_marian:
     assert_loads_in_transformers_with_our_translations(tiny_checkpoint, tiny_marian, SENTENCES)
 
 
-@pytest.mark.skipif(not (DEFAULT_CHECKPOINT / "model.safetensors").exists(), reason="model/default not trained yet")
 def test_default_model_exports_to_marian(tmp_path: Path):
     folder = export_to_marian(DEFAULT_CHECKPOINT, tmp_path / "marian")
     assert_loads_in_transformers_with_our_translations(DEFAULT_CHECKPOINT, folder, SENTENCES[:6])
