@@ -15,8 +15,10 @@ import grpc
 import pytest
 
 from proto import translate_pb2, translate_pb2_grpc
+from server.engine import Engine
 from server.errors import Overloaded
-from server.scheduler import Job
+from server.metrics import Metrics
+from server.scheduler import Job, Scheduler
 from server.text import SegmentSpec
 from tests.conftest import own_sentences
 from tests.server.conftest import RunningServer, server_config
@@ -116,16 +118,15 @@ def test_inference_failure_answers_its_batch_with_internal(running: RunningServe
 
 
 def test_full_queue_refuses_at_once_with_a_retry_hint(tiny_export: Path):
-    from server.app import create_server
-
-    server = create_server(server_config(tiny_export, max_queue_size=2))  # inference thread not started: nothing drains
+    config = server_config(tiny_export, max_queue_size=2)
+    metrics = Metrics()
+    scheduler = Scheduler(Engine(config), config, metrics)  # not started: nothing drains the queue
     spec = SegmentSpec(0, 0, "x", [5, 6, 7])
     job = lambda: Job([spec], 1, 16, on_segment=lambda s: None, on_done=lambda e: None)  # noqa: E731
-    server.scheduler.submit(job())
-    server.scheduler.submit(job())
+    scheduler.submit(job())
+    scheduler.submit(job())
     started = time.monotonic()
     with pytest.raises(Overloaded, match=r"queue is full \(2 of 2 sentences waiting\); retry in about [\d.]+ s"):
-        server.scheduler.submit(job())
+        scheduler.submit(job())
     assert time.monotonic() - started < 0.05
-    assert server.metrics.registry.get_sample_value("translate_rejected_total", {"reason": "queue_full"}) == 1
-    server._metrics_http.shutdown()
+    assert metrics.registry.get_sample_value("translate_rejected_total", {"reason": "queue_full"}) == 1
