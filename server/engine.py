@@ -80,6 +80,13 @@ class Engine:
         """Self-attention cache of one source's beams after target_tokens steps (+ validity mask)."""
         return beam * target_tokens * (self.bytes_per_token + 1)
 
+    def sequence_bytes(self, source_tokens: int, target_tokens: int, beam: int) -> int:
+        """What one source decoding with ``beam`` rows holds at ``target_tokens`` steps: its caches, plus
+        the copies each decoder step makes of them (cross-attention keys/values gathered per row,
+        self-attention keys/values concatenated with the new entry)."""
+        step_copies = beam * (source_tokens + 1 + target_tokens) * self.bytes_per_token
+        return self.source_bytes(source_tokens) + self.target_bytes(target_tokens, beam) + step_copies
+
     def encoder_scores_bytes(self, sentences: int, longest: int) -> int:
         """Peak attention-score bytes of an encoder batch: B · H · S² floats, twice."""
         s = longest + 1

@@ -113,7 +113,7 @@ class Scheduler:
     def estimate(self, source_tokens: int, beam: int, max_output: int) -> tuple[int, int]:
         """(bytes reserved while decoding, predicted output tokens) of one segment."""
         predicted = min(max_output, int(self.target_ratio * source_tokens * 1.25) + 8)
-        reserved = self.engine.source_bytes(source_tokens) + self.engine.target_bytes(predicted, beam)
+        reserved = self.engine.sequence_bytes(source_tokens, predicted, beam)
         return reserved, predicted
 
     def submit(self, job: Job) -> None:

@@ -155,7 +155,7 @@ def measure_memory(model_dir: Path, length: int, beam: int) -> None:
         batch.cache.append(new_k, new_v)
     running[0] = False
     thread.join()
-    estimate = engine.source_bytes(length) + engine.target_bytes(length, beam) + engine.encoder_scores_bytes(1, length)
+    estimate = engine.sequence_bytes(length, length, beam) + engine.encoder_scores_bytes(1, length)
     print(json.dumps({"length": length, "beam": beam, "measured_bytes": peak[0] - baseline, "estimate_bytes": estimate,
                       "cache_bytes": batch.cache.nbytes + encoded.cross_k.nbytes * 2}))  # fmt: skip
 
