@@ -24,7 +24,7 @@ class ServerConfig:
     port: int = 50051
     metrics_port: int = 9464
     intra_op_threads: int = 0
-    scheduler: str = "continuous"
+    scheduler: str = "static"  # continuous becomes the default once it wins the benchmark (README)
     max_batch_size: int = 64
     max_batch_tokens: int = 4096
     max_batch_delay_ms: float = 5.0
