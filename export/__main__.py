@@ -39,7 +39,7 @@ from export.optimize import convert_fp16, optimize, quantize_int8
 from export.parity import FP32_TOLERANCE, check_graphs
 from export.runtime import OrtModel, RuntimeOptions
 from model.checkpoint import DEFAULT_CHECKPOINT, WEIGHTS_FILE, load_checkpoint, read_config, tokenizer_spec
-from model.data import corpus_path, read_lines
+from model.corpus import corpus_path, read_lines
 from model.marian import MarianError
 from model.translate import TorchTranslator
 

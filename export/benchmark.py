@@ -21,7 +21,7 @@ import torch
 
 from export.runtime import OrtModel, RuntimeOptions
 from model.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
-from model.data import corpus_path, read_lines
+from model.corpus import corpus_path, read_lines
 from model.translate import TorchTranslator
 
 Translate = Callable[[list[list[int]], int], list[list[int]]]

@@ -15,7 +15,7 @@ from pathlib import Path
 from export.__main__ import CHECK_SENTENCES, variant_parity
 from export.manifest import ModelFolderError, read_manifest, sha256
 from model.checkpoint import WEIGHTS_FILE, load_checkpoint
-from model.data import read_lines
+from model.corpus import read_lines
 
 
 def check(model_dir: Path, checkpoint: Path | None = None) -> dict[str, dict]:

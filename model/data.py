@@ -9,7 +9,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from model.corpus import corpus_path, read_lines, read_parallel  # noqa: F401 (re-exported)
 from model.search import pad_sources
 
 

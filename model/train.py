@@ -33,7 +33,8 @@ from tqdm import tqdm
 
 from model.checkpoint import SPM_FILE, WEIGHTS_FILE, average_weights, load_checkpoint, save_checkpoint
 from model.config import ModelConfig
-from model.data import Example, corpus_path, filter_by_length, iterate_batches, read_parallel
+from model.corpus import corpus_path, read_parallel
+from model.data import Example, filter_by_length, iterate_batches
 from model.tokenizer import Tokenizer
 from model.transformer import Transformer
 from model.translate import TorchTranslator

@@ -170,11 +170,6 @@ class Scheduler:
             self.lock.notify()
         self.thread.join(timeout)
 
-    @property
-    def idle(self) -> bool:
-        with self.lock:
-            return not self.waiting and not self.running
-
     # --- inference thread -------------------------------------------------------------
 
     def _run(self) -> None:

@@ -10,7 +10,7 @@ import sacrebleu
 from export.__main__ import main as export
 from export.runtime import OrtModel, RuntimeOptions
 from model.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
-from model.data import corpus_path, read_lines
+from model.corpus import corpus_path, read_lines
 from model.translate import TorchTranslator
 from tests.conftest import MULTI30K, own_sentences
 
