@@ -10,6 +10,10 @@ from a profile:
   uniform:A-B           lengths drawn uniformly from A..B tokens
   mix:P:A-B:C-D         P% short texts (A..B tokens), the rest long (C..D tokens)
 
+Generated texts are made of short filler sentences; append ``:run-on`` to a
+fixed/uniform/mix profile for texts that are one sentence each (no sentence
+breaks, so the server cannot split a long text into short sentences).
+
 Reports throughput, latency percentiles overall and per length bucket, errors
 by status code, and the server's metric deltas (scraped from ``--metrics``),
 as JSON and Markdown, with PNG plots when ``--out`` is given.
@@ -52,9 +56,13 @@ class Profile:
     def __init__(self, spec: str, tokenizer: spm.SentencePieceProcessor, seed: int = 0) -> None:
         self.spec, self.tokenizer, self.rng = spec, tokenizer, random.Random(seed)
         kind, _, rest = spec.partition(":")
+        self.run_on = kind != "file" and rest.endswith(":run-on")
+        rest = rest.removesuffix(":run-on") if self.run_on else rest
         self.lines: list[str] = read_lines(rest) if kind == "file" else []
         if kind not in ("file", "fixed", "uniform", "mix"):
-            raise ValueError(f"unknown profile {spec!r}: use file:PATH, fixed:N, uniform:A-B or mix:P:A-B:C-D")
+            raise ValueError(
+                f"unknown profile {spec!r}: use file:PATH, fixed:N, uniform:A-B or mix:P:A-B:C-D (+ :run-on)"
+            )
         self.kind, self.args = kind, rest
 
     @staticmethod
@@ -71,10 +79,13 @@ class Profile:
         return self.rng.randint(*self._range(short if self.rng.random() * 100 < float(share) else long))
 
     def text_of_length(self, tokens: int) -> str:
-        """Filler sentences joined until the text has ``tokens`` tokens, then cut to exactly that."""
+        """Filler sentences joined until the text has ``tokens`` tokens, then cut to exactly that.
+        Run-on texts join them as clauses (no sentence-ending punctuation)."""
         pieces, count = [], 0
         while count < tokens:
             sentence = self.rng.choice(FILLER)
+            if self.run_on:
+                sentence = sentence.rstrip(".") + (" and" if pieces else "")
             pieces.append(sentence)
             count += len(self.tokenizer.encode(sentence))
         ids, cut = self.tokenizer.encode(" ".join(pieces)), tokens

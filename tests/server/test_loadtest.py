@@ -7,6 +7,7 @@ import pytest
 import sentencepiece as spm
 
 from server import loadtest
+from server.text import split_sentences
 from tests.server.conftest import RunningServer
 
 
@@ -27,6 +28,15 @@ def test_mix_profile_draws_both_ranges(tokenizer):
     lengths = [profile.length() for _ in range(200)]
     assert all(10 <= n <= 20 or 100 <= n <= 120 for n in lengths)
     assert 60 < sum(n <= 20 for n in lengths) < 140
+
+
+def test_run_on_profile_gives_one_sentence_texts(tokenizer):
+    profile = loadtest.Profile("mix:50:10-20:200-300:run-on", tokenizer, seed=2)
+    texts = [profile.next() for _ in range(20)]
+    assert any(tokens >= 200 for _, tokens in texts)
+    assert all(len(split_sentences(text)) == 1 for text, _ in texts)
+    documents = [loadtest.Profile("fixed:200", tokenizer, seed=2).next()[0]]
+    assert len(split_sentences(documents[0])) > 5  # without :run-on a long text is many sentences
 
 
 def test_bounded_load_is_counted_exactly(running: RunningServer, tiny_export: Path, tmp_path: Path):
