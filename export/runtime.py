@@ -1,8 +1,9 @@
 """Runtime-side decoding over an exported model folder: numpy + ONNX Runtime, no torch.
 
 The server's engine is built on ``OrtModel``. On CUDA the cross-attention
-keys/values stay on the device between steps (IOBinding); on CPU plain numpy
-arrays are passed without copies. The same IOBinding path runs on the CPU
+keys/values stay on the device between steps (IOBinding): they are copied
+there once each time sources join the batch, not at every step; on CPU plain
+numpy arrays are passed without copies. The same IOBinding path runs on the CPU
 provider too (``io_binding=True``), which is how it is tested without a GPU.
 """
 
@@ -110,7 +111,14 @@ class OrtModel:
     def new_batch(self) -> DecodeBatch:
         """An empty running batch over this model's decoder step."""
         c = self.config
-        return DecodeBatch(self.step, c.n_decoder_layers, c.n_heads, c.d_head, c.decoder_start_id, self.cache_dtype)
+        place = self._on_device if self.io_binding else None
+        return DecodeBatch(
+            self.step, c.n_decoder_layers, c.n_heads, c.d_head, c.decoder_start_id, self.cache_dtype, place
+        )
+
+    def _on_device(self, array: np.ndarray) -> ort.OrtValue:
+        """A host array copied to the session's device, to be bound to the decoder step without further copies."""
+        return ort.OrtValue.ortvalue_from_numpy(array, self.device, 0)
 
     def translate_ids(
         self, sources: Sequence[Sequence[int]], beam: int = 1, max_output_tokens: int = 256

@@ -107,6 +107,116 @@ class KVCache:
         self.lengths = np.concatenate([self.lengths, np.zeros(count, np.int64)])
 
 
+class SourceCache:
+    """Cross-attention keys/values of the batch's sources, one slot per source.
+
+    k, v: (L, N, H, S, d_k) with room for N sources of up to S tokens; mask
+    (N, S) True on a source's real tokens. A joining source is written into
+    the next free slot in place (the others are not copied); a leaving one
+    frees its slot. Only when the room runs out, or the longest live source
+    needs less than half of S, are the live slots packed to the front (S
+    shrinking to what they need), and the buffer grows in chunks only if
+    packing is not enough. The whole buffer is passed to the decoder step;
+    rows reach their source's slot through source_index, so unused slots cost
+    memory but no compute.
+
+    ``place`` turns the host buffers into what the decoder step takes (an
+    ONNX Runtime device value with IOBinding); it runs once per change of the
+    buffer, not per step. Encoder outputs that live on a device are brought to
+    the host once, when they join.
+    """
+
+    def __init__(self, place: Callable[[np.ndarray], Any] | None = None, chunk: int = 8) -> None:
+        self.place, self.chunk = place, chunk
+        self.k: np.ndarray | None = None
+        self.v: np.ndarray | None = None
+        self.mask = np.zeros((0, 0), bool)
+        self.lengths = np.zeros(0, np.int64)  # real tokens per slot; 0 once free
+        self.used = 0  # slots written since the last packing
+        self._placed: tuple[Any, Any] | None = None
+
+    @property
+    def capacity(self) -> tuple[int, int]:
+        return self.mask.shape
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.k is None else self.k.nbytes + self.v.nbytes
+
+    @property
+    def step_inputs(self) -> tuple[Any, Any, np.ndarray]:
+        """(cross_k, cross_v, src_mask) for the decoder step."""
+        if self.place is None or self.k is None:
+            return self.k, self.v, self.mask
+        if self._placed is None:
+            self._placed = (self.place(self.k), self.place(self.v))
+        return (*self._placed, self.mask)
+
+    def add(self, k: Any, v: Any, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """Write n sources (k, v: (L, n, H, s, d_k), mask (n, s)) into free slots.
+
+        Returns their slots and, when the live slots were packed first, the
+        map old slot -> new slot (-1 for freed ones) that row indices must follow.
+        """
+        if k is not None and not isinstance(k, np.ndarray):
+            k, v = k.numpy(), v.numpy()  # an ONNX Runtime value on a device: to the host, once
+        count, length = mask.shape
+        slots_needed = self.used + count
+        live_longest = int(self.lengths.max(initial=0))
+        want_length = _round_up(max(live_longest, length), self.chunk)
+        remap = None
+        if slots_needed > self.capacity[0] or length > self.capacity[1] or 2 * want_length <= self.capacity[1]:
+            had_sources = self.used > 0
+            remap = self._pack(count, want_length, k)
+            remap = remap if had_sources else None
+        slots = np.arange(self.used, self.used + count)
+        s = mask.shape[1]
+        self.mask[slots] = False
+        self.mask[slots, :s] = mask
+        if k is not None:
+            self.k[:, self.used : self.used + count, :, :s] = k
+            self.v[:, self.used : self.used + count, :, :s] = v
+        self.lengths[slots] = mask.sum(axis=1)
+        self.used += count
+        self._placed = None
+        return slots, remap
+
+    def free(self, slot: int) -> None:
+        self.lengths[slot] = 0
+
+    def clear(self) -> None:
+        self.__init__(self.place, self.chunk)
+
+    def _pack(self, joining: int, length: int, sample: np.ndarray | None) -> np.ndarray:
+        """Live slots to the front of a buffer with room for ``joining`` more sources of ``length`` tokens."""
+        live = np.flatnonzero(self.lengths[: self.used] > 0)
+        needed, current = _round_up(len(live) + joining, 8), self.capacity[0]
+        # Grow geometrically, so packing stays rare; shrink when far too big.
+        slots = max(needed, 2 * current) if needed > current else min(current, 2 * needed)
+        remap = np.full(self.capacity[0], -1, np.int64)
+        remap[live] = np.arange(len(live))
+        keep = min(length, self.capacity[1])
+        mask = np.zeros((slots, length), bool)
+        mask[: len(live), :keep] = self.mask[live, :keep]
+        lengths = np.zeros(slots, np.int64)
+        lengths[: len(live)] = self.lengths[live]
+        if self.k is not None or sample is not None:
+            reference = self.k if self.k is not None else sample
+            layers, _, heads, _, d_head = reference.shape
+            k = np.zeros((layers, slots, heads, length, d_head), reference.dtype)
+            v = np.zeros_like(k)
+            if self.k is not None and len(live):
+                k[:, : len(live), :, :keep] = self.k[:, live, :, :keep]
+                v[:, : len(live), :, :keep] = self.v[:, live, :, :keep]
+            self.k, self.v = k, v
+        self.mask, self.lengths, self.used = mask, lengths, len(live)
+        return remap
+
+
+def _round_up(value: int, chunk: int) -> int:
+    return -(-value // chunk) * chunk
+
+
 class Search(Protocol):
     rows: int  # live rows this source occupies
 
@@ -219,18 +329,26 @@ class DecodeBatch:
     ``step_fn`` computes one decoder step from named numpy inputs (tokens,
     positions, past_k, past_v, cache_mask, cross_k, cross_v, src_mask,
     source_index) and returns (log_probs, new_k, new_v). Cross-attention
-    keys/values are kept once per source (slot); rows point at their slot
-    through source_index, so a request's beams share them.
+    keys/values are kept once per source (a ``SourceCache`` slot); rows point
+    at their slot through source_index, so a request's beams share them.
+    ``place`` puts the cross-attention buffers where the step wants them
+    (see ``SourceCache``).
     """
 
-    def __init__(self, step_fn: StepFn, layers: int, heads: int, d_head: int, start_id: int, dtype=np.float32) -> None:
+    def __init__(
+        self,
+        step_fn: StepFn,
+        layers: int,
+        heads: int,
+        d_head: int,
+        start_id: int,
+        dtype=np.float32,
+        place: Callable[[np.ndarray], Any] | None = None,
+    ) -> None:
         self.step_fn = step_fn
         self.start_id = start_id
         self.cache = KVCache.empty(layers, 0, heads, d_head, dtype)
-        self.cross_k: Any = None  # (L, N, H, S, d_k) per source slot
-        self.cross_v: Any = None
-        self.src_mask = np.zeros((0, 0), bool)
-        self.slots: list[Any] = []  # key of the source in each slot (None once it left)
+        self.sources = SourceCache(place)
         self.searches: dict[Any, Search] = {}  # live sources in row order
         self.slot_of: dict[Any, int] = {}
         self.source_index = np.zeros(0, np.int64)
@@ -245,40 +363,38 @@ class DecodeBatch:
 
     @property
     def cross_nbytes(self) -> int:
-        if self.cross_k is None or not hasattr(self.cross_k, "nbytes"):
-            return 0
-        return self.cross_k.nbytes + self.cross_v.nbytes
+        return self.sources.nbytes
+
+    @property
+    def src_mask(self) -> np.ndarray:
+        return self.sources.mask
 
     def add(
         self, keys: Sequence[Any], searches: Sequence[Search], cross_k: Any, cross_v: Any, src_mask: np.ndarray
     ) -> None:
         """Join sources (encoded together: cross_k (L, n, H, S, d_k)) with empty caches."""
-        if self.cross_k is None:
-            self.cross_k, self.cross_v, self.src_mask = cross_k, cross_v, src_mask
-        else:
-            self._compact_sources()
-            self.cross_k, self.cross_v, self.src_mask = _join_sources(
-                (self.cross_k, self.cross_v, self.src_mask), (cross_k, cross_v, src_mask)
-            )
-        first_slot = len(self.slots)
-        for i, (key, search) in enumerate(zip(keys, searches, strict=True)):
-            self.slots.append(key)
-            self.slot_of[key] = first_slot + i
+        slots, remap = self.sources.add(cross_k, cross_v, src_mask)
+        if remap is not None:
+            self.source_index = remap[self.source_index]
+            self.slot_of = {key: int(remap[slot]) for key, slot in self.slot_of.items()}
+        for key, search, slot in zip(keys, searches, slots, strict=True):
+            self.slot_of[key] = int(slot)
             self.searches[key] = search
         self.cache.add_empty_rows(len(keys))
-        self.source_index = np.concatenate([self.source_index, first_slot + np.arange(len(keys))])
+        self.source_index = np.concatenate([self.source_index, slots])
         self.tokens = np.concatenate([self.tokens, np.full(len(keys), self.start_id, np.int64)])
 
     def _run_step(self) -> np.ndarray:
+        cross_k, cross_v, src_mask = self.sources.step_inputs
         inputs = {
             "tokens": self.tokens,
             "positions": self.cache.lengths.copy(),
             "past_k": self.cache.k,
             "past_v": self.cache.v,
             "cache_mask": self.cache.mask,
-            "cross_k": self.cross_k,
-            "cross_v": self.cross_v,
-            "src_mask": self.src_mask,
+            "cross_k": cross_k,
+            "cross_v": cross_v,
+            "src_mask": src_mask,
             "source_index": self.source_index,
         }
         log_probs, new_k, new_v = self.step_fn(inputs)
@@ -313,6 +429,7 @@ class DecodeBatch:
         rows = np.concatenate(keep) if keep else np.zeros(0, np.int64)
         self._select_rows(rows)
         self.tokens = self.tokens[rows]
+        self._release_if_empty()
 
     def _select_rows(self, rows: np.ndarray) -> None:
         self.cache.select(rows)
@@ -320,52 +437,18 @@ class DecodeBatch:
 
     def _forget(self, key: Any) -> None:
         del self.searches[key]
-        self.slots[self.slot_of.pop(key)] = None
+        self.sources.free(self.slot_of.pop(key))
 
     def _keep_rows(self, rows: np.ndarray, tokens: list[np.ndarray]) -> None:
         if len(rows) != self.rows or not np.array_equal(rows, np.arange(self.rows)):
             self._select_rows(rows)
         self.tokens = np.concatenate(tokens).astype(np.int64) if tokens else np.zeros(0, np.int64)
+        self._release_if_empty()
+
+    def _release_if_empty(self) -> None:
         if not self.searches:
-            self.cross_k = self.cross_v = None
-            self.src_mask = np.zeros((0, 0), bool)
-            self.slots, self.slot_of = [], {}
-
-    def _compact_sources(self) -> None:
-        """Drop the cross-attention keys/values of sources that left, once they are the majority."""
-        live = [i for i, key in enumerate(self.slots) if key is not None]
-        if len(live) * 2 > len(self.slots):
-            return
-        remap = np.full(len(self.slots), -1, np.int64)
-        remap[live] = np.arange(len(live))
-        index = np.array(live, np.int64)
-        self.cross_k, self.cross_v = _take_sources(self.cross_k, index), _take_sources(self.cross_v, index)
-        self.src_mask = self.src_mask[index]
-        self.slots = [self.slots[i] for i in live]
-        self.slot_of = {key: i for i, key in enumerate(self.slots)}
-        self.source_index = remap[self.source_index]
-
-
-def _take_sources(cross: np.ndarray, index: np.ndarray) -> np.ndarray:
-    if not isinstance(cross, np.ndarray):
-        raise NotImplementedError("sources can only join a running batch whose cross-attention cache is in host memory")
-    return np.ascontiguousarray(cross[:, index])
-
-
-def _join_sources(running: tuple, joining: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Concatenate per-source cross keys/values and masks, padding the shorter sources."""
-    length = max(running[2].shape[1], joining[2].shape[1])
-    padded = []
-    for k, v, mask in (running, joining):
-        if not isinstance(k, np.ndarray):
-            raise NotImplementedError(
-                "sources can only join a running batch whose cross-attention cache is in host memory"
-            )
-        extra = length - mask.shape[1]
-        pad = ((0, 0), (0, 0), (0, 0), (0, extra), (0, 0))
-        padded.append((np.pad(k, pad), np.pad(v, pad), np.pad(mask, ((0, 0), (0, extra)))))
-    (k1, v1, m1), (k2, v2, m2) = padded
-    return np.concatenate([k1, k2], 1), np.concatenate([v1, v2], 1), np.concatenate([m1, m2], 0)
+            self.sources.clear()
+            self.slot_of = {}
 
 
 def decode(

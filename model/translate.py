@@ -37,7 +37,7 @@ class PrefixDecodeBatch(DecodeBatch):
     def _run_step(self) -> np.ndarray:
         self.prefix = np.concatenate([self.prefix, self.tokens[:, None]], axis=1)
         index = torch.from_numpy(self.source_index)
-        mask = torch.from_numpy(self.src_mask)[index]
+        mask = torch.from_numpy(self.src_mask[:, : self.memory.shape[1]])[index]  # the slots' mask is padded
         logits = self.model.decode(torch.from_numpy(self.prefix), self.memory[index], mask)
         return torch.log_softmax(logits[:, -1].float(), dim=-1).numpy()
 

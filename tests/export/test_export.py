@@ -15,6 +15,7 @@ from export.manifest import ModelFolderError, read_manifest
 from export.parity import ParityReport, check_graphs
 from export.runtime import OrtModel, RuntimeOptions
 from model.checkpoint import load_checkpoint
+from model.search import default_max_output, new_search, pad_sources
 from model.translate import TorchTranslator
 from tests.conftest import own_sentences
 
@@ -62,6 +63,33 @@ def test_runtime_decoder_equals_pytorch(tiny_checkpoint: Path, tiny_export: Path
     ids = tokenizer.encode_source(sentences)
     expected = TorchTranslator(model, tokenizer, max_output_tokens=20).translate_ids(ids, beam)
     assert runtime.translate_ids(ids, beam, max_output_tokens=20) == expected
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_sources_join_a_running_batch_with_io_binding(tiny_export: Path, beam: int):
+    """The CUDA path (IOBinding, cross keys/values held as device values) run on the CPU provider:
+    sources joining mid-way get the translations they get alone."""
+    runtime = OrtModel(tiny_export, RuntimeOptions(provider="cpu", io_binding=True))
+    c = runtime.config
+    ids = runtime.tokenizer.encode_source(own_sentences(6))
+    alone = [runtime.translate_ids([source], beam, max_output_tokens=20)[0] for source in ids]
+    batch = runtime.new_batch()
+    arrivals = {0: [0, 1], 1: [2], 3: [3, 4], 5: [5]}
+    results: dict[int, list[int]] = {}
+    step = 0
+    while len(batch) or step <= max(arrivals):
+        if step in arrivals:
+            keys = arrivals[step]
+            sources = [ids[k] for k in keys]
+            src_tokens, src_mask = pad_sources(sources, c.pad_id, c.eos_id)
+            cross_k, cross_v = runtime.encode(src_tokens, src_mask)
+            searches = [new_search(beam, default_max_output(len(s) + 1, 20), c.eos_id) for s in sources]
+            batch.add(keys, searches, cross_k, cross_v, src_mask)
+            assert isinstance(batch.sources.step_inputs[0], ort.OrtValue)
+        if len(batch):
+            results.update(batch.step())
+        step += 1
+    assert [results[k] for k in range(len(ids))] == alone
 
 
 def test_fp16_variant_runs_and_stays_close(tiny_export: Path):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from model.search import DecodeBatch, KVCache, default_max_output, new_search, pad_sources
+from model.search import DecodeBatch, KVCache, SourceCache, default_max_output, new_search, pad_sources
 from model.transformer import Transformer
 from model.translate import TorchTranslator
 
@@ -67,3 +67,45 @@ def test_cache_rows_of_different_lengths_write_their_own_slots():
     assert cache.lengths.tolist() == [2, 1]
     assert cache.mask.tolist() == [[True, True, False, False], [True, False, False, False]]
     assert cache.k[0, 1, 0, 0].tolist() == [2.0, 2.0] and cache.k[0, 0, 0, 1].tolist() == [2.0, 2.0]
+
+
+def test_sources_join_in_place_and_pack_only_when_out_of_room():
+    cache = SourceCache(chunk=4)
+
+    def sources(count: int, length: int, value: float):
+        k = np.full((1, count, 1, length, 2), value, np.float32)
+        return k, k + 100, np.ones((count, length), bool)
+
+    slots, remap = cache.add(*sources(3, 3, 1.0))
+    assert slots.tolist() == [0, 1, 2] and remap is None
+    buffer = cache.k
+    assert cache.capacity == (8, 4)
+    slots, remap = cache.add(*sources(2, 2, 2.0))
+    assert slots.tolist() == [3, 4] and remap is None
+    assert cache.k is buffer  # written in place: the live sources were not copied
+    assert cache.mask[3].tolist() == [True, True, False, False]
+    cache.free(0)
+    cache.free(3)
+    slots, remap = cache.add(*sources(4, 6, 3.0))  # no room (5 + 4 > 8) and longer than S: live slots packed first
+    assert remap[[1, 2, 4]].tolist() == [0, 1, 2] and remap[0] == remap[3] == -1
+    assert slots.tolist() == [3, 4, 5, 6] and cache.capacity == (8, 8)  # packing made room: no growth
+    assert cache.k[0, 2, 0, :, 0].tolist() == [2.0, 2.0, 0, 0, 0, 0, 0, 0]  # old slot 4 moved, zero-padded
+    assert cache.v[0, 0, 0, 0, 0] == 101.0
+    assert cache.lengths[:7].tolist() == [3, 3, 2, 6, 6, 6, 6]
+    for slot in range(3, 7):
+        cache.free(slot)
+    slots, remap = cache.add(*sources(1, 1, 4.0))  # the longest live source needs 3 of 8 tokens: S shrinks
+    assert cache.capacity[1] == 4 and remap is not None and slots.tolist() == [3]
+    slots, remap = cache.add(*sources(8, 2, 5.0))  # 4 live + 8 > 8 slots even after packing: the buffer doubles
+    assert cache.capacity == (16, 4) and slots.tolist() == list(range(4, 12))
+
+
+def test_placed_buffers_are_refreshed_only_when_sources_change():
+    placed = []
+    cache = SourceCache(place=lambda array: placed.append(array) or array.copy())
+    k = np.ones((1, 2, 1, 3, 2), np.float32)
+    cache.add(k, k, np.ones((2, 3), bool))
+    steps = [cache.step_inputs for _ in range(3)]
+    assert len(placed) == 2 and steps[0][0] is steps[2][0]  # k and v placed once, reused by every step
+    cache.add(k, k, np.ones((2, 3), bool))
+    assert cache.step_inputs[0] is not steps[0][0] and len(placed) == 4
