@@ -25,6 +25,8 @@ class ServerConfig:
     metrics_port: int = 9464
     intra_op_threads: int = 0
     scheduler: str = "static"  # continuous becomes the default once it wins the benchmark (README)
+    lanes: str = "64"  # continuous: source-token bounds splitting the running batch into lanes ("" = one lane)
+    lane_step_every: int = 4  # continuous: a longer lane steps every N iterations while a shorter one has rows
     max_batch_size: int = 64
     max_batch_tokens: int = 4096
     max_batch_delay_ms: float = 5.0
@@ -55,17 +57,27 @@ class ServerConfig:
         if self.variant not in ("fp32", "int8", "fp16"):
             problems.append(f"variant={self.variant!r}: use fp32, int8 or fp16")
         for name in ("max_batch_size", "max_batch_tokens", "max_queue_size", "max_concurrent_rpcs", "memory_budget_mib", "max_texts",
-                     "max_source_tokens", "long_input_tokens", "max_beam_size", "max_output_tokens"):  # fmt: skip
+                     "lane_step_every", "max_source_tokens", "long_input_tokens", "max_beam_size", "max_output_tokens"):  # fmt: skip
             if getattr(self, name) < 1:
                 problems.append(f"{name}={getattr(self, name)} must be at least 1")
         if not 1 <= self.default_beam_size <= self.max_beam_size:
             problems.append(f"default_beam_size={self.default_beam_size} must be within 1..max_beam_size")
+        try:
+            bounds = self.lane_bounds
+            if list(bounds) != sorted(set(bounds)) or any(b < 1 for b in bounds):
+                problems.append(f"lanes={self.lanes!r}: bounds must be positive and increasing")
+        except ValueError:
+            problems.append(f"lanes={self.lanes!r}: use comma-separated source-token bounds, e.g. 32,128")
         if (self.tls_cert is None) != (self.tls_key is None):
             problems.append("tls_cert and tls_key go together")
         if self.tls_client_ca is not None and self.tls_cert is None:
             problems.append("tls_client_ca (mutual TLS) needs tls_cert and tls_key")
         if problems:
             raise ValueError("invalid server configuration: " + "; ".join(problems))
+
+    @property
+    def lane_bounds(self) -> tuple[int, ...]:
+        return tuple(int(bound) for bound in self.lanes.split(",") if bound.strip())
 
     @property
     def memory_budget_bytes(self) -> int:

@@ -87,6 +87,12 @@ class Metrics:
         )
         self.queue_depth = Gauge("translate_queue_depth", "Sentences waiting to start decoding.", registry=r)
         self.inflight = Gauge("translate_inflight_sequences", "Sentences being decoded.", registry=r)
+        self.lane_rows = Gauge(
+            "translate_lane_rows",
+            "Decoder rows (hypotheses) in each lane of the running batch; lanes split it by source length.",
+            ["lane"],
+            registry=r,
+        )
         self.kv_cache_bytes = Gauge(
             "translate_kv_cache_bytes", "Bytes of the live self-attention KV cache.", registry=r
         )

@@ -5,7 +5,12 @@ queue; the inference thread admits them into the running ``DecodeBatch``:
 
 - ``continuous``: at every decoder step, arrivals that fit are encoded
   together and join the running batch; finished segments leave at once and
-  their callers are answered at once.
+  their callers are answered at once. The running batch is split into lanes
+  by source length (``lane_bounds``): each lane is one decoder call per step,
+  so short rows do not pay for the padding of long ones (a dense step costs
+  rows × the longest source and cache in it), and while a shorter lane has
+  rows a longer one steps only every ``lane_step_every`` iterations: on a
+  shared CPU, long rows would otherwise stretch every short row's step.
 - ``static``: a batch is formed from the queue (by length bucket, waiting at
   most max_batch_delay_ms) only when the previous one has fully finished.
 
@@ -92,8 +97,12 @@ class Scheduler:
         self.metrics = metrics
         self.continuous = config.scheduler == "continuous"
         self.budget = config.memory_budget_bytes
-        self.batch = engine.new_batch()
-        self.running: dict[Segment, None] = {}  # segments in the batch, in join order
+        self.bounds = config.lane_bounds if self.continuous else ()
+        self.lanes = [engine.new_batch() for _ in range(len(self.bounds) + 1)]
+        self.running: dict[Segment, int] = {}  # segments in the batch, in join order -> their lane
+        self.iteration = 0
+        lows = [1] + [bound + 1 for bound in self.bounds]
+        self.lane_names = [f"{low}-{high}" for low, high in zip(lows[:-1], self.bounds, strict=True)] + [f"{lows[-1]}+"]
         self.waiting: collections.deque[Segment] = collections.deque()
         self.lock = threading.Condition()
         self.accepting = True
@@ -241,6 +250,7 @@ class Scheduler:
         for segment in admitted:
             self.metrics.queue_wait.observe(now - segment.enqueued_at)
         for group in self._length_groups(admitted):
+            lane = self._lane(group[0].source_tokens)
             encoded = self.engine.encode([s.spec.ids for s in group])
             longest = max(s.source_tokens for s in group)
             self.metrics.encoder_latency.labels(length_bucket(longest)).observe(encoded.seconds)
@@ -252,31 +262,45 @@ class Scheduler:
                 self.largest_scores_bytes = scores
                 self.metrics.attention_scores_bytes.set(scores)
             searches = [new_search(s.job.beam, s.max_length, self.engine.config.eos_id) for s in group]
-            self.batch.add(group, searches, encoded.cross_k, encoded.cross_v, encoded.src_mask)
+            self.lanes[lane].add(group, searches, encoded.cross_k, encoded.cross_v, encoded.src_mask)
             for segment in group:
-                self.running[segment] = None
+                self.running[segment] = lane
                 self.reserved_bytes += segment.reserved_bytes
 
-    @staticmethod
-    def _length_groups(segments: list[Segment]) -> list[list[Segment]]:
-        """Sorted segments cut where the length bucket changes, so each encoder batch pads little."""
+    def _lane(self, source_tokens: int) -> int:
+        return next((i for i, bound in enumerate(self.bounds) if source_tokens <= bound), len(self.bounds))
+
+    def _length_groups(self, segments: list[Segment]) -> list[list[Segment]]:
+        """Sorted segments cut where the length bucket (or lane) changes, so each encoder batch pads little."""
+
+        def group_of(segment: Segment) -> tuple[int, int]:
+            return bucket_index(segment.source_tokens), self._lane(segment.source_tokens)
+
         groups: list[list[Segment]] = []
         for segment in segments:
-            if groups and bucket_index(groups[-1][-1].source_tokens) == bucket_index(segment.source_tokens):
+            if groups and group_of(groups[-1][-1]) == group_of(segment):
                 groups[-1].append(segment)
             else:
                 groups.append([segment])
         return groups
 
     def _step(self) -> None:
-        start = time.perf_counter()
-        rows = self.batch.rows
-        finished = self.batch.step()
-        elapsed = time.perf_counter() - start
-        self.metrics.decoder_step.observe(elapsed)
-        self.metrics.decode_rows.observe(rows)
-        for segment, tokens in finished:
-            self._finish(segment, tokens)
+        """One decoder step of every lane that has rows; a longer lane only every ``lane_step_every``
+        iterations while a shorter one has rows, so short sentences are not slowed down by long ones."""
+        self.iteration += 1
+        for lane, batch in enumerate(self.lanes):
+            if not len(batch):
+                continue
+            shorter_busy = any(len(shorter) for shorter in self.lanes[:lane])
+            if shorter_busy and self.iteration % self.config.lane_step_every:
+                continue
+            start = time.perf_counter()
+            rows = batch.rows
+            finished = batch.step()
+            self.metrics.decoder_step.observe(time.perf_counter() - start)
+            self.metrics.decode_rows.observe(rows)
+            for segment, tokens in finished:
+                self._finish(segment, tokens)
 
     def _finish(self, segment: Segment, tokens: list[int]) -> None:
         self._leave(segment)
@@ -313,7 +337,7 @@ class Scheduler:
                     self.waiting.remove(segment)
         for segment in job.segments:
             if segment in self.running:
-                self.batch.remove(segment)
+                self.lanes[self.running[segment]].remove(segment)
                 self._leave(segment)
         _notify(job.on_done, error)
 
@@ -330,7 +354,7 @@ class Scheduler:
     def _fail_batch(self, error: ServiceError, admitted: list[Segment]) -> None:
         """Answer every job in the batch (and those being admitted into it) with error; start afresh."""
         jobs = {s.job for s in itertools.chain(self.running, admitted)}
-        self.batch = self.engine.new_batch()
+        self.lanes = [self.engine.new_batch() for _ in self.lanes]
         self.running.clear()
         self.reserved_bytes = 0
         for job in jobs:
@@ -340,6 +364,8 @@ class Scheduler:
         m = self.metrics
         m.queue_depth.set(len(self.waiting))
         m.inflight.set(len(self.running))
-        m.kv_cache_bytes.set(self.batch.cache.nbytes)
-        m.cross_cache_bytes.set(self.batch.cross_nbytes)
+        for name, batch in zip(self.lane_names, self.lanes, strict=True):
+            m.lane_rows.labels(name).set(batch.rows)
+        m.kv_cache_bytes.set(sum(batch.cache.nbytes for batch in self.lanes))
+        m.cross_cache_bytes.set(sum(batch.cross_nbytes for batch in self.lanes))
         m.reserved_bytes.set(self.reserved_bytes)

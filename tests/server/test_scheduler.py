@@ -28,7 +28,7 @@ def scheduled(request, tiny_export: Path):
 @pytest.mark.parametrize("beam", [1, 3])
 def test_translations_identical_under_both_schedulers(scheduled, tiny_export: Path, beam: int):
     _, server = scheduled
-    sentences = own_sentences(16)
+    sentences = own_sentences(15) + [LONG_TEXT]  # continuous: the long one decodes in its own lane
     with ThreadPoolExecutor(16) as pool:
         results = list(pool.map(lambda s: server.translate([s], beam=beam).translations[0].text, sentences))
     reference = OrtModel(tiny_export, RuntimeOptions(provider="cpu")).translate(
@@ -55,6 +55,27 @@ def test_short_requests_finish_before_a_long_one(scheduled):
         assert max(shorts) < finished["long"], "short requests must not wait for the long one"
     else:
         assert min(shorts) > finished["long"], "static batching makes arrivals wait for the running batch"
+
+
+def test_long_and_short_rows_decode_in_separate_lanes(scheduled):
+    name, server = scheduled
+    lanes = {"1-64", "65+"} if name == "continuous" else {"1+"}
+    peak = dict.fromkeys(lanes, 0.0)
+    with ThreadPoolExecutor(9) as pool:
+        futures = [pool.submit(server.translate, [LONG_TEXT])]
+        time.sleep(0.05)
+        futures += [pool.submit(server.translate, [sentence]) for sentence in own_sentences(8)]
+        while not all(f.done() for f in futures):
+            for lane in lanes:
+                peak[lane] = max(peak[lane], server.metric("translate_lane_rows", {"lane": lane}))
+            time.sleep(0.002)
+        for f in futures:
+            f.result()
+    assert all(rows > 0 for rows in peak.values()), peak
+    deadline = time.monotonic() + 5  # gauges update right after the answers go out
+    while any(server.metric("translate_lane_rows", {"lane": lane}) for lane in lanes) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert all(server.metric("translate_lane_rows", {"lane": lane}) == 0 for lane in lanes)
 
 
 def test_cache_never_exceeds_the_budget(scheduled):

@@ -1,0 +1,40 @@
+"""Server configuration: flags over TRANSLATE_* variables over defaults, and errors that name the setting."""
+
+from __future__ import annotations
+
+import pytest
+
+from server.config import ServerConfig, parse_config
+
+
+def test_flags_win_over_the_environment_which_wins_over_defaults():
+    environ = {"TRANSLATE_MAX_BATCH_SIZE": "16", "TRANSLATE_SCHEDULER": "continuous", "TRANSLATE_WARMUP": "false"}
+    config = parse_config(["--max-batch-size", "8", "--lanes", "32,128"], environ)
+    assert config.max_batch_size == 8 and config.scheduler == "continuous" and config.warmup is False
+    assert config.lane_bounds == (32, 128)
+    assert parse_config([], {}).lane_bounds == ServerConfig().lane_bounds
+
+
+def test_one_lane_when_no_bounds_are_given():
+    assert ServerConfig(lanes="").lane_bounds == ()
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("scheduler", "fifo", "scheduler='fifo': use continuous or static"),
+        ("lanes", "128,64", "bounds must be positive and increasing"),
+        ("lanes", "64;128", "comma-separated source-token bounds"),
+        ("max_batch_size", 0, "max_batch_size=0 must be at least 1"),
+    ],
+)
+def test_invalid_settings_are_refused_by_name(field: str, value, message: str):
+    with pytest.raises(ValueError, match="invalid server configuration") as error:
+        ServerConfig(**{field: value})
+    assert message in str(error.value)
+
+
+def test_invalid_flag_exits_with_usage(capsys):
+    with pytest.raises(SystemExit):
+        parse_config(["--lanes", "x"], {})
+    assert "lanes='x'" in capsys.readouterr().err
