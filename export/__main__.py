@@ -64,6 +64,7 @@ class ExportConfig:
     eval_sentences: int = 0
     force: bool = False
     format: str = "onnx"
+    marian_layout: str = "ours"
 
 
 def parse_args(argv: Sequence[str] | None) -> ExportConfig:
@@ -87,6 +88,13 @@ def parse_args(argv: Sequence[str] | None) -> ExportConfig:
         choices=["onnx", "marian"],
         default="onnx",
         help="onnx: the folder the server loads; marian: a Hugging Face MarianMT folder (transformers, CTranslate2)",
+    )
+    parser.add_argument(
+        "--marian-layout",
+        choices=["ours", "opus-mt"],
+        default="ours",
+        help="marian: keep our ids and start token (exact round trip), or OPUS-MT's (<pad> last, zero start "
+        "embedding, the start token folded into decoder position 0), which CTranslate2's converter needs",
     )
     args = parser.parse_args(argv)
     return ExportConfig(**vars(args))
@@ -124,7 +132,9 @@ def run(cfg: ExportConfig) -> Path:
     if cfg.format == "marian":
         if cfg.int8 or cfg.fp16 or cfg.eval_data:
             raise ExportError("--int8, --fp16 and --eval-data apply to --format onnx only")
-        return export_marian(cfg.checkpoint, cfg.out, read_lines(CHECK_SENTENCES))
+        return export_marian(cfg.checkpoint, cfg.out, read_lines(CHECK_SENTENCES), cfg.marian_layout)
+    if cfg.marian_layout != "ours":
+        raise ExportError("--marian-layout applies to --format marian only")
     model, tokenizer = load_checkpoint(cfg.checkpoint)
     checkpoint_config = read_config(cfg.checkpoint)
     sentences = read_lines(CHECK_SENTENCES)

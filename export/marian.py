@@ -1,8 +1,8 @@
 """Export a checkpoint as a Hugging Face MarianMT folder: ``python -m export --format marian --out DIR``.
 
-The folder loads with ``transformers.MarianMTModel`` / ``MarianTokenizer``; CTranslate2's
-``ct2-transformers-converter`` reproduces it when it is in OPUS-MT's layout (see
-``ctranslate2_note``). The same fixed pipeline as the ONNX export: load, validate (model.marian reports every unsupported option at once), write,
+The folder loads with ``transformers.MarianMTModel`` / ``MarianTokenizer``; with
+``--marian-layout opus-mt`` it follows OPUS-MT's conventions (<pad> last, a zero start
+embedding), which CTranslate2's ``ct2-transformers-converter`` needs. The same fixed pipeline as the ONNX export: load, validate (model.marian reports every unsupported option at once), write,
 check parity by reading the written folder back, and only then move it into place.
 """
 
@@ -18,53 +18,68 @@ import torch
 
 from export.parity import FP32_TOLERANCE
 from model.checkpoint import load_checkpoint, read_config
-from model.marian import MarianError, load_marian, save_marian
+from model.config import ModelConfig
+from model.marian import MarianError, load_marian, opus_mt_order, save_marian
 from model.search import pad_sources
 from model.transformer import Transformer
 from model.translate import TorchTranslator
 
 
 @torch.no_grad()
-def logits_difference(a: Transformer, b: Transformer, sources: Sequence[Sequence[int]]) -> float:
-    """Max abs difference of the two models' logits on sources, teacher-forced with a's greedy translations."""
-    c = a.config
-    src, mask = (torch.from_numpy(x) for x in pad_sources(sources, c.pad_id, c.eos_id))
+def logits_difference(
+    a: Transformer, b: Transformer, sources: Sequence[Sequence[int]], order: torch.Tensor | None = None
+) -> float:
+    """Max abs difference of the two models' logits on sources, teacher-forced with a's greedy translations.
+
+    ``order`` (b's id i is a's id order[i]) compares a model whose vocabulary was reordered; the logit of
+    b's last id, <pad> in the OPUS-MT layout (its embedding zeroed, never generated), is left out."""
     outputs = TorchTranslator(a, None, max_output_tokens=32).translate_ids(sources)
-    longest = max(len(o) for o in outputs)
-    tgt = torch.full((len(sources), longest + 1), c.pad_id)
-    tgt[:, 0] = c.decoder_start_id
-    for i, row in enumerate(outputs):
-        tgt[i, 1 : len(row) + 1] = torch.tensor(row, dtype=torch.long)
-    return float((a(src, mask, tgt) - b(src, mask, tgt)).abs().max())
-
-
-def ctranslate2_note(model: Transformer) -> str | None:
-    """Why CTranslate2's Marian converter, which assumes OPUS-MT's layout, would not reproduce this model."""
-    c = model.config
-    if c.pad_id != c.vocab_size - 1:
-        return f"CTranslate2's Marian converter expects <pad> as the last id (it is {c.pad_id}) and will refuse this folder"
-    if model.embedding.weight[c.decoder_start_id].any():
-        return (
-            f"CTranslate2 starts Marian decoders from a zero embedding, but this model starts from id "
-            f"{c.decoder_start_id}, whose embedding is not zero: CTranslate2 would translate differently"
+    logits = []
+    for model, to_model in ((a, None), (b, None if order is None else torch.argsort(order))):
+        c = model.config
+        ids = (
+            sources if to_model is None else [to_model[torch.tensor(row, dtype=torch.long)].tolist() for row in sources]
         )
-    return None
+        src, mask = (torch.from_numpy(x) for x in pad_sources(ids, c.pad_id, c.eos_id))
+        tgt = torch.full((len(sources), max(len(o) for o in outputs) + 1), c.pad_id)
+        tgt[:, 0] = c.decoder_start_id
+        for i, row in enumerate(outputs):
+            row = torch.tensor(row, dtype=torch.long)
+            tgt[i, 1 : len(row) + 1] = row if to_model is None else to_model[row]
+        logits.append(model(src, mask, tgt))
+    theirs = logits[1] if order is None else logits[1][..., :-1]
+    ours = logits[0] if order is None else logits[0][..., order[:-1]]
+    lengths = torch.tensor([len(o) + 1 for o in outputs])
+    valid = torch.arange(logits[0].shape[1])[None, :] < lengths[:, None]  # steps past a row's end are padding
+    return float((ours - theirs).abs().amax(-1)[valid].max())
 
 
-def export_marian(checkpoint: Path, out: Path, sentences: Sequence[str]) -> Path:
+def in_opus_mt_layout(config: ModelConfig) -> bool:
+    """<pad> last and the decoder started from it: the layout CTranslate2's Marian converter assumes."""
+    return config.pad_id == config.vocab_size - 1 and config.decoder_start_id == config.pad_id
+
+
+def export_marian(checkpoint: Path, out: Path, sentences: Sequence[str], layout: str = "ours") -> Path:
     """Write checkpoint as a Marian folder at out, if reading it back gives the same logits on sentences."""
     model, tokenizer = load_checkpoint(checkpoint)
     config = read_config(checkpoint)
+    reorder = layout == "opus-mt" and not in_opus_mt_layout(model.config)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.", ignore_cleanup_errors=True) as tmp:
         folder = Path(tmp) / "marian"
-        save_marian(model, tokenizer, folder, config.get("source_language", "en"), config.get("target_language", "de"))
-        difference = logits_difference(model, load_marian(folder)[0], tokenizer.encode_source(sentences))
+        languages = config.get("source_language", "en"), config.get("target_language", "de")
+        save_marian(model, tokenizer, folder, *languages, layout=layout)
+        order = opus_mt_order(model.config) if reorder else None
+        difference = logits_difference(model, load_marian(folder)[0], tokenizer.encode_source(sentences), order)
         if difference > FP32_TOLERANCE:
             raise MarianError(f"parity failed: logits differ by {difference:.3g} after conversion; nothing was written")
         if out.exists():
             shutil.rmtree(out)
         folder.rename(out)
-    if note := ctranslate2_note(model):
-        print(f"note: {note}", file=sys.stderr)
+    if not reorder and not in_opus_mt_layout(model.config):
+        print(
+            "note: CTranslate2's Marian converter needs <pad> last and a zero start embedding; "
+            "export with --marian-layout opus-mt for it",
+            file=sys.stderr,
+        )
     return out

@@ -99,6 +99,8 @@ DECODER_MODULES = (
 )
 EMBEDDING_NAMES = ("model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight")
 POSITION_NAMES = ("model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight")
+DECODER_POSITIONS = POSITION_NAMES[1]
+LAYOUTS = ("ours", "opus-mt")
 
 
 class MarianError(ValueError):
@@ -294,7 +296,9 @@ def weights_from_marian(hf: dict[str, Tensor], config: ModelConfig, where: Path 
         if name in hf:
             table = hf[name].float()
             expected = sinusoidal_encoding(torch.arange(table.shape[0]), config.d_model, "halves")
-            if table.shape[1] != config.d_model or (table - expected).abs().max() > 1e-3:
+            # The OPUS-MT layout of our own models folds the start token's embedding into decoder position 0.
+            rows = slice(1, None) if name == DECODER_POSITIONS else slice(None)
+            if table.shape[1] != config.d_model or (table[rows] - expected[rows]).abs().max() > 1e-3:
                 problems.append(f"{name} is not Marian's sinusoidal table (learned positions)")
     if problems:
         raise _unsupported(f"{where} is not supported", problems)
@@ -306,6 +310,28 @@ def weights_from_marian(hf: dict[str, Tensor], config: ModelConfig, where: Path 
     return state
 
 
+def folded_start_token(
+    weights: dict[str, Tensor], embedding: Tensor, config: ModelConfig, where: Path | str
+) -> int | None:
+    """The token our decoder starts from when a folder in the OPUS-MT layout folded its scaled embedding
+    into decoder position 0 (and starts from a zero embedding, as Marian does); None when nothing is folded."""
+    if DECODER_POSITIONS not in weights:
+        return None
+    folded = weights[DECODER_POSITIONS][0].float() - sinusoidal_encoding(torch.zeros(1), config.d_model, "halves")[0]
+    if folded.abs().max() <= 1e-6:
+        return None
+    if embedding[config.decoder_start_id].any():
+        raise _unsupported(f"{where} is not supported", ["decoder position 0 differs from the sinusoid, but the "
+                                                         "decoder start token's embedding is not zero"])  # fmt: skip
+    scaled = embedding * (config.d_model**0.5 if config.scale_embeddings else 1.0)
+    distance = (scaled - folded).abs().max(dim=1).values
+    token = int(distance.argmin())
+    if distance[token] > 1e-4:
+        raise _unsupported(f"{where} is not supported", ["decoder position 0 holds a vector that is no token's "
+                                                         "embedding: learned positions"])  # fmt: skip
+    return token
+
+
 def load_marian(directory: str | Path) -> tuple[Transformer, Tokenizer, dict[str, Any]]:
     """Our model (eval mode) and tokenizer of a Hugging Face Marian folder, and checkpoint metadata
     (name, languages) from its tokenizer_config.json."""
@@ -315,9 +341,13 @@ def load_marian(directory: str | Path) -> tuple[Transformer, Tokenizer, dict[str
     tokenizer_config = _read_json(tokenizer_path) if tokenizer_path.is_file() else {}
     tokenizer = read_tokenizer(directory)
     config = model_config(hf_config, tokenizer_config, tokenizer, directory)
-    state = weights_from_marian(read_weights(directory), config, directory)
+    weights = read_weights(directory)
+    state = weights_from_marian(weights, config, directory)
     # A bias of zeros is no bias: the config says so, and ours -> Marian -> ours gives back our config.
     config = dataclasses.replace(config, final_logits_bias=bool(state["final_logits_bias"].any()))
+    start = folded_start_token(weights, state["embedding.weight"], config, directory)
+    if start is not None:
+        config = dataclasses.replace(config, decoder_start_id=start)
     model = Transformer(config)
     model.load_state_dict(state, strict=True)
     metadata = {
@@ -392,28 +422,83 @@ def marian_export_problems(config: ModelConfig) -> list[str]:
     return problems
 
 
+def opus_mt_order(config: ModelConfig) -> Tensor:
+    """Our ids in the OPUS-MT layout's order (new id i = our id order[i]): <pad> moved to the end."""
+    ids = torch.arange(config.vocab_size)
+    return torch.cat([ids[ids != config.pad_id], ids[config.pad_id : config.pad_id + 1]])
+
+
+def _to_opus_mt_layout(state: dict[str, Tensor], config: ModelConfig) -> tuple[dict[str, Tensor], ModelConfig]:
+    """Reorder the vocabulary (<pad> last), zero <pad>'s embedding and start the decoder from it, with the
+    start token's scaled embedding folded into decoder position 0: what Marian, and CTranslate2's Marian
+    converter, assume (the converter drops the last id and starts from a zero embedding)."""
+    order = opus_mt_order(config)
+    new_id = torch.argsort(order)
+    state = dict(state)
+    scale = config.d_model**0.5 if config.scale_embeddings else 1.0
+    start_vector = state["embedding.weight"][config.decoder_start_id] * scale
+    for name in ("embedding.weight", "output.weight", "final_logits_bias"):
+        if name in state:
+            state[name] = state[name][order].clone()
+    state["embedding.weight"][-1] = 0.0
+    if config.tie_output:
+        state["output.weight"] = state["embedding.weight"]
+    positions = sinusoidal_encoding(torch.arange(MAX_POSITIONS), config.d_model, "halves")
+    positions[0] += start_vector
+    state[DECODER_POSITIONS] = positions
+    remap = lambda i: int(new_id[i])
+    config = dataclasses.replace(
+        config,
+        pad_id=config.vocab_size - 1,
+        unk_id=remap(config.unk_id),
+        bos_id=remap(config.bos_id),
+        eos_id=remap(config.eos_id),
+        decoder_start_id=config.vocab_size - 1,
+    )
+    return state, config
+
+
 def save_marian(
-    model: Transformer, tokenizer: Tokenizer, directory: str | Path, source_lang: str, target_lang: str
+    model: Transformer,
+    tokenizer: Tokenizer,
+    directory: str | Path,
+    source_lang: str,
+    target_lang: str,
+    layout: str = "ours",
 ) -> Path:
     """Write model and tokenizer as a Hugging Face MarianMTModel folder (MarianTokenizer files included).
 
-    An interleaved model's residual stream is permuted to the halves layout Marian computes.
+    An interleaved model's residual stream is permuted to the halves layout Marian computes. ``layout``
+    "ours" keeps our ids and start token (ours -> Marian -> ours is exact); "opus-mt" writes OPUS-MT's
+    conventions (see ``_to_opus_mt_layout``), which CTranslate2's converter needs.
     """
     config, directory = model.config, Path(directory)
     problems = marian_export_problems(config)
+    if layout not in LAYOUTS:
+        problems.append(f"layout={layout!r}: use one of {LAYOUTS}")
     if problems:
         raise _unsupported("the Marian format cannot hold this model", problems)
     state = {name: t.detach().cpu().float() for name, t in model.state_dict().items()}
     if config.positions == "interleaved":
         state = permute_residual(state, halves_order(config.d_model))
+    marian = _marian_tokenizer(tokenizer)
+    opus_mt = layout == "opus-mt" and not (
+        config.pad_id == config.vocab_size - 1 and config.decoder_start_id == config.pad_id
+    )  # an imported OPUS-MT model is in that layout already
+    if opus_mt:
+        order = opus_mt_order(config)
+        state, config = _to_opus_mt_layout(state, config)
+        pieces = [marian.pieces[int(i)] for i in order]
+        marian = Tokenizer(marian.source, marian.target, {p: i for i, p in enumerate(pieces)})
     tensors = {}
     for ours, parts in parameter_map(config):
         tensors.update(zip(parts, (t.contiguous() for t in state[ours].chunk(len(parts))), strict=True))
     bias = state["final_logits_bias"] if config.final_logits_bias else torch.zeros(config.vocab_size)
     tensors["final_logits_bias"] = bias.reshape(1, -1).contiguous()
+    if opus_mt:
+        tensors[DECODER_POSITIONS] = state[DECODER_POSITIONS].contiguous()
     directory.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
-    marian = _marian_tokenizer(tokenizer)
     marian.save(directory)
     piece = marian.pieces
     tokenizer_config = {

@@ -14,7 +14,7 @@ from export.manifest import read_manifest
 from export.runtime import OrtModel, RuntimeOptions
 from model.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint, save_checkpoint
 from model.config import ModelConfig
-from model.marian import halves_order, load_marian, permute_residual
+from model.marian import halves_order, load_marian, opus_mt_order, permute_residual
 from model.marian import main as marian_main
 from model.search import pad_sources
 from model.transformer import Transformer
@@ -149,3 +149,65 @@ def test_ctranslate2_translates_an_imported_opus_mt_model_as_we_do(imported_chec
     results = translator.translate_batch(pieces, beam_size=1, max_decoding_length=limit - 1, min_decoding_length=0)
     theirs = [[tokenizer.vocab[p] for p in r.hypotheses[0]] for r in results]
     assert TorchTranslator(model, tokenizer, max_output_tokens=limit).translate_ids(ids) == theirs
+
+
+@pytest.mark.parametrize("checkpoint", ["tiny", "default"])
+def test_opus_mt_layout_translates_the_same_in_transformers_ctranslate2_and_back(
+    checkpoint: str, tiny_checkpoint: Path, tmp_path: Path
+):
+    """--marian-layout opus-mt: <pad> last with a zero embedding, the decoder started from it, our start
+    token's scaled embedding folded into decoder position 0. transformers gives our logits (bar <pad>'s),
+    CTranslate2's stock converter accepts the folder and translates as we do, and it imports back."""
+    checkpoint_dir = tiny_checkpoint if checkpoint == "tiny" else DEFAULT_CHECKPOINT
+    sentences = SENTENCES if checkpoint == "tiny" else SENTENCES[:8]
+    out = tmp_path / "opus"
+    assert export_main.main(["--format", "marian", "--marian-layout", "opus-mt", "--checkpoint",
+                             str(checkpoint_dir), "--out", str(out)]) == 0  # fmt: skip
+    model, tokenizer = load_checkpoint(checkpoint_dir)
+    c, limit = model.config, 16
+    order = opus_mt_order(c)
+    new_id = torch.argsort(order)
+    vocab = json.loads((out / "vocab.json").read_text())
+    assert vocab["<pad>"] == c.vocab_size - 1 == max(vocab.values())
+    hf_config = json.loads((out / "config.json").read_text())
+    assert hf_config["decoder_start_token_id"] == hf_config["pad_token_id"] == c.vocab_size - 1
+    assert hf_config["eos_token_id"] == int(new_id[c.eos_id])
+
+    ids = tokenizer.encode_source(sentences)
+    ours = TorchTranslator(model, tokenizer, max_output_tokens=limit).translate_ids(ids)
+    reference = transformers.MarianMTModel.from_pretrained(out).eval()
+    batch = transformers.MarianTokenizer.from_pretrained(out)(sentences, padding=True, return_tensors="pt")
+    assert batch["input_ids"].tolist() == new_id[torch.from_numpy(pad_sources(ids, c.pad_id, c.eos_id)[0])].tolist()
+    tgt = torch.randint(4, c.vocab_size, (len(sentences), 10), generator=torch.Generator().manual_seed(0))
+    tgt[:, 0] = c.decoder_start_id
+    with torch.no_grad():
+        logits = model(batch["input_ids"].new_tensor(pad_sources(ids, c.pad_id, c.eos_id)[0]),
+                       batch["attention_mask"].bool(), tgt)  # fmt: skip
+        hf_tgt = new_id[tgt]
+        hf_tgt[:, 0] = c.vocab_size - 1
+        theirs = reference(**batch, decoder_input_ids=hf_tgt).logits
+        assert (logits[..., order[:-1]] - theirs[..., :-1]).abs().max() <= 1e-4
+        rows = reference.generate(**batch, num_beams=1, do_sample=False, max_new_tokens=limit, bad_words_ids=None)
+    assert [order[row].tolist() for row in until_eos(rows, int(new_id[c.eos_id]))] == ours
+
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    ctranslate2.converters.TransformersConverter(str(out)).convert(str(tmp_path / "ct2"))
+    translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu", inter_threads=1, intra_threads=1)
+    piece = {i: p for p, i in vocab.items()}
+    pieces = [[piece[int(new_id[i])] for i in row] + ["</s>"] for row in ids]
+    results = translator.translate_batch(pieces, beam_size=1, max_decoding_length=limit - 1, min_decoding_length=0)
+    assert [order[[vocab[p] for p in r.hypotheses[0]]].tolist() for r in results] == ours
+
+    imported, imported_tokenizer, _ = load_marian(out)
+    assert imported.config.decoder_start_id == int(new_id[c.decoder_start_id])
+    again = TorchTranslator(imported, imported_tokenizer, max_output_tokens=limit)
+    assert imported_tokenizer.decode(again.translate_ids(imported_tokenizer.encode_source(sentences))) == (
+        tokenizer.decode(ours)
+    )
+
+
+def test_marian_layout_needs_the_marian_format(tiny_checkpoint: Path, tmp_path: Path, capsys):
+    args = ["--checkpoint", str(tiny_checkpoint), "--out", str(tmp_path / "x"), "--marian-layout", "opus-mt"]
+    assert export_main.main(args) == 1
+    assert "--marian-layout applies to --format marian only" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
