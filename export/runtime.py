@@ -43,6 +43,7 @@ class RuntimeOptions:
     variant: str = "fp32"
     provider: str = "auto"
     intra_op_threads: int = 0  # 0: ONNX Runtime's default (one per physical core)
+    spinning: bool = True  # intra-op threads spin between tasks: faster alone, but steals cores from others
     io_binding: bool | None = None  # None: on for CUDA, off for CPU
     verify_files: bool = True
 
@@ -67,6 +68,7 @@ class OrtModel:
         self.io_binding = self.provider == "cuda" if options.io_binding is None else options.io_binding
         session_options = ort.SessionOptions()
         session_options.intra_op_num_threads = options.intra_op_threads
+        session_options.add_session_config_entry("session.intra_op.allow_spinning", "1" if options.spinning else "0")
         session_options.inter_op_num_threads = 1
         providers = [PROVIDERS[self.provider]]
         files = variants[self.variant]

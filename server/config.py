@@ -24,6 +24,7 @@ class ServerConfig:
     port: int = 50051
     metrics_port: int = 9464
     intra_op_threads: int = 0
+    intra_op_spinning: bool = False  # spinning ORT threads steal the cores the event loop needs (README)
     scheduler: str = "static"  # continuous becomes the default once it wins the benchmark (README)
     lanes: str = "64"  # continuous: source-token bounds splitting the running batch into lanes ("" = one lane)
     lane_step_every: int = 4  # continuous: a longer lane steps every N iterations while a shorter one has rows

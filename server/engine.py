@@ -31,7 +31,10 @@ class Encoded:
 class Engine:
     def __init__(self, config: ServerConfig) -> None:
         options = RuntimeOptions(
-            variant=config.variant, provider=config.provider, intra_op_threads=config.intra_op_threads
+            variant=config.variant,
+            provider=config.provider,
+            intra_op_threads=config.intra_op_threads,
+            spinning=config.intra_op_spinning,
         )
         self.model = OrtModel(config.model, options)
         self.config = self.model.config

@@ -92,6 +92,14 @@ def test_sources_join_a_running_batch_with_io_binding(tiny_export: Path, beam: i
     assert [results[k] for k in range(len(ids))] == alone
 
 
+@pytest.mark.parametrize("spinning", [False, True])
+def test_spinning_of_intra_op_threads_is_configurable(tiny_export: Path, spinning: bool):
+    runtime = OrtModel(tiny_export, RuntimeOptions(provider="cpu", spinning=spinning))
+    for session in (runtime.encoder, runtime.decoder):
+        entry = session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
+        assert entry == ("1" if spinning else "0")
+
+
 def test_fp16_variant_runs_and_stays_close(tiny_export: Path):
     parity = read_manifest(tiny_export)["variants"]["fp16"]["parity"]
     assert parity["passed"], parity

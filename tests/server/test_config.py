@@ -15,6 +15,11 @@ def test_flags_win_over_the_environment_which_wins_over_defaults():
     assert parse_config([], {}).lane_bounds == ServerConfig().lane_bounds
 
 
+def test_onnx_runtime_threads_do_not_spin_by_default():
+    assert ServerConfig().intra_op_spinning is False
+    assert parse_config(["--intra-op-spinning", "true"], {}).intra_op_spinning is True
+
+
 def test_one_lane_when_no_bounds_are_given():
     assert ServerConfig(lanes="").lane_bounds == ()
 
