@@ -6,11 +6,12 @@ queue; the inference thread admits them into the running ``DecodeBatch``:
 - ``continuous``: at every decoder step, arrivals that fit are encoded
   together and join the running batch; finished segments leave at once and
   their callers are answered at once. The running batch is split into lanes
-  by source length (``lane_bounds``): each lane is one decoder call per step,
-  so short rows do not pay for the padding of long ones (a dense step costs
-  rows × the longest source and cache in it), and while a shorter lane has
-  rows a longer one steps only every ``lane_step_every`` iterations: on a
-  shared CPU, long rows would otherwise stretch every short row's step.
+  by the request's source length (``lane_bounds``): each lane is one decoder
+  call per step, so short rows do not pay for the padding of long ones (a
+  dense step costs rows × the longest source and cache in it), and while a
+  shorter lane has rows a longer one steps only every ``lane_step_every``
+  iterations: on a shared CPU, long work (a long sentence, or the many
+  sentences of a document) would otherwise stretch every short row's step.
 - ``static``: a batch is formed from the queue (by length bucket, waiting at
   most max_batch_delay_ms) only when the previous one has fully finished.
 
@@ -39,6 +40,8 @@ from server.metrics import LENGTH_BUCKETS, Metrics, length_bucket
 from server.text import SegmentSpec
 
 log = logging.getLogger(__name__)
+LONG_ADMISSIONS = 8  # continuous: sentences a longer lane takes in per iteration it steps
+STARVATION_SECONDS = 1.0  # continuous: after this, a segment waiting for room lets nobody pass
 _ids = itertools.count()
 
 
@@ -76,6 +79,10 @@ class Job:
     segments: list[Segment] = field(default_factory=list)
     remaining: int = 0
     finished: bool = False
+
+    @property
+    def source_tokens(self) -> int:
+        return sum(len(spec.ids) for spec in self.specs)
 
 
 def _notify(callback: Callable, value) -> None:
@@ -219,24 +226,51 @@ class Scheduler:
             if not self.running:
                 self._wait_for_batch()
             candidates = list(self.waiting)
-            if not self.continuous:  # static: the oldest segment's length bucket first, then the nearest
+            if self.continuous:
+                admitted = self._admit_into_lanes(candidates)
+            else:  # static: the oldest segment's length bucket first, then the nearest
                 oldest = bucket_index(candidates[0].source_tokens)
                 candidates.sort(key=lambda s: (abs(bucket_index(s.source_tokens) - oldest), s.enqueued_at))
-            admitted: list[Segment] = []
-            for segment in candidates:
-                if not self._fits(admitted + [segment]):
-                    if self.continuous:
-                        break  # first come, first served: nobody overtakes a waiting segment
-                    continue
-                admitted.append(segment)
+                admitted = []
+                for segment in candidates:
+                    if self._fits(admitted + [segment]):
+                        admitted.append(segment)
             for segment in admitted:
                 self.waiting.remove(segment)
             return admitted
 
+    def _admit_into_lanes(self, candidates: list[Segment]) -> list[Segment]:
+        """First come, first served within a lane; a shorter lane may pass a longer one that waits for room
+        (unless it has waited STARVATION_SECONDS). Longer lanes take arrivals only on the iterations they
+        step, at most LONG_ADMISSIONS sentences at a time, so a document's encoding does not stall short rows."""
+        long_turn = (self.iteration + 1) % self.config.lane_step_every == 0 or not len(self.lanes[0])
+        long_budget = LONG_ADMISSIONS if long_turn else 0
+        blocked = len(self.lanes)  # lanes from this one on admit nobody more this round
+        now = time.monotonic()
+        admitted: list[Segment] = []
+        for segment in candidates:
+            lane = self._lane(segment)
+            if lane >= blocked:
+                continue
+            if lane > 0 and long_budget == 0:
+                blocked = lane
+                continue
+            if not self._fits(admitted + [segment]):
+                blocked = lane
+                if lane == 0 or now - segment.enqueued_at > STARVATION_SECONDS:
+                    break
+                continue
+            admitted.append(segment)
+            long_budget -= lane > 0
+        return admitted
+
     def _fits(self, group: list[Segment]) -> bool:
-        sentences = len(self.running) + len(group)
-        if sentences > self.config.max_batch_size:
-            return False
+        """Room for the group: max_batch_size sentences (per lane), max_batch_tokens, the memory budget."""
+        for lane in {self._lane(s) for s in group} if self.continuous else {0}:
+            running = sum(1 for held in self.running.values() if held == lane)
+            joining = sum(1 for s in group if not self.continuous or self._lane(s) == lane)
+            if running + joining > self.config.max_batch_size:
+                return False
         longest = max(s.source_tokens + 1 for s in group)
         if len(group) * longest > self.config.max_batch_tokens and len(group) > 1:
             return False
@@ -250,7 +284,7 @@ class Scheduler:
         for segment in admitted:
             self.metrics.queue_wait.observe(now - segment.enqueued_at)
         for group in self._length_groups(admitted):
-            lane = self._lane(group[0].source_tokens)
+            lane = self._lane(group[0])
             encoded = self.engine.encode([s.spec.ids for s in group])
             longest = max(s.source_tokens for s in group)
             self.metrics.encoder_latency.labels(length_bucket(longest)).observe(encoded.seconds)
@@ -267,14 +301,16 @@ class Scheduler:
                 self.running[segment] = lane
                 self.reserved_bytes += segment.reserved_bytes
 
-    def _lane(self, source_tokens: int) -> int:
-        return next((i for i, bound in enumerate(self.bounds) if source_tokens <= bound), len(self.bounds))
+    def _lane(self, segment: Segment) -> int:
+        """Lanes go by the size of the whole request: the sentences of a long document are long work."""
+        tokens = segment.job.source_tokens
+        return next((i for i, bound in enumerate(self.bounds) if tokens <= bound), len(self.bounds))
 
     def _length_groups(self, segments: list[Segment]) -> list[list[Segment]]:
         """Sorted segments cut where the length bucket (or lane) changes, so each encoder batch pads little."""
 
         def group_of(segment: Segment) -> tuple[int, int]:
-            return bucket_index(segment.source_tokens), self._lane(segment.source_tokens)
+            return bucket_index(segment.source_tokens), self._lane(segment)
 
         groups: list[list[Segment]] = []
         for segment in segments:

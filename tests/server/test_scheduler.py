@@ -9,6 +9,10 @@ from pathlib import Path
 import pytest
 
 from export.runtime import OrtModel, RuntimeOptions
+from server.engine import Engine
+from server.metrics import Metrics
+from server.scheduler import LONG_ADMISSIONS, Job, Scheduler
+from server.text import SegmentSpec
 from tests.conftest import own_sentences
 from tests.server.conftest import RunningServer, server_config
 
@@ -57,12 +61,15 @@ def test_short_requests_finish_before_a_long_one(scheduled):
         assert min(shorts) > finished["long"], "static batching makes arrivals wait for the running batch"
 
 
-def test_long_and_short_rows_decode_in_separate_lanes(scheduled):
+@pytest.mark.parametrize("long_input", ["one sentence", "document"])
+def test_long_and_short_requests_decode_in_separate_lanes(scheduled, long_input: str):
+    """Lanes go by request size: a document of short sentences is long work too."""
     name, server = scheduled
     lanes = {"1-64", "65+"} if name == "continuous" else {"1+"}
     peak = dict.fromkeys(lanes, 0.0)
+    text = LONG_TEXT if long_input == "one sentence" else " ".join(own_sentences(40)[20:])
     with ThreadPoolExecutor(9) as pool:
-        futures = [pool.submit(server.translate, [LONG_TEXT])]
+        futures = [pool.submit(server.translate, [text])]
         time.sleep(0.05)
         futures += [pool.submit(server.translate, [sentence]) for sentence in own_sentences(8)]
         while not all(f.done() for f in futures):
@@ -91,3 +98,35 @@ def test_cache_never_exceeds_the_budget(scheduled):
         for f in futures:
             f.result()
     assert 0 < peak <= budget
+
+
+def test_continuous_admission_by_lane(tiny_export: Path):
+    """Unit test of one admission round (no inference thread): short requests pass a document that waits,
+    a document enters its lane at most LONG_ADMISSIONS sentences per long-lane turn, first come first
+    served within a lane."""
+    config = server_config(tiny_export, scheduler="continuous", lanes="16", lane_step_every=4, max_batch_size=64)
+    engine = Engine(config)
+    scheduler = Scheduler(engine, config, Metrics())
+
+    def job(sentences: list[str]) -> Job:
+        ids = engine.tokenize(sentences)
+        specs = [SegmentSpec(0, i, s, row) for i, (s, row) in enumerate(zip(sentences, ids, strict=True))]
+        return Job(specs, beam=1, max_output_tokens=16, on_segment=lambda s: None, on_done=lambda e: None)
+
+    document = job(own_sentences(20))  # 20 short sentences, well over 16 tokens in all: the long lane
+    shorts = [job(["A dog runs."]) for _ in range(3)]
+    for j in [document, *shorts]:
+        scheduler.submit(j)
+    assert {scheduler._lane(s) for s in document.segments} == {1} and scheduler._lane(shorts[0].segments[0]) == 0
+    # The short lane is empty: the long lane steps this iteration and takes its first sentences.
+    admitted = scheduler._admit()
+    assert [s for s in admitted if s.job is document] == document.segments[:LONG_ADMISSIONS]
+    assert [s.job for s in admitted if s.job is not document] == shorts
+    scheduler._encode_and_join(admitted)
+    # With short rows running, the long lane takes arrivals only on the iterations it steps.
+    late_short = job(["A cat sleeps."])
+    scheduler.submit(late_short)
+    scheduler.iteration = 1  # the next iteration (2) is not a long-lane turn
+    assert [s.job for s in scheduler._admit()] == [late_short]
+    scheduler.iteration = 3  # the next iteration (4) is one
+    assert scheduler._admit() == document.segments[LONG_ADMISSIONS : 2 * LONG_ADMISSIONS]
