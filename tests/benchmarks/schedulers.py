@@ -78,9 +78,7 @@ def main() -> int:
             med = {name: {k: statistics.median(r[k] for r in runs) for k in runs[0]} for name, runs in results.items()}
             rows.append((profile, capacity, rate, med))
     finally:
-        for process, _, _ in servers.values():
-            process.terminate()
-            process.wait(30)
+        stop_servers(servers)
     lines = [
         f"command: `python tests/benchmarks/schedulers.py {' '.join(sys.argv[1:])}`",
         f"machine: {platform.machine()}, {os.cpu_count()} cores; Poisson arrivals at {args.load:.0%} of the lower "
@@ -104,10 +102,20 @@ def main() -> int:
         lines.append(f"- {profile}: continuous vs static: short p99 {s['short_p99'] / c['short_p99']:.1f}× lower, "
                      f"short p50 {s['short_p50'] / c['short_p50']:.1f}× lower, "
                      f"throughput ×{c['requests_per_s'] / s['requests_per_s']:.2f}")  # fmt: skip
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "schedulers.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_report(args.out / "schedulers.md", lines)
     return 0
+
+
+def stop_servers(servers: dict) -> None:
+    for process, _, _ in servers.values():
+        process.terminate()
+        process.wait(30)
+
+
+def write_report(path: Path, lines: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":
