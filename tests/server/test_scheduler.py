@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -68,16 +69,26 @@ def test_long_and_short_requests_decode_in_separate_lanes(scheduled, long_input:
     lanes = {"1-64", "65+"} if name == "continuous" else {"1+"}
     peak = dict.fromkeys(lanes, 0.0)
     text = LONG_TEXT if long_input == "one sentence" else " ".join(own_sentences(40)[20:])
-    with ThreadPoolExecutor(9) as pool:
-        futures = [pool.submit(server.translate, [text])]
-        time.sleep(0.05)
-        futures += [pool.submit(server.translate, [sentence]) for sentence in own_sentences(8)]
-        while not all(f.done() for f in futures):
+    done = threading.Event()
+
+    def sample() -> None:  # from before the first request: a small model finishes a document in milliseconds
+        while not done.is_set():
             for lane in lanes:
-                peak[lane] = max(peak[lane], server.metric("translate_lane_rows", {"lane": lane}))
-            time.sleep(0.002)
-        for f in futures:
-            f.result()
+                peak[lane] = max(peak[lane], server.metric("translate_lane_rows", {"lane": lane}) or 0.0)
+            time.sleep(0.001)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        with ThreadPoolExecutor(9) as pool:
+            futures = [pool.submit(server.translate, [text])]
+            time.sleep(0.01)
+            futures += [pool.submit(server.translate, [sentence]) for sentence in own_sentences(8)]
+            for f in futures:
+                f.result()
+    finally:
+        done.set()
+        sampler.join()
     assert all(rows > 0 for rows in peak.values()), peak
     deadline = time.monotonic() + 5  # gauges update right after the answers go out
     while any(server.metric("translate_lane_rows", {"lane": lane}) for lane in lanes) and time.monotonic() < deadline:
