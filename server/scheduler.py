@@ -52,6 +52,7 @@ class Segment:
     max_length: int
     reserved_bytes: int = 0
     predicted_tokens: int = 0
+    lane: int = 0  # continuous: the running batch's lane, by the size of the whole request
     enqueued_at: float = field(default_factory=time.monotonic)
     output: list[int] | None = None
 
@@ -80,10 +81,6 @@ class Job:
     remaining: int = 0
     finished: bool = False
 
-    @property
-    def source_tokens(self) -> int:
-        return sum(len(spec.ids) for spec in self.specs)
-
 
 def _notify(callback: Callable, value) -> None:
     """Hand a result to its caller; a caller that is gone (closed event loop) must not stop the inference thread."""
@@ -106,7 +103,7 @@ class Scheduler:
         self.budget = config.memory_budget_bytes
         self.bounds = config.lane_bounds if self.continuous else ()
         self.lanes = [engine.new_batch() for _ in range(len(self.bounds) + 1)]
-        self.running: dict[Segment, int] = {}  # segments in the batch, in join order -> their lane
+        self.running: dict[Segment, None] = {}  # segments in the batch, in join order
         self.iteration = 0
         lows = [1] + [bound + 1 for bound in self.bounds]
         self.lane_names = [f"{low}-{high}" for low, high in zip(lows[:-1], self.bounds, strict=True)] + [f"{lows[-1]}+"]
@@ -135,10 +132,11 @@ class Scheduler:
     def submit(self, job: Job) -> None:
         """Queue a job, or refuse it at once (Overloaded, ShuttingDown)."""
         segments = []
+        lane = self._lane(sum(len(spec.ids) for spec in job.specs))
         for spec in job.specs:
             max_length = default_max_output(len(spec.ids) + 1, job.max_output_tokens)
             reserved, predicted = self.estimate(len(spec.ids), job.beam, max_length)
-            segments.append(Segment(job, spec, max_length, reserved, predicted))
+            segments.append(Segment(job, spec, max_length, reserved, predicted, lane))
         largest = max(segments, key=lambda s: s.reserved_bytes + self.engine.encoder_scores_bytes(1, s.source_tokens))
         need = largest.reserved_bytes + self.engine.encoder_scores_bytes(1, largest.source_tokens)
         if need > self.budget:
@@ -243,16 +241,15 @@ class Scheduler:
         """First come, first served within a lane; a shorter lane may pass a longer one that waits for room
         (unless it has waited STARVATION_SECONDS). Longer lanes take arrivals only on the iterations they
         step, at most LONG_ADMISSIONS sentences at a time, so a document's encoding does not stall short rows."""
-        long_turn = (self.iteration + 1) % self.config.lane_step_every == 0 or not len(self.lanes[0])
-        long_budget = LONG_ADMISSIONS if long_turn else 0
+        long_budget = LONG_ADMISSIONS
         blocked = len(self.lanes)  # lanes from this one on admit nobody more this round
         now = time.monotonic()
         admitted: list[Segment] = []
         for segment in candidates:
-            lane = self._lane(segment)
+            lane = segment.lane
             if lane >= blocked:
                 continue
-            if lane > 0 and long_budget == 0:
+            if lane > 0 and (long_budget == 0 or not self._steps(lane, self.iteration + 1)):
                 blocked = lane
                 continue
             if not self._fits(admitted + [segment]):
@@ -266,10 +263,8 @@ class Scheduler:
 
     def _fits(self, group: list[Segment]) -> bool:
         """Room for the group: max_batch_size sentences (per lane), max_batch_tokens, the memory budget."""
-        for lane in {self._lane(s) for s in group} if self.continuous else {0}:
-            running = sum(1 for held in self.running.values() if held == lane)
-            joining = sum(1 for s in group if not self.continuous or self._lane(s) == lane)
-            if running + joining > self.config.max_batch_size:
+        for lane in {s.lane for s in group}:
+            if len(self.lanes[lane]) + sum(s.lane == lane for s in group) > self.config.max_batch_size:
                 return False
         longest = max(s.source_tokens + 1 for s in group)
         if len(group) * longest > self.config.max_batch_tokens and len(group) > 1:
@@ -284,7 +279,6 @@ class Scheduler:
         for segment in admitted:
             self.metrics.queue_wait.observe(now - segment.enqueued_at)
         for group in self._length_groups(admitted):
-            lane = self._lane(group[0])
             encoded = self.engine.encode([s.spec.ids for s in group])
             longest = max(s.source_tokens for s in group)
             self.metrics.encoder_latency.labels(length_bucket(longest)).observe(encoded.seconds)
@@ -296,21 +290,26 @@ class Scheduler:
                 self.largest_scores_bytes = scores
                 self.metrics.attention_scores_bytes.set(scores)
             searches = [new_search(s.job.beam, s.max_length, self.engine.config.eos_id) for s in group]
-            self.lanes[lane].add(group, searches, encoded.cross_k, encoded.cross_v, encoded.src_mask)
+            self.lanes[group[0].lane].add(group, searches, encoded.cross_k, encoded.cross_v, encoded.src_mask)
             for segment in group:
-                self.running[segment] = lane
+                self.running[segment] = None
                 self.reserved_bytes += segment.reserved_bytes
 
-    def _lane(self, segment: Segment) -> int:
+    def _lane(self, request_tokens: int) -> int:
         """Lanes go by the size of the whole request: the sentences of a long document are long work."""
-        tokens = segment.job.source_tokens
-        return next((i for i, bound in enumerate(self.bounds) if tokens <= bound), len(self.bounds))
+        return next((i for i, bound in enumerate(self.bounds) if request_tokens <= bound), len(self.bounds))
 
-    def _length_groups(self, segments: list[Segment]) -> list[list[Segment]]:
+    def _steps(self, lane: int, iteration: int) -> bool:
+        """Whether a lane steps at this iteration: always while no shorter lane has rows, else every
+        ``lane_step_every`` iterations."""
+        return iteration % self.config.lane_step_every == 0 or not any(len(shorter) for shorter in self.lanes[:lane])
+
+    @staticmethod
+    def _length_groups(segments: list[Segment]) -> list[list[Segment]]:
         """Sorted segments cut where the length bucket (or lane) changes, so each encoder batch pads little."""
 
         def group_of(segment: Segment) -> tuple[int, int]:
-            return bucket_index(segment.source_tokens), self._lane(segment)
+            return bucket_index(segment.source_tokens), segment.lane
 
         groups: list[list[Segment]] = []
         for segment in segments:
@@ -325,10 +324,7 @@ class Scheduler:
         iterations while a shorter one has rows, so short sentences are not slowed down by long ones."""
         self.iteration += 1
         for lane, batch in enumerate(self.lanes):
-            if not len(batch):
-                continue
-            shorter_busy = any(len(shorter) for shorter in self.lanes[:lane])
-            if shorter_busy and self.iteration % self.config.lane_step_every:
+            if not len(batch) or not self._steps(lane, self.iteration):
                 continue
             start = time.perf_counter()
             rows = batch.rows
@@ -373,7 +369,7 @@ class Scheduler:
                     self.waiting.remove(segment)
         for segment in job.segments:
             if segment in self.running:
-                self.lanes[self.running[segment]].remove(segment)
+                self.lanes[segment.lane].remove(segment)
                 self._leave(segment)
         _notify(job.on_done, error)
 

@@ -128,7 +128,7 @@ def test_continuous_admission_by_lane(tiny_export: Path):
     shorts = [job(["A dog runs."]) for _ in range(3)]
     for j in [document, *shorts]:
         scheduler.submit(j)
-    assert {scheduler._lane(s) for s in document.segments} == {1} and scheduler._lane(shorts[0].segments[0]) == 0
+    assert {s.lane for s in document.segments} == {1} and shorts[0].segments[0].lane == 0
     # The short lane is empty: the long lane steps this iteration and takes its first sentences.
     admitted = scheduler._admit()
     assert [s for s in admitted if s.job is document] == document.segments[:LONG_ADMISSIONS]
