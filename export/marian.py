@@ -18,8 +18,7 @@ import torch
 
 from export.parity import FP32_TOLERANCE
 from model.checkpoint import load_checkpoint, read_config
-from model.config import ModelConfig
-from model.marian import MarianError, load_marian, opus_mt_order, save_marian
+from model.marian import MarianError, in_opus_mt_layout, load_marian, opus_mt_order, save_marian
 from model.search import pad_sources
 from model.transformer import Transformer
 from model.translate import TorchTranslator
@@ -52,11 +51,6 @@ def logits_difference(
     lengths = torch.tensor([len(o) + 1 for o in outputs])
     valid = torch.arange(logits[0].shape[1])[None, :] < lengths[:, None]  # steps past a row's end are padding
     return float((ours - theirs).abs().amax(-1)[valid].max())
-
-
-def in_opus_mt_layout(config: ModelConfig) -> bool:
-    """<pad> last and the decoder started from it: the layout CTranslate2's Marian converter assumes."""
-    return config.pad_id == config.vocab_size - 1 and config.decoder_start_id == config.pad_id
 
 
 def export_marian(checkpoint: Path, out: Path, sentences: Sequence[str], layout: str = "ours") -> Path:

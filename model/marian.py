@@ -428,11 +428,18 @@ def opus_mt_order(config: ModelConfig) -> Tensor:
     return torch.cat([ids[ids != config.pad_id], ids[config.pad_id : config.pad_id + 1]])
 
 
-def _to_opus_mt_layout(state: dict[str, Tensor], config: ModelConfig) -> tuple[dict[str, Tensor], ModelConfig]:
-    """Reorder the vocabulary (<pad> last), zero <pad>'s embedding and start the decoder from it, with the
-    start token's scaled embedding folded into decoder position 0: what Marian, and CTranslate2's Marian
-    converter, assume (the converter drops the last id and starts from a zero embedding)."""
-    order = opus_mt_order(config)
+def in_opus_mt_layout(config: ModelConfig) -> bool:
+    """<pad> last and the decoder started from it: the layout CTranslate2's Marian converter assumes
+    (an imported OPUS-MT model is in it already)."""
+    return config.pad_id == config.vocab_size - 1 and config.decoder_start_id == config.pad_id
+
+
+def _to_opus_mt_layout(
+    state: dict[str, Tensor], config: ModelConfig, order: Tensor
+) -> tuple[dict[str, Tensor], ModelConfig]:
+    """Reorder the vocabulary (``order``: <pad> last), zero <pad>'s embedding and start the decoder from it,
+    with the start token's scaled embedding folded into decoder position 0: what Marian, and CTranslate2's
+    Marian converter, assume (the converter drops the last id and starts from a zero embedding)."""
     new_id = torch.argsort(order)
     state = dict(state)
     scale = config.d_model**0.5 if config.scale_embeddings else 1.0
@@ -482,12 +489,10 @@ def save_marian(
     if config.positions == "interleaved":
         state = permute_residual(state, halves_order(config.d_model))
     marian = _marian_tokenizer(tokenizer)
-    opus_mt = layout == "opus-mt" and not (
-        config.pad_id == config.vocab_size - 1 and config.decoder_start_id == config.pad_id
-    )  # an imported OPUS-MT model is in that layout already
+    opus_mt = layout == "opus-mt" and not in_opus_mt_layout(config)
     if opus_mt:
         order = opus_mt_order(config)
-        state, config = _to_opus_mt_layout(state, config)
+        state, config = _to_opus_mt_layout(state, config, order)
         pieces = [marian.pieces[int(i)] for i in order]
         marian = Tokenizer(marian.source, marian.target, {p: i for i, p in enumerate(pieces)})
     tensors = {}

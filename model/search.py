@@ -161,21 +161,18 @@ class SourceCache:
         if k is not None and not isinstance(k, np.ndarray):
             k, v = k.numpy(), v.numpy()  # an ONNX Runtime value on a device: to the host, once
         count, length = mask.shape
-        slots_needed = self.used + count
-        live_longest = int(self.lengths.max(initial=0))
-        want_length = _round_up(max(live_longest, length), self.chunk)
+        want_length = _round_up(max(int(self.lengths.max(initial=0)), length), self.chunk)
         remap = None
-        if slots_needed > self.capacity[0] or length > self.capacity[1] or 2 * want_length <= self.capacity[1]:
+        if self.used + count > self.capacity[0] or length > self.capacity[1] or 2 * want_length <= self.capacity[1]:
             had_sources = self.used > 0
-            remap = self._pack(count, want_length, k)
-            remap = remap if had_sources else None
+            packed = self._pack(count, want_length, k)
+            remap = packed if had_sources else None
         slots = np.arange(self.used, self.used + count)
-        s = mask.shape[1]
         self.mask[slots] = False
-        self.mask[slots, :s] = mask
+        self.mask[slots, :length] = mask
         if k is not None:
-            self.k[:, self.used : self.used + count, :, :s] = k
-            self.v[:, self.used : self.used + count, :, :s] = v
+            self.k[:, self.used : self.used + count, :, :length] = k
+            self.v[:, self.used : self.used + count, :, :length] = v
         self.lengths[slots] = mask.sum(axis=1)
         self.used += count
         self._placed = None
