@@ -85,6 +85,10 @@ def segment_texts(
             pieces += [(sentence, chunk) for chunk in _chunks(sentence_ids, limits.long_input_tokens)]
             if budget == 0:
                 break
+        if not pieces:
+            raise InvalidRequest(
+                f"texts[{i}] has nothing to translate: it tokenizes to no tokens (e.g. only zero-width characters)"
+            )
         result.append(
             [SegmentSpec(i, j, source, chunk, truncated=budget is not None) for j, (source, chunk) in enumerate(pieces)]
         )

@@ -54,6 +54,7 @@ def test_stream_returns_sentences_in_order(running: RunningServer):
     [
         ([], {}, "texts: at least one text is required"),
         (["A man.", "  "], {}, r"texts\[1\] is empty"),
+        (["A man.", "\u200b\ufeff\x7f"], {}, r"texts\[1\] has nothing to translate"),
         (["a"] * 65, {}, r"65 texts, the limit is 64 \(max_texts\)"),
         (["A man."], {"beam_size": 9}, r"options.beam_size=9 is over the limit 8"),
         (["A man."], {"max_output_tokens": 1000}, r"options.max_output_tokens=1000 is over the limit 24"),
