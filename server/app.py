@@ -39,9 +39,10 @@ class Server:
 
     async def start(self) -> None:
         await self.grpc_server.start()
-        self.scheduler.start()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.scheduler.start)  # continuous: longer lanes load their sessions
         if self.config.warmup:
-            await asyncio.get_running_loop().run_in_executor(None, self.engine.warmup)
+            await loop.run_in_executor(None, self.engine.warmup)
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("serving %s on port %d, metrics on %d", self.engine.name, self.port, self.metrics_port)

@@ -27,7 +27,7 @@ class ServerConfig:
     intra_op_spinning: bool = False  # spinning ORT threads steal the cores the event loop needs (README)
     scheduler: str = "static"  # continuous becomes the default once it wins the benchmark (README)
     lanes: str = "64"  # continuous: source-token bounds splitting the running batch into lanes ("" = one lane)
-    lane_step_every: int = 4  # continuous: a longer lane steps every N iterations while a shorter one has rows
+    lane_niceness: int = 10  # continuous: OS niceness added per lane above the first, to its threads (Linux)
     max_batch_size: int = 64
     max_batch_tokens: int = 4096
     max_batch_delay_ms: float = 5.0
@@ -58,9 +58,11 @@ class ServerConfig:
         if self.variant not in ("fp32", "int8", "fp16"):
             problems.append(f"variant={self.variant!r}: use fp32, int8 or fp16")
         for name in ("max_batch_size", "max_batch_tokens", "max_queue_size", "max_concurrent_rpcs", "memory_budget_mib", "max_texts",
-                     "lane_step_every", "max_source_tokens", "long_input_tokens", "max_beam_size", "max_output_tokens"):  # fmt: skip
+                     "max_source_tokens", "long_input_tokens", "max_beam_size", "max_output_tokens"):  # fmt: skip
             if getattr(self, name) < 1:
                 problems.append(f"{name}={getattr(self, name)} must be at least 1")
+        if not 0 <= self.lane_niceness <= 19:
+            problems.append(f"lane_niceness={self.lane_niceness} must be within 0..19")
         if not 1 <= self.default_beam_size <= self.max_beam_size:
             problems.append(f"default_beam_size={self.default_beam_size} must be within 1..max_beam_size")
         try:

@@ -29,12 +29,14 @@ class Encoded:
 
 
 class Engine:
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, verify_files: bool = True) -> None:
+        self.server_config = config
         options = RuntimeOptions(
             variant=config.variant,
             provider=config.provider,
             intra_op_threads=config.intra_op_threads,
             spinning=config.intra_op_spinning,
+            verify_files=verify_files,
         )
         self.model = OrtModel(config.model, options)
         self.config = self.model.config
@@ -47,6 +49,11 @@ class Engine:
         self.provider = self.model.provider
         self.variant = self.model.variant
         self.itemsize = np.dtype(self.model.cache_dtype).itemsize
+
+    def replica(self) -> Engine:
+        """Another engine on the same model files, with its own sessions (and their threads): created on the
+        thread that will use it, they inherit that thread's priority. The files were verified by this one."""
+        return Engine(self.server_config, verify_files=False)
 
     # --- text ----------------------------------------------------------------------
 

@@ -1,25 +1,28 @@
-"""Admission, batching and the decode loop, on one inference thread.
+"""Admission, batching and the decode loop, on inference threads.
 
 Requests become jobs of segments (sentences). Segments wait in a bounded
-queue; the inference thread admits them into the running ``DecodeBatch``:
+queue; inference threads admit them into running ``DecodeBatch``es:
 
-- ``continuous``: at every decoder step, arrivals that fit are encoded
-  together and join the running batch; finished segments leave at once and
-  their callers are answered at once. The running batch is split into lanes
-  by the request's source length (``lane_bounds``): each lane is one decoder
-  call per step, so short rows do not pay for the padding of long ones (a
-  dense step costs rows × the longest source and cache in it), and while a
-  shorter lane has rows a longer one steps only every ``lane_step_every``
-  iterations: on a shared CPU, long work (a long sentence, or the many
-  sentences of a document) would otherwise stretch every short row's step.
-- ``static``: a batch is formed from the queue (by length bucket, waiting at
-  most max_batch_delay_ms) only when the previous one has fully finished.
+- ``continuous``: requests go to a lane by their size (``lane_bounds``: a long
+  sentence, or a document of many short ones, is long work). Each lane has its
+  own running batch, inference thread and ONNX Runtime session. At every
+  decoder step of a lane, its arrivals that fit are encoded together and join
+  the running batch; finished segments leave at once and their callers are
+  answered at once. A longer lane's thread (and the threads of its session)
+  run at a lower OS priority (``lane_niceness``), so the kernel preempts long
+  work, an encoder call over hundreds of tokens included, whenever short work
+  is ready, and gives it every cycle short work leaves idle.
+- ``static``: one lane; a batch is formed from the queue (by length bucket,
+  waiting at most max_batch_delay_ms) only when the previous one has fully
+  finished.
 
-Both respect max_batch_size, max_batch_tokens and the memory budget: the
-cross-attention keys/values (fixed per source) plus the self-attention cache
-reserved by a predicted output length (a measured target/source ratio) plus
-the encoder's attention scores. A segment that does not fit waits; none is
-evicted mid-way. Cancelled or expired jobs leave the batch at the next step.
+Both respect max_batch_size (per lane), max_batch_tokens and one memory budget
+shared by all lanes: the cross-attention keys/values (fixed per source) plus
+the self-attention cache reserved by a predicted output length (a measured
+target/source ratio) plus the encoder's attention scores. A segment that does
+not fit waits; none is evicted mid-way; a segment that has waited
+STARVATION_SECONDS for room stops other lanes from admitting until it fits.
+Cancelled or expired jobs leave the batch at the next step.
 """
 
 from __future__ import annotations
@@ -27,12 +30,13 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from model.search import default_max_output, new_search
+from model.search import DecodeBatch, default_max_output, new_search
 from server.config import ServerConfig
 from server.engine import Engine
 from server.errors import Cancelled, DeadlineExceeded, InferenceFailed, Overloaded, ServiceError, ShuttingDown
@@ -40,7 +44,6 @@ from server.metrics import LENGTH_BUCKETS, Metrics, length_bucket
 from server.text import SegmentSpec
 
 log = logging.getLogger(__name__)
-LONG_ADMISSIONS = 8  # continuous: sentences a longer lane takes in per iteration it steps
 STARVATION_SECONDS = 1.0  # continuous: after this, a segment waiting for room lets nobody pass
 _ids = itertools.count()
 
@@ -94,6 +97,35 @@ def bucket_index(tokens: int) -> int:
     return next((i for i, high in enumerate(LENGTH_BUCKETS) if tokens <= high), len(LENGTH_BUCKETS))
 
 
+@dataclass(eq=False)
+class Lane:
+    """A share of the running work: its queue, running batch, engine and inference thread."""
+
+    index: int
+    name: str
+    niceness: int  # added to the thread's OS niceness (Linux), for it and its ONNX Runtime threads
+    waiting: collections.deque[Segment] = field(default_factory=collections.deque)
+    running: dict[Segment, None] = field(default_factory=dict)  # segments in the batch, in join order
+    engine: Engine | None = None
+    batch: DecodeBatch | None = None
+    thread: threading.Thread | None = None
+    ready: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+
+def lower_thread_priority(niceness: int) -> bool:
+    """Add ``niceness`` to the calling thread's (Linux: per thread; threads it starts inherit it)."""
+    if niceness <= 0:
+        return True
+    try:
+        thread = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, thread, os.getpriority(os.PRIO_PROCESS, thread) + niceness)
+        return True
+    except (AttributeError, OSError) as error:
+        log.warning("could not lower a lane's thread priority (%s); lanes share the CPU equally", error)
+        return False
+
+
 class Scheduler:
     def __init__(self, engine: Engine, config: ServerConfig, metrics: Metrics) -> None:
         self.engine = engine
@@ -102,26 +134,39 @@ class Scheduler:
         self.continuous = config.scheduler == "continuous"
         self.budget = config.memory_budget_bytes
         self.bounds = config.lane_bounds if self.continuous else ()
-        self.lanes = [engine.new_batch() for _ in range(len(self.bounds) + 1)]
-        self.running: dict[Segment, None] = {}  # segments in the batch, in join order
-        self.iteration = 0
         lows = [1] + [bound + 1 for bound in self.bounds]
-        self.lane_names = [f"{low}-{high}" for low, high in zip(lows[:-1], self.bounds, strict=True)] + [f"{lows[-1]}+"]
-        self.waiting: collections.deque[Segment] = collections.deque()
+        names = [f"{low}-{high}" for low, high in zip(lows[:-1], self.bounds, strict=True)] + [f"{lows[-1]}+"]
+        self.lanes = [Lane(i, name, config.lane_niceness * i) for i, name in enumerate(names)]
+        self.lanes[0].engine, self.lanes[0].batch = engine, engine.new_batch()  # the others load in their thread
         self.lock = threading.Condition()
         self.accepting = True
         self.stopped = False
         self.reserved_bytes = 0
+        self.starving: Segment | None = None  # waited too long for room: other lanes admit nobody meanwhile
         self.target_ratio = 1.3  # output/input tokens, updated from finished segments
         self.largest_scores_bytes = 0
         self.recently_finished: collections.deque[tuple[float, int]] = collections.deque()  # (time, source tokens)
-        self.thread = threading.Thread(target=self._run, name="inference", daemon=True)
         metrics.budget_bytes.set(self.budget)
+
+    @property
+    def waiting(self) -> int:
+        return sum(len(lane.waiting) for lane in self.lanes)
+
+    @property
+    def running(self) -> int:
+        return sum(len(lane.running) for lane in self.lanes)
 
     # --- caller side ------------------------------------------------------------------
 
     def start(self) -> None:
-        self.thread.start()
+        """Start the inference threads; returns once every lane's engine is loaded and warm."""
+        for lane in self.lanes:
+            lane.thread = threading.Thread(target=self._run, args=(lane,), name=f"inference-{lane.name}", daemon=True)
+            lane.thread.start()
+        for lane in self.lanes:
+            lane.ready.wait()
+            if lane.error is not None:
+                raise RuntimeError(f"lane {lane.name} could not start its engine") from lane.error
 
     def estimate(self, source_tokens: int, beam: int, max_output: int) -> tuple[int, int]:
         """(bytes reserved while decoding, predicted output tokens) of one segment."""
@@ -148,20 +193,21 @@ class Scheduler:
         with self.lock:
             if not self.accepting:
                 raise ShuttingDown("the server is shutting down; retry on another replica")
-            if len(self.waiting) + len(segments) > self.config.max_queue_size:
+            waiting = self.waiting
+            if waiting + len(segments) > self.config.max_queue_size:
                 self.metrics.rejected.labels("queue_full").inc()
                 raise Overloaded(
-                    f"the queue is full ({len(self.waiting)} of {self.config.max_queue_size} sentences waiting); "
+                    f"the queue is full ({waiting} of {self.config.max_queue_size} sentences waiting); "
                     f"retry in about {self._backlog_seconds():.1f} s"
                 )
             job.segments, job.remaining = segments, len(segments)
-            self.waiting.extend(segments)
-            self.metrics.queue_depth.set(len(self.waiting))
-            self.lock.notify()
+            self.lanes[lane].waiting.extend(segments)
+            self.metrics.queue_depth.set(waiting + len(segments))
+            self.lock.notify_all()
 
     def _backlog_seconds(self) -> float:
         """Seconds to work off the queue at the source-token rate of the last 10 seconds."""
-        queued_tokens = sum(s.source_tokens for s in self.waiting)
+        queued_tokens = sum(s.source_tokens for lane in self.lanes for s in lane.waiting)
         window = list(self.recently_finished)
         rate = sum(t for _, t in window) / 10.0 if window else 0.0
         return max(0.1, queued_tokens / max(rate, 1.0))
@@ -170,102 +216,115 @@ class Scheduler:
         """The caller went away: the job's segments leave the queue or batch at the next step."""
         job.cancelled = True
         with self.lock:
-            self.lock.notify()
+            self.lock.notify_all()
 
     def stop_accepting(self) -> None:
         with self.lock:
             self.accepting = False
 
     def stop(self, timeout: float | None = None) -> None:
-        """Finish everything admitted or queued, then end the inference thread."""
+        """Finish everything admitted or queued, then end the inference threads."""
         with self.lock:
             self.accepting = False
             self.stopped = True
-            self.lock.notify()
-        self.thread.join(timeout)
+            self.lock.notify_all()
+        for lane in self.lanes:
+            if lane.thread is not None:
+                lane.thread.join(timeout)
 
-    # --- inference thread -------------------------------------------------------------
+    # --- inference threads ------------------------------------------------------------
 
-    def _run(self) -> None:
+    def _start_lane(self, lane: Lane) -> None:
+        """A longer lane lowers its priority, then loads its own sessions, so that their threads inherit it."""
+        try:
+            if lane.engine is None:
+                lower_thread_priority(lane.niceness)
+                lane.engine = self.engine.replica()
+                if self.config.warmup:
+                    lane.engine.warmup()
+                lane.batch = lane.engine.new_batch()
+        except Exception as error:
+            lane.error = error
+            raise
+        finally:
+            lane.ready.set()
+
+    def _run(self, lane: Lane) -> None:
+        self._start_lane(lane)
         while True:
             with self.lock:
-                while not self.waiting and not self.running and not self.stopped:
+                while not lane.waiting and not lane.running and not self.stopped:
                     self.lock.wait()
-                if self.stopped and not self.waiting and not self.running:
+                if self.stopped and not lane.waiting and not lane.running:
                     return
             admitted: list[Segment] = []
             try:
-                self._drop_abandoned()
-                admitted = self._admit() if (self.continuous or not self.running) else []
+                self._drop_abandoned(lane)
+                admitted = self._admit(lane) if (self.continuous or not lane.running) else []
                 if admitted:
-                    self._encode_and_join(admitted)
-                if self.running:
-                    self._step()
+                    self._encode_and_join(lane, admitted)
+                if lane.running:
+                    self._step(lane)
+                elif not admitted:
+                    with self.lock:  # waiting for room other lanes hold: they notify when they free some
+                        self.lock.wait(0.05)
             except Exception as error:  # one failed batch must not take the server down
                 log.exception("inference failed; answering the batch with INTERNAL")
                 failure = InferenceFailed(f"inference failed on the batch holding this request: {type(error).__name__}")
-                self._fail_batch(failure, admitted)
+                self._fail_batch(lane, failure, admitted)
             self._update_gauges()
             time.sleep(0)  # hand the GIL to the gRPC event loop between steps, so admission stays prompt
 
-    def _wait_for_batch(self) -> None:
+    def _wait_for_batch(self, lane: Lane) -> None:
         """With nothing running, give arrivals up to max_batch_delay_ms to form a batch."""
-        deadline = self.waiting[0].enqueued_at + self.config.max_batch_delay_ms / 1000
-        while len(self.waiting) < self.config.max_batch_size and not self.stopped:
+        deadline = lane.waiting[0].enqueued_at + self.config.max_batch_delay_ms / 1000
+        while len(lane.waiting) < self.config.max_batch_size and not self.stopped:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
             self.lock.wait(remaining)
 
-    def _admit(self) -> list[Segment]:
+    def _admit(self, lane: Lane) -> list[Segment]:
         with self.lock:
-            if not self.waiting:
+            if not lane.waiting:
                 return []
-            if not self.running:
-                self._wait_for_batch()
-            candidates = list(self.waiting)
+            if not lane.running:
+                self._wait_for_batch(lane)
             if self.continuous:
-                admitted = self._admit_into_lanes(candidates)
+                admitted = self._admit_in_order(lane)
             else:  # static: the oldest segment's length bucket first, then the nearest
+                candidates = list(lane.waiting)
                 oldest = bucket_index(candidates[0].source_tokens)
                 candidates.sort(key=lambda s: (abs(bucket_index(s.source_tokens) - oldest), s.enqueued_at))
                 admitted = []
                 for segment in candidates:
-                    if self._fits(admitted + [segment]):
+                    if self._fits(lane, admitted + [segment]):
                         admitted.append(segment)
             for segment in admitted:
-                self.waiting.remove(segment)
+                lane.waiting.remove(segment)
+            self.reserved_bytes += sum(s.reserved_bytes for s in admitted)
             return admitted
 
-    def _admit_into_lanes(self, candidates: list[Segment]) -> list[Segment]:
-        """First come, first served within a lane; a shorter lane may pass a longer one that waits for room
-        (unless it has waited STARVATION_SECONDS). Longer lanes take arrivals only on the iterations they
-        step, at most LONG_ADMISSIONS sentences at a time, so a document's encoding does not stall short rows."""
-        long_budget = LONG_ADMISSIONS
-        blocked = len(self.lanes)  # lanes from this one on admit nobody more this round
-        now = time.monotonic()
+    def _admit_in_order(self, lane: Lane) -> list[Segment]:
+        """First come, first served within the lane, while the arrivals fit. A segment that has waited
+        STARVATION_SECONDS for room other lanes hold stops them from admitting until it fits."""
+        if self.starving is not None and self.starving.lane != lane.index:
+            return []
         admitted: list[Segment] = []
-        for segment in candidates:
-            lane = segment.lane
-            if lane >= blocked:
-                continue
-            if lane > 0 and (long_budget == 0 or not self._steps(lane, self.iteration + 1)):
-                blocked = lane
-                continue
-            if not self._fits(admitted + [segment]):
-                blocked = lane
-                if lane == 0 or now - segment.enqueued_at > STARVATION_SECONDS:
-                    break
-                continue
+        for segment in lane.waiting:
+            if not self._fits(lane, admitted + [segment]):
+                if not admitted and time.monotonic() - segment.enqueued_at > STARVATION_SECONDS:
+                    self.starving = segment
+                break
             admitted.append(segment)
-            long_budget -= lane > 0
+        if self.starving is not None and self.starving in admitted:
+            self.starving = None
         return admitted
 
-    def _fits(self, group: list[Segment]) -> bool:
-        """Room for the group: max_batch_size sentences (per lane), max_batch_tokens, the memory budget."""
-        for lane in {s.lane for s in group}:
-            if len(self.lanes[lane]) + sum(s.lane == lane for s in group) > self.config.max_batch_size:
-                return False
+    def _fits(self, lane: Lane, group: list[Segment]) -> bool:
+        """Room for the group: max_batch_size sentences in the lane, max_batch_tokens, the memory budget."""
+        if len(lane.running) + len(group) > self.config.max_batch_size:
+            return False
         longest = max(s.source_tokens + 1 for s in group)
         if len(group) * longest > self.config.max_batch_tokens and len(group) > 1:
             return False
@@ -273,13 +332,14 @@ class Scheduler:
         need += self.engine.encoder_scores_bytes(len(group), longest - 1)
         return need <= self.budget
 
-    def _encode_and_join(self, admitted: list[Segment]) -> None:
+    def _encode_and_join(self, lane: Lane, admitted: list[Segment]) -> None:
         now = time.monotonic()
         admitted.sort(key=lambda s: s.source_tokens)
         for segment in admitted:
             self.metrics.queue_wait.observe(now - segment.enqueued_at)
+            lane.running[segment] = None
         for group in self._length_groups(admitted):
-            encoded = self.engine.encode([s.spec.ids for s in group])
+            encoded = lane.engine.encode([s.spec.ids for s in group])
             longest = max(s.source_tokens for s in group)
             self.metrics.encoder_latency.labels(length_bucket(longest)).observe(encoded.seconds)
             self.metrics.batch_sentences.observe(len(group))
@@ -290,60 +350,38 @@ class Scheduler:
                 self.largest_scores_bytes = scores
                 self.metrics.attention_scores_bytes.set(scores)
             searches = [new_search(s.job.beam, s.max_length, self.engine.config.eos_id) for s in group]
-            self.lanes[group[0].lane].add(group, searches, encoded.cross_k, encoded.cross_v, encoded.src_mask)
-            for segment in group:
-                self.running[segment] = None
-                self.reserved_bytes += segment.reserved_bytes
+            lane.batch.add(group, searches, encoded.cross_k, encoded.cross_v, encoded.src_mask)
 
     def _lane(self, request_tokens: int) -> int:
         """Lanes go by the size of the whole request: the sentences of a long document are long work."""
         return next((i for i, bound in enumerate(self.bounds) if request_tokens <= bound), len(self.bounds))
 
-    def _steps(self, lane: int, iteration: int) -> bool:
-        """Whether a lane steps at this iteration: always while no shorter lane has rows, else every
-        ``lane_step_every`` iterations."""
-        return iteration % self.config.lane_step_every == 0 or not any(len(shorter) for shorter in self.lanes[:lane])
-
     @staticmethod
     def _length_groups(segments: list[Segment]) -> list[list[Segment]]:
-        """Sorted segments cut where the length bucket (or lane) changes, so each encoder batch pads little."""
-
-        def group_of(segment: Segment) -> tuple[int, int]:
-            return bucket_index(segment.source_tokens), segment.lane
-
+        """Sorted segments cut where the length bucket changes, so each encoder batch pads little."""
         groups: list[list[Segment]] = []
         for segment in segments:
-            if groups and group_of(groups[-1][-1]) == group_of(segment):
+            if groups and bucket_index(groups[-1][-1].source_tokens) == bucket_index(segment.source_tokens):
                 groups[-1].append(segment)
             else:
                 groups.append([segment])
         return groups
 
-    def _step(self) -> None:
-        """One decoder step of every lane that has rows; a longer lane only every ``lane_step_every``
-        iterations while a shorter one has rows, so short sentences are not slowed down by long ones."""
-        self.iteration += 1
-        for lane, batch in enumerate(self.lanes):
-            if not len(batch) or not self._steps(lane, self.iteration):
-                continue
-            start = time.perf_counter()
-            rows = batch.rows
-            finished = batch.step()
-            self.metrics.decoder_step.observe(time.perf_counter() - start)
-            self.metrics.decode_rows.observe(rows)
-            for segment, tokens in finished:
-                self._finish(segment, tokens)
+    def _step(self, lane: Lane) -> None:
+        """One decoder step of the lane's batch; finished segments are answered at once."""
+        start = time.perf_counter()
+        rows = lane.batch.rows
+        finished = lane.batch.step()
+        self.metrics.decoder_step.observe(time.perf_counter() - start)
+        self.metrics.decode_rows.observe(rows)
+        for segment, tokens in finished:
+            self._finish(segment, tokens)
 
     def _finish(self, segment: Segment, tokens: list[int]) -> None:
-        self._leave(segment)
+        self._leave(segment, tokens)
         segment.output = tokens
         self.metrics.input_tokens.inc(segment.source_tokens)
         self.metrics.output_tokens.inc(len(tokens))
-        self.target_ratio = 0.98 * self.target_ratio + 0.02 * (len(tokens) + 1) / (segment.source_tokens + 1)
-        now = time.monotonic()
-        self.recently_finished.append((now, segment.source_tokens))
-        while self.recently_finished and self.recently_finished[0][0] < now - 10.0:
-            self.recently_finished.popleft()
         job = segment.job
         if job.finished:
             return
@@ -353,51 +391,71 @@ class Scheduler:
             job.finished = True
             _notify(job.on_done, None)
 
-    def _leave(self, segment: Segment) -> None:
-        if segment in self.running:
-            del self.running[segment]
+    def _leave(self, segment: Segment, tokens: list[int] | None = None) -> None:
+        """The segment is out of its lane's batch: its reservation returns to the budget."""
+        lane = self.lanes[segment.lane]
+        with self.lock:
+            if segment not in lane.running:
+                return
+            del lane.running[segment]
             self.reserved_bytes -= segment.reserved_bytes
+            if segment.output is None and tokens is not None:
+                ratio = (len(tokens) + 1) / (segment.source_tokens + 1)
+                self.target_ratio = 0.98 * self.target_ratio + 0.02 * ratio
+                now = time.monotonic()
+                self.recently_finished.append((now, segment.source_tokens))
+                while self.recently_finished and self.recently_finished[0][0] < now - 10.0:
+                    self.recently_finished.popleft()
+            if len(self.lanes) > 1:
+                self.lock.notify_all()  # a lane waiting for room may now have it
 
     def _end_job(self, job: Job, error: ServiceError) -> None:
-        """Answer a job with an error and take all its segments out of the queue and the batch."""
+        """Answer a job with an error and take all its segments out of the queue and the batch
+        (on the thread of the job's lane: a request's segments all go to one lane)."""
         if job.finished:
             return
         job.finished = True
+        lane = self.lanes[job.segments[0].lane]
         with self.lock:
             for segment in job.segments:
-                if segment in self.waiting:
-                    self.waiting.remove(segment)
+                if segment in lane.waiting:
+                    lane.waiting.remove(segment)
+            if self.starving is not None and self.starving.job is job:
+                self.starving = None
         for segment in job.segments:
-            if segment in self.running:
-                self.lanes[segment.lane].remove(segment)
+            if segment in lane.running:
+                lane.batch.remove(segment)
                 self._leave(segment)
         _notify(job.on_done, error)
 
-    def _drop_abandoned(self) -> None:
+    def _drop_abandoned(self, lane: Lane) -> None:
         now = time.monotonic()
         with self.lock:
-            jobs = {s.job for s in itertools.chain(self.waiting, self.running)}
+            jobs = {s.job for s in itertools.chain(lane.waiting, lane.running)}
         for job in jobs:
             if job.cancelled:
                 self._end_job(job, Cancelled("the request was cancelled"))
             elif job.deadline is not None and now > job.deadline:
                 self._end_job(job, DeadlineExceeded("the deadline passed before the translation finished"))
 
-    def _fail_batch(self, error: ServiceError, admitted: list[Segment]) -> None:
-        """Answer every job in the batch (and those being admitted into it) with error; start afresh."""
-        jobs = {s.job for s in itertools.chain(self.running, admitted)}
-        self.lanes = [self.engine.new_batch() for _ in self.lanes]
-        self.running.clear()
-        self.reserved_bytes = 0
+    def _fail_batch(self, lane: Lane, error: ServiceError, admitted: list[Segment]) -> None:
+        """Answer every job in the lane's batch (and those being admitted into it) with error; start afresh."""
+        jobs = {s.job for s in itertools.chain(lane.running, admitted)}
+        lane.batch = lane.engine.new_batch()
+        with self.lock:
+            self.reserved_bytes -= sum(s.reserved_bytes for s in lane.running)
+            self.reserved_bytes -= sum(s.reserved_bytes for s in admitted if s not in lane.running)
+            lane.running.clear()
         for job in jobs:
             self._end_job(job, error)
 
     def _update_gauges(self) -> None:
         m = self.metrics
-        m.queue_depth.set(len(self.waiting))
-        m.inflight.set(len(self.running))
-        for name, batch in zip(self.lane_names, self.lanes, strict=True):
-            m.lane_rows.labels(name).set(batch.rows)
-        m.kv_cache_bytes.set(sum(batch.cache.nbytes for batch in self.lanes))
-        m.cross_cache_bytes.set(sum(batch.cross_nbytes for batch in self.lanes))
+        m.queue_depth.set(self.waiting)
+        m.inflight.set(self.running)
+        batches = [lane.batch for lane in self.lanes if lane.batch is not None]
+        for lane in self.lanes:
+            m.lane_rows.labels(lane.name).set(lane.batch.rows if lane.batch is not None else 0)
+        m.kv_cache_bytes.set(sum(batch.cache.nbytes for batch in batches))
+        m.cross_cache_bytes.set(sum(batch.cross_nbytes for batch in batches))
         m.reserved_bytes.set(self.reserved_bytes)

@@ -99,7 +99,7 @@ def test_cancelled_request_frees_its_cache(running: RunningServer):
 
 
 def test_inference_failure_answers_its_batch_with_internal(running: RunningServer, monkeypatch):
-    batch = running.server.scheduler.lanes[0]
+    batch = running.server.scheduler.lanes[0].batch
     original = batch.step_fn
     calls = {"n": 0}
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -12,7 +14,7 @@ import pytest
 from export.runtime import OrtModel, RuntimeOptions
 from server.engine import Engine
 from server.metrics import Metrics
-from server.scheduler import LONG_ADMISSIONS, Job, Scheduler
+from server.scheduler import STARVATION_SECONDS, Job, Scheduler
 from server.text import SegmentSpec
 from tests.conftest import own_sentences
 from tests.server.conftest import RunningServer, server_config
@@ -111,33 +113,82 @@ def test_cache_never_exceeds_the_budget(scheduled):
     assert 0 < peak <= budget
 
 
-def test_continuous_admission_by_lane(tiny_export: Path):
-    """Unit test of one admission round (no inference thread): short requests pass a document that waits,
-    a document enters its lane at most LONG_ADMISSIONS sentences per long-lane turn, first come first
-    served within a lane."""
-    config = server_config(tiny_export, scheduler="continuous", lanes="16", lane_step_every=4, max_batch_size=64)
+def _unstarted(config) -> tuple[Engine, Scheduler]:
     engine = Engine(config)
-    scheduler = Scheduler(engine, config, Metrics())
+    return engine, Scheduler(engine, config, Metrics())  # not started: the test drives admission itself
 
-    def job(sentences: list[str]) -> Job:
-        ids = engine.tokenize(sentences)
-        specs = [SegmentSpec(0, i, s, row) for i, (s, row) in enumerate(zip(sentences, ids, strict=True))]
-        return Job(specs, beam=1, max_output_tokens=16, on_segment=lambda s: None, on_done=lambda e: None)
 
-    document = job(own_sentences(20))  # 20 short sentences, well over 16 tokens in all: the long lane
-    shorts = [job(["A dog runs."]) for _ in range(3)]
-    for j in [document, *shorts]:
+def _job(engine: Engine, sentences: list[str]) -> Job:
+    ids = engine.tokenize(sentences)
+    specs = [SegmentSpec(0, i, s, row) for i, (s, row) in enumerate(zip(sentences, ids, strict=True))]
+    return Job(specs, beam=1, max_output_tokens=16, on_segment=lambda s: None, on_done=lambda e: None)
+
+
+def test_continuous_admission_by_lane(tiny_export: Path):
+    """Unit test of admission (no inference threads): requests go to a lane by their whole size, each lane
+    admits its own arrivals first come first served, up to max_batch_size per lane."""
+    config = server_config(tiny_export, scheduler="continuous", lanes="16", max_batch_size=4)
+    engine, scheduler = _unstarted(config)
+    short_lane, long_lane = scheduler.lanes
+    document = _job(engine, own_sentences(20))  # 20 short sentences, well over 16 tokens in all: the long lane
+    shorts = [_job(engine, ["A dog runs."]) for _ in range(6)]
+    for j in [shorts[0], document, *shorts[1:]]:
         scheduler.submit(j)
-    assert {s.lane for s in document.segments} == {1} and shorts[0].segments[0].lane == 0
-    # The short lane is empty: the long lane steps this iteration and takes its first sentences.
-    admitted = scheduler._admit()
-    assert [s for s in admitted if s.job is document] == document.segments[:LONG_ADMISSIONS]
-    assert [s.job for s in admitted if s.job is not document] == shorts
-    scheduler._encode_and_join(admitted)
-    # With short rows running, the long lane takes arrivals only on the iterations it steps.
-    late_short = job(["A cat sleeps."])
-    scheduler.submit(late_short)
-    scheduler.iteration = 1  # the next iteration (2) is not a long-lane turn
-    assert [s.job for s in scheduler._admit()] == [late_short]
-    scheduler.iteration = 3  # the next iteration (4) is one
-    assert scheduler._admit() == document.segments[LONG_ADMISSIONS : 2 * LONG_ADMISSIONS]
+    assert {s.lane for s in document.segments} == {1} and {j.segments[0].lane for j in shorts} == {0}
+    assert list(long_lane.waiting) == document.segments
+    assert scheduler._admit(short_lane) == [j.segments[0] for j in shorts[:4]]
+    assert scheduler._admit(long_lane) == document.segments[:4]
+    for segment in document.segments[:4]:
+        long_lane.running[segment] = None  # as _encode_and_join would
+    assert scheduler._admit(long_lane) == []  # the lane is full
+    assert scheduler.waiting == 2 + 16
+    assert scheduler.reserved_bytes == sum(
+        s.reserved_bytes for s in [*document.segments[:4]] + [j.segments[0] for j in shorts[:4]]
+    )
+
+
+def test_a_segment_starving_for_room_stops_other_lanes(tiny_export: Path):
+    """A long segment that has waited STARVATION_SECONDS for memory that short requests keep taking makes
+    every other lane wait until it fits."""
+    config = server_config(tiny_export, scheduler="continuous", lanes="16")
+    engine, scheduler = _unstarted(config)
+    short_lane, long_lane = scheduler.lanes
+    document = _job(engine, [" ".join(own_sentences(4))])  # one long sentence
+    scheduler.submit(document)
+    long = document.segments[0]
+    held = scheduler.budget - long.reserved_bytes - engine.encoder_scores_bytes(1, long.source_tokens) + 1
+    scheduler.reserved_bytes = held
+    assert scheduler._admit(long_lane) == [] and scheduler.starving is None  # not waited long enough yet
+    scheduler.submit(_job(engine, ["A dog runs."]))
+    assert len(scheduler._admit(short_lane)) == 1  # shorts, which need less, may pass it meanwhile
+    scheduler.reserved_bytes = held
+    long.enqueued_at -= STARVATION_SECONDS + 0.1
+    assert scheduler._admit(long_lane) == [] and scheduler.starving is long
+    late = _job(engine, ["A cat sleeps."])
+    scheduler.submit(late)
+    assert scheduler._admit(short_lane) == []  # even though it would fit
+    scheduler.reserved_bytes = 0  # the short rows finished
+    assert scheduler._admit(long_lane) == document.segments and scheduler.starving is None
+    assert scheduler._admit(short_lane) == late.segments
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread priorities are read from Linux's /proc")
+def test_longer_lanes_run_at_lower_os_priority(tiny_export: Path):
+    """The long lane's inference thread and the threads of its ONNX Runtime sessions are niced; the short
+    lane's are not, so the kernel runs short work first."""
+    server = RunningServer(server_config(tiny_export, scheduler="continuous", lanes="16", lane_niceness=7,
+                                         intra_op_threads=2))  # fmt: skip
+    try:
+        short_lane, long_lane = server.server.scheduler.lanes
+        own = os.getpriority(os.PRIO_PROCESS, 0)
+
+        def nice(thread_id: int) -> int:
+            return int(Path(f"/proc/self/task/{thread_id}/stat").read_text().rsplit(")", 1)[1].split()[16])
+
+        assert nice(short_lane.thread.native_id) == own
+        assert nice(long_lane.thread.native_id) == own + 7
+        niced = [int(t) for t in os.listdir("/proc/self/task") if nice(int(t)) == own + 7]
+        assert len(niced) >= 2, "the long lane's ONNX Runtime threads inherit its priority"
+        assert server.translate([LONG_TEXT]).translations[0].text  # and the lane works
+    finally:
+        server.close()
