@@ -25,7 +25,7 @@ class ServerConfig:
     metrics_port: int = 9464
     intra_op_threads: int = 0
     intra_op_spinning: bool = False  # spinning ORT threads steal the cores the event loop needs (README)
-    scheduler: str = "static"  # continuous becomes the default once it wins the benchmark (README)
+    scheduler: str = "continuous"  # wins the scheduler benchmark (README); static: request-level batches
     lanes: str = "64"  # continuous: source-token bounds splitting the running batch into lanes ("" = one lane)
     lane_niceness: int = 10  # continuous: OS niceness added per lane above the first, to its threads (Linux)
     max_batch_size: int = 64

@@ -223,14 +223,15 @@ class Scheduler:
             self.accepting = False
 
     def stop(self, timeout: float | None = None) -> None:
-        """Finish everything admitted or queued, then end the inference threads."""
+        """Finish everything admitted or queued, then end the inference threads (within timeout s in all)."""
         with self.lock:
             self.accepting = False
             self.stopped = True
             self.lock.notify_all()
+        deadline = None if timeout is None else time.monotonic() + timeout
         for lane in self.lanes:
             if lane.thread is not None:
-                lane.thread.join(timeout)
+                lane.thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     # --- inference threads ------------------------------------------------------------
 
