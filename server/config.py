@@ -24,6 +24,7 @@ class ServerConfig:
     port: int = 50051
     metrics_port: int = 9464
     intra_op_threads: int = 0
+    short_lane_threads: int = 1  # continuous: intra-op threads of the first lane (small batches; 0 = intra_op_threads)
     intra_op_spinning: bool = False  # spinning ORT threads steal the cores the event loop needs (README)
     scheduler: str = "continuous"  # wins the scheduler benchmark (README); static: request-level batches
     lanes: str = "64"  # continuous: source-token bounds splitting the running batch into lanes ("" = one lane)
@@ -61,6 +62,8 @@ class ServerConfig:
                      "max_source_tokens", "long_input_tokens", "max_beam_size", "max_output_tokens"):  # fmt: skip
             if getattr(self, name) < 1:
                 problems.append(f"{name}={getattr(self, name)} must be at least 1")
+        if self.short_lane_threads < 0:
+            problems.append(f"short_lane_threads={self.short_lane_threads} must be 0 (as intra_op_threads) or more")
         if not 0 <= self.lane_niceness <= 19:
             problems.append(f"lane_niceness={self.lane_niceness} must be within 0..19")
         if not 1 <= self.default_beam_size <= self.max_beam_size:

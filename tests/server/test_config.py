@@ -31,6 +31,8 @@ def test_one_lane_when_no_bounds_are_given():
         ("lanes", "128,64", "bounds must be positive and increasing"),
         ("lanes", "64;128", "comma-separated source-token bounds"),
         ("max_batch_size", 0, "max_batch_size=0 must be at least 1"),
+        ("lane_niceness", 20, "lane_niceness=20 must be within 0..19"),
+        ("short_lane_threads", -1, "short_lane_threads=-1 must be 0"),
     ],
 )
 def test_invalid_settings_are_refused_by_name(field: str, value, message: str):

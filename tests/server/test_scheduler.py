@@ -190,5 +190,10 @@ def test_longer_lanes_run_at_lower_os_priority(tiny_export: Path):
         niced = [int(t) for t in os.listdir("/proc/self/task") if nice(int(t)) == own + 7]
         assert len(niced) >= 2, "the long lane's ONNX Runtime threads inherit its priority"
         assert server.translate([LONG_TEXT]).translations[0].text  # and the lane works
+        # Short batches are small: the first lane runs on short_lane_threads (1), the long lane on intra_op_threads.
+        threads = [
+            lane.engine.model.decoder.get_session_options().intra_op_num_threads for lane in (short_lane, long_lane)
+        ]
+        assert threads == [1, 2]
     finally:
         server.close()
