@@ -24,7 +24,7 @@ class ServerConfig:
     port: int = 50051
     metrics_port: int = 9464
     intra_op_threads: int = 0
-    short_lane_threads: int = 1  # continuous: intra-op threads of the first lane (small batches; 0 = intra_op_threads)
+    short_lane_threads: int = 1  # continuous, CPU: the first lane's threads for small batches (0 = intra_op_threads)
     intra_op_spinning: bool = False  # spinning ORT threads steal the cores the event loop needs (README)
     scheduler: str = "continuous"  # wins the scheduler benchmark (README); static: request-level batches
     lanes: str = "64"  # continuous: source-token bounds splitting the running batch into lanes ("" = one lane)

@@ -30,12 +30,9 @@ class Encoded:
 
 class Engine:
     def __init__(self, config: ServerConfig, verify_files: bool = True, intra_op_threads: int | None = None) -> None:
-        """``intra_op_threads`` None: the first lane's setting (the continuous scheduler runs its first lane on
-        this engine and each longer lane on a ``replica``)."""
         self.server_config = config
         if intra_op_threads is None:
-            first_lane = config.scheduler == "continuous" and bool(config.lane_bounds) and config.short_lane_threads > 0
-            intra_op_threads = config.short_lane_threads if first_lane else config.intra_op_threads
+            intra_op_threads = config.intra_op_threads
         options = RuntimeOptions(
             variant=config.variant,
             provider=config.provider,
@@ -55,10 +52,10 @@ class Engine:
         self.variant = self.model.variant
         self.itemsize = np.dtype(self.model.cache_dtype).itemsize
 
-    def replica(self) -> Engine:
+    def replica(self, intra_op_threads: int | None = None) -> Engine:
         """Another engine on the same model files, with its own sessions (and their threads): created on the
         thread that will use it, they inherit that thread's priority. The files were verified by this one."""
-        return Engine(self.server_config, verify_files=False, intra_op_threads=self.server_config.intra_op_threads)
+        return Engine(self.server_config, verify_files=False, intra_op_threads=intra_op_threads)
 
     # --- text ----------------------------------------------------------------------
 

@@ -44,6 +44,7 @@ from server.metrics import LENGTH_BUCKETS, Metrics, length_bucket
 from server.text import SegmentSpec
 
 log = logging.getLogger(__name__)
+NARROW_ROWS = 16  # continuous, CPU: below this many rows the first lane runs on its short_lane_threads sessions
 STARVATION_SECONDS = 1.0  # continuous: after this, a segment waiting for room lets nobody pass
 _ids = itertools.count()
 
@@ -107,10 +108,21 @@ class Lane:
     waiting: collections.deque[Segment] = field(default_factory=collections.deque)
     running: dict[Segment, None] = field(default_factory=dict)  # segments in the batch, in join order
     engine: Engine | None = None
+    narrow: Engine | None = None  # the first lane, on CPU: sessions with fewer threads, for small batches
     batch: DecodeBatch | None = None
     thread: threading.Thread | None = None
     ready: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
+    join_seconds: float = 0.0  # a join's duration (encoder call and cache resizes), a running average
+
+    def engine_for(self, rows: int) -> Engine:
+        return self.narrow if self.narrow is not None and rows < NARROW_ROWS else self.engine
+
+    def new_batch(self) -> DecodeBatch:
+        batch = self.engine.new_batch()
+        if self.narrow is not None:  # the cache is on the host: either engine's sessions can take any step
+            batch.step_fn = lambda inputs: self.engine_for(len(inputs["tokens"])).model.step(inputs)
+        return batch
 
 
 def lower_thread_priority(niceness: int) -> bool:
@@ -137,7 +149,7 @@ class Scheduler:
         lows = [1] + [bound + 1 for bound in self.bounds]
         names = [f"{low}-{high}" for low, high in zip(lows[:-1], self.bounds, strict=True)] + [f"{lows[-1]}+"]
         self.lanes = [Lane(i, name, config.lane_niceness * i) for i, name in enumerate(names)]
-        self.lanes[0].engine, self.lanes[0].batch = engine, engine.new_batch()  # the others load in their thread
+        self.lanes[0].engine = engine  # the others load theirs in their thread
         self.lock = threading.Condition()
         self.accepting = True
         self.stopped = False
@@ -236,14 +248,29 @@ class Scheduler:
     # --- inference threads ------------------------------------------------------------
 
     def _start_lane(self, lane: Lane) -> None:
-        """A longer lane lowers its priority, then loads its own sessions, so that their threads inherit it."""
+        """A longer lane lowers its priority, then loads its own sessions, so that their threads inherit it.
+        The first lane, on CPU, also loads sessions with short_lane_threads for its small batches, where
+        waking more intra-op threads costs more than it gains."""
         try:
+            lower_thread_priority(lane.niceness)
+            config = self.config
             if lane.engine is None:
-                lower_thread_priority(lane.niceness)
                 lane.engine = self.engine.replica()
-                if self.config.warmup:
-                    lane.engine.warmup()
-                lane.batch = lane.engine.new_batch()
+            elif (
+                self.continuous
+                and self.bounds
+                and self.engine.provider == "cpu"
+                and config.short_lane_threads
+                not in (
+                    0,
+                    config.intra_op_threads,
+                )
+            ):
+                lane.narrow = self.engine.replica(config.short_lane_threads)
+            for engine in {lane.engine, lane.narrow} - {self.engine, None}:
+                if config.warmup:
+                    engine.warmup()
+            lane.batch = lane.new_batch()
         except Exception as error:
             lane.error = error
             raise
@@ -291,6 +318,8 @@ class Scheduler:
                 return []
             if not lane.running:
                 self._wait_for_batch(lane)
+            elif self._join_later(lane):
+                return []
             if self.continuous:
                 admitted = self._admit_in_order(lane)
             else:  # static: the oldest segment's length bucket first, then the nearest
@@ -305,6 +334,17 @@ class Scheduler:
                 lane.waiting.remove(segment)
             self.reserved_bytes += sum(s.reserved_bytes for s in admitted)
             return admitted
+
+    def _join_later(self, lane: Lane) -> bool:
+        """Whether the lane's arrivals should gather a little longer before they join. A join (an encoder call,
+        the caches resized) holds up every running row for about its measured duration, for one arrival as for
+        ten; arrivals join once the time they have waited in all reaches the time the join costs the running
+        rows in all. Alone or nearly, arrivals join at once; a busy lane takes them in batches."""
+        if not self.continuous or not lane.running:
+            return False
+        now = time.monotonic()
+        waited = sum(now - s.enqueued_at for s in lane.waiting)
+        return waited < lane.batch.rows * lane.join_seconds
 
     def _admit_in_order(self, lane: Lane) -> list[Segment]:
         """First come, first served within the lane, while the arrivals fit. A segment that has waited
@@ -334,13 +374,18 @@ class Scheduler:
         return need <= self.budget
 
     def _encode_and_join(self, lane: Lane, admitted: list[Segment]) -> None:
+        started = time.perf_counter()
+        self._join(lane, admitted)
+        lane.join_seconds = 0.9 * lane.join_seconds + 0.1 * (time.perf_counter() - started)
+
+    def _join(self, lane: Lane, admitted: list[Segment]) -> None:
         now = time.monotonic()
         admitted.sort(key=lambda s: s.source_tokens)
         for segment in admitted:
             self.metrics.queue_wait.observe(now - segment.enqueued_at)
             lane.running[segment] = None
         for group in self._length_groups(admitted):
-            encoded = lane.engine.encode([s.spec.ids for s in group])
+            encoded = lane.engine_for(len(group)).encode([s.spec.ids for s in group])
             longest = max(s.source_tokens for s in group)
             self.metrics.encoder_latency.labels(length_bucket(longest)).observe(encoded.seconds)
             self.metrics.batch_sentences.observe(len(group))
@@ -442,7 +487,7 @@ class Scheduler:
     def _fail_batch(self, lane: Lane, error: ServiceError, admitted: list[Segment]) -> None:
         """Answer every job in the lane's batch (and those being admitted into it) with error; start afresh."""
         jobs = {s.job for s in itertools.chain(lane.running, admitted)}
-        lane.batch = lane.engine.new_batch()
+        lane.batch = lane.new_batch()
         with self.lock:
             self.reserved_bytes -= sum(s.reserved_bytes for s in lane.running)
             self.reserved_bytes -= sum(s.reserved_bytes for s in admitted if s not in lane.running)

@@ -124,8 +124,7 @@ def measure_memory(model_dir: Path, length: int, beam: int) -> None:
     decoding ``length`` steps with ``beam`` rows, next to the server's estimate."""
     import psutil
 
-    config = ServerConfig(model=model_dir, provider="cpu", warmup=False)
-    engine = Engine(config, intra_op_threads=config.intra_op_threads)  # ONNX Runtime's default threads
+    engine = Engine(ServerConfig(model=model_dir, provider="cpu", warmup=False))
     engine.warmup(lengths=(8,), beams=(1,))
     process = psutil.Process()
     baseline, peak, running = process.memory_info().rss, [0], [True]

@@ -14,7 +14,7 @@ import pytest
 from export.runtime import OrtModel, RuntimeOptions
 from server.engine import Engine
 from server.metrics import Metrics
-from server.scheduler import STARVATION_SECONDS, Job, Scheduler
+from server.scheduler import NARROW_ROWS, STARVATION_SECONDS, Job, Scheduler
 from server.text import SegmentSpec
 from tests.conftest import own_sentences
 from tests.server.conftest import RunningServer, server_config
@@ -138,6 +138,7 @@ def test_continuous_admission_by_lane(tiny_export: Path):
     assert list(long_lane.waiting) == document.segments
     assert scheduler._admit(short_lane) == [j.segments[0] for j in shorts[:4]]
     assert scheduler._admit(long_lane) == document.segments[:4]
+    long_lane.batch = engine.new_batch()
     for segment in document.segments[:4]:
         long_lane.running[segment] = None  # as _encode_and_join would
     assert scheduler._admit(long_lane) == []  # the lane is full
@@ -190,10 +191,41 @@ def test_longer_lanes_run_at_lower_os_priority(tiny_export: Path):
         niced = [int(t) for t in os.listdir("/proc/self/task") if nice(int(t)) == own + 7]
         assert len(niced) >= 2, "the long lane's ONNX Runtime threads inherit its priority"
         assert server.translate([LONG_TEXT]).translations[0].text  # and the lane works
-        # Short batches are small: the first lane runs on short_lane_threads (1), the long lane on intra_op_threads.
-        threads = [
-            lane.engine.model.decoder.get_session_options().intra_op_num_threads for lane in (short_lane, long_lane)
-        ]
-        assert threads == [1, 2]
+
+        # The first lane runs small batches on short_lane_threads (1), larger ones and the long lane on intra_op_threads.
+        def threads(engine: Engine) -> int:
+            return engine.model.decoder.get_session_options().intra_op_num_threads
+
+        assert [threads(short_lane.narrow), threads(short_lane.engine), threads(long_lane.engine)] == [1, 2, 2]
+        assert short_lane.engine_for(NARROW_ROWS - 1) is short_lane.narrow
+        assert short_lane.engine_for(NARROW_ROWS) is short_lane.engine
+        assert long_lane.narrow is None and long_lane.engine_for(1) is long_lane.engine
     finally:
         server.close()
+
+
+def test_a_busy_lane_takes_arrivals_in_batches(tiny_export: Path):
+    """Arrivals join at once while waiting costs less than the join would cost the running rows; a lone
+    arrival to a busy lane waits until its wait reaches rows × the measured join duration."""
+    config = server_config(tiny_export, scheduler="continuous", lanes="64")
+    engine, scheduler = _unstarted(config)
+    lane = scheduler.lanes[0]
+    lane.batch = lane.new_batch()
+    running = [_job(engine, [sentence]) for sentence in own_sentences(4)]
+    for job in running:
+        scheduler.submit(job)
+    first = scheduler._admit(lane)
+    assert first == [job.segments[0] for job in running]  # nothing running: no reason to wait
+    scheduler._encode_and_join(lane, first)
+    assert lane.batch.rows == 4 and lane.join_seconds > 0
+    lane.join_seconds = 0.01  # a join holds 4 rows up for 10 ms: 40 ms in all
+    arrival = _job(engine, ["A dog runs."])
+    scheduler.submit(arrival)
+    assert scheduler._admit(lane) == []
+    arrival.segments[0].enqueued_at -= 0.05
+    assert scheduler._admit(lane) == arrival.segments
+    crowd = [_job(engine, ["A cat sleeps."]) for _ in range(3)]
+    for job in crowd:
+        scheduler.submit(job)
+        job.segments[0].enqueued_at -= 0.015  # 45 ms waited in all
+    assert scheduler._admit(lane) == [job.segments[0] for job in crowd]
