@@ -125,17 +125,15 @@ class Lane:
         return batch
 
 
-def lower_thread_priority(niceness: int) -> bool:
+def lower_thread_priority(niceness: int) -> None:
     """Add ``niceness`` to the calling thread's (Linux: per thread; threads it starts inherit it)."""
     if niceness <= 0:
-        return True
+        return
     try:
         thread = threading.get_native_id()
         os.setpriority(os.PRIO_PROCESS, thread, os.getpriority(os.PRIO_PROCESS, thread) + niceness)
-        return True
     except (AttributeError, OSError) as error:
         log.warning("could not lower a lane's thread priority (%s); lanes share the CPU equally", error)
-        return False
 
 
 class Scheduler:
@@ -253,22 +251,17 @@ class Scheduler:
         waking more intra-op threads costs more than it gains."""
         try:
             lower_thread_priority(lane.niceness)
-            config = self.config
+            narrow_threads = self.config.short_lane_threads
             if lane.engine is None:
                 lane.engine = self.engine.replica()
             elif (
-                self.continuous
-                and self.bounds
+                self.bounds
                 and self.engine.provider == "cpu"
-                and config.short_lane_threads
-                not in (
-                    0,
-                    config.intra_op_threads,
-                )
+                and narrow_threads not in (0, self.config.intra_op_threads)
             ):
-                lane.narrow = self.engine.replica(config.short_lane_threads)
-            for engine in {lane.engine, lane.narrow} - {self.engine, None}:
-                if config.warmup:
+                lane.narrow = self.engine.replica(narrow_threads)
+            if self.config.warmup:
+                for engine in {lane.engine, lane.narrow} - {self.engine, None}:
                     engine.warmup()
             lane.batch = lane.new_batch()
         except Exception as error:
@@ -285,7 +278,6 @@ class Scheduler:
                     self.lock.wait()
                 if self.stopped and not lane.waiting and not lane.running:
                     return
-            admitted: list[Segment] = []
             try:
                 self._drop_abandoned(lane)
                 admitted = self._admit(lane) if (self.continuous or not lane.running) else []
@@ -293,13 +285,13 @@ class Scheduler:
                     self._encode_and_join(lane, admitted)
                 if lane.running:
                     self._step(lane)
-                elif not admitted:
-                    with self.lock:  # waiting for room other lanes hold: they notify when they free some
+                else:  # nothing fit: waiting for room other lanes hold; they notify when they free some
+                    with self.lock:
                         self.lock.wait(0.05)
             except Exception as error:  # one failed batch must not take the server down
                 log.exception("inference failed; answering the batch with INTERNAL")
                 failure = InferenceFailed(f"inference failed on the batch holding this request: {type(error).__name__}")
-                self._fail_batch(lane, failure, admitted)
+                self._fail_batch(lane, failure)
             self._update_gauges()
             time.sleep(0)  # hand the GIL to the gRPC event loop between steps, so admission stays prompt
 
@@ -339,9 +331,8 @@ class Scheduler:
         """Whether the lane's arrivals should gather a little longer before they join. A join (an encoder call,
         the caches resized) holds up every running row for about its measured duration, for one arrival as for
         ten; arrivals join once the time they have waited in all reaches the time the join costs the running
-        rows in all. Alone or nearly, arrivals join at once; a busy lane takes them in batches."""
-        if not self.continuous or not lane.running:
-            return False
+        rows in all. Alone or nearly, arrivals join at once; a busy lane takes them in batches. (Asked only
+        of a lane with rows running: the static scheduler admits into an empty batch only.)"""
         now = time.monotonic()
         waited = sum(now - s.enqueued_at for s in lane.waiting)
         return waited < lane.batch.rows * lane.join_seconds
@@ -424,7 +415,13 @@ class Scheduler:
             self._finish(segment, tokens)
 
     def _finish(self, segment: Segment, tokens: list[int]) -> None:
-        self._leave(segment, tokens)
+        self._leave(segment)
+        with self.lock:  # read by other lanes' threads and by submit
+            self.target_ratio = 0.98 * self.target_ratio + 0.02 * (len(tokens) + 1) / (segment.source_tokens + 1)
+            now = time.monotonic()
+            self.recently_finished.append((now, segment.source_tokens))
+            while self.recently_finished and self.recently_finished[0][0] < now - 10.0:
+                self.recently_finished.popleft()
         segment.output = tokens
         self.metrics.input_tokens.inc(segment.source_tokens)
         self.metrics.output_tokens.inc(len(tokens))
@@ -437,7 +434,7 @@ class Scheduler:
             job.finished = True
             _notify(job.on_done, None)
 
-    def _leave(self, segment: Segment, tokens: list[int] | None = None) -> None:
+    def _leave(self, segment: Segment) -> None:
         """The segment is out of its lane's batch: its reservation returns to the budget."""
         lane = self.lanes[segment.lane]
         with self.lock:
@@ -445,13 +442,6 @@ class Scheduler:
                 return
             del lane.running[segment]
             self.reserved_bytes -= segment.reserved_bytes
-            if segment.output is None and tokens is not None:
-                ratio = (len(tokens) + 1) / (segment.source_tokens + 1)
-                self.target_ratio = 0.98 * self.target_ratio + 0.02 * ratio
-                now = time.monotonic()
-                self.recently_finished.append((now, segment.source_tokens))
-                while self.recently_finished and self.recently_finished[0][0] < now - 10.0:
-                    self.recently_finished.popleft()
             if len(self.lanes) > 1:
                 self.lock.notify_all()  # a lane waiting for room may now have it
 
@@ -484,13 +474,13 @@ class Scheduler:
             elif job.deadline is not None and now > job.deadline:
                 self._end_job(job, DeadlineExceeded("the deadline passed before the translation finished"))
 
-    def _fail_batch(self, lane: Lane, error: ServiceError, admitted: list[Segment]) -> None:
-        """Answer every job in the lane's batch (and those being admitted into it) with error; start afresh."""
-        jobs = {s.job for s in itertools.chain(lane.running, admitted)}
+    def _fail_batch(self, lane: Lane, error: ServiceError) -> None:
+        """Answer every job in the lane's batch (admitted segments count from the start of their join) with
+        error; start afresh."""
+        jobs = {s.job for s in lane.running}
         lane.batch = lane.new_batch()
         with self.lock:
             self.reserved_bytes -= sum(s.reserved_bytes for s in lane.running)
-            self.reserved_bytes -= sum(s.reserved_bytes for s in admitted if s not in lane.running)
             lane.running.clear()
         for job in jobs:
             self._end_job(job, error)
