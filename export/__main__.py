@@ -19,20 +19,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnx
 import onnxruntime as ort
 import sacrebleu
 import torch
 
-from export.graphs import (
-    DECODER_AXES,
-    DECODER_INPUTS,
-    DECODER_OUTPUTS,
-    ENCODER_AXES,
-    ENCODER_INPUTS,
-    ENCODER_OUTPUTS,
-    export_graphs,
-)
+from export.decoder_step import build_decoder_step
+from export.graphs import ENCODER_AXES, ENCODER_INPUTS, ENCODER_OUTPUTS, export_graphs
 from export.manifest import sha256, write_manifest
 from export.marian import export_marian
 from export.optimize import convert_fp16, optimize, quantize_int8
@@ -156,7 +150,7 @@ def run(cfg: ExportConfig) -> Path:
         if cfg.fp16:
             variants["fp16"] = {"encoder": "encoder.fp16.onnx", "decoder": "decoder.fp16.onnx"}
             convert_fp16(raw_encoder, folder / "encoder.fp16.onnx")
-            convert_fp16(raw_decoder, folder / "decoder.fp16.onnx")
+            onnx.save(build_decoder_step(model, np.float16), str(folder / "decoder.fp16.onnx"))
         shutil.rmtree(raw)
         tokenizer_files = tokenizer_spec(cfg.checkpoint)
         for name in tokenizer_files["files"]:
@@ -175,8 +169,8 @@ def run(cfg: ExportConfig) -> Path:
             "special_ids": vars(tokenizer.special_ids),
             "tokenizer": tokenizer_files,
             "graphs": signature,
-            "dynamic_axes": {"encoder": ENCODER_AXES, "decoder": DECODER_AXES},
-            "io_names": {"encoder": [ENCODER_INPUTS, ENCODER_OUTPUTS], "decoder": [DECODER_INPUTS, DECODER_OUTPUTS]},
+            "dynamic_axes": {"encoder": ENCODER_AXES},
+            "io_names": {"encoder": [ENCODER_INPUTS, ENCODER_OUTPUTS]},
             "opset": cfg.opset,
             "versions": {"onnxruntime": ort.__version__, "onnx": onnx.__version__, "torch": torch.__version__},
             "checkpoint": {"path": str(cfg.checkpoint), "weights_sha256": sha256(cfg.checkpoint / WEIGHTS_FILE)},

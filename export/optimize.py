@@ -22,20 +22,27 @@ def optimize(source: Path, target: Path) -> Path:
 
 def quantize_int8(source: Path, target: Path) -> Path:
     """Dynamic int8 quantization of the MatMul weights (activations quantized on the fly), for CPU."""
-    quantize_dynamic(source, target, op_types_to_quantize=["MatMul"], weight_type=QuantType.QInt8, per_channel=True)
+    quantize_dynamic(
+        source,
+        target,
+        op_types_to_quantize=["MatMul"],
+        weight_type=QuantType.QInt8,
+        per_channel=True,
+        # Shape inference stops at contrib operators (the decoder's attention): the rest is float.
+        extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+    )
     return target
 
 
 def _position_nodes(graph: onnx.GraphProto) -> list[str]:
-    """Nodes from the positions (the decoder's ``positions`` input, the encoder's Range)
-    up to the Sin/Cos of the sinusoidal encoding: kept in fp32, since fp16 cannot hold
-    position × frequency precisely beyond a few hundred positions."""
+    """Nodes from the encoder's positions (its Range) up to the Sin/Cos of the sinusoidal encoding:
+    kept in fp32, since fp16 cannot hold position × frequency precisely beyond a few hundred
+    positions. (The decoder step looks its positions up in a table computed in fp32.)"""
     consumers: dict[str, list[onnx.NodeProto]] = {}
     for node in graph.node:
         for name in node.input:
             consumers.setdefault(name, []).append(node)
     frontier = [node for node in graph.node if node.op_type == "Range"]
-    frontier += consumers.get("positions", [])
     blocked: dict[str, onnx.NodeProto] = {}
     while frontier:
         node = frontier.pop()

@@ -9,9 +9,8 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from export.graphs import DECODER_INPUTS, example_inputs
 from export.runtime import ORT_DTYPES
-from model.search import pad_sources
+from model.search import STEP_OUTPUTS, pad_sources
 from model.transformer import Transformer
 
 FP32_TOLERANCE = 1e-4
@@ -50,9 +49,28 @@ def random_sources(vocab_size: int, batch: int, length: int, rng: np.random.Gene
     return [rng.integers(4, vocab_size, size=n).tolist() for n in lengths]
 
 
+def example_inputs(model: Transformer, rows: int, sources: int, past: int, src_len: int) -> dict[str, torch.Tensor]:
+    """``Transformer.decode_step`` inputs with random caches and distinct sizes on every axis."""
+    c = model.config
+    gen = torch.Generator().manual_seed(rows * 1000 + past)
+    cache = (c.n_decoder_layers, rows, c.n_heads, past, c.d_head)
+    cross = (c.n_decoder_layers, sources, c.n_heads, src_len, c.d_head)
+    return {
+        "tokens": torch.randint(4, c.vocab_size, (rows,), generator=gen),
+        "positions": torch.full((rows,), past),
+        "past_k": torch.randn(cache, generator=gen),
+        "past_v": torch.randn(cache, generator=gen),
+        "cache_mask": torch.ones(rows, past, dtype=torch.bool),
+        "cross_k": torch.randn(cross, generator=gen),
+        "cross_v": torch.randn(cross, generator=gen),
+        "src_mask": torch.ones(sources, src_len, dtype=torch.bool),
+        "source_index": torch.arange(rows) % sources,
+    }
+
+
 def decoder_cases(model: Transformer, rng: np.random.Generator) -> list[dict[str, torch.Tensor]]:
-    """Decoder-step inputs: several rows/sources/cache lengths, T = 0, and rows whose caches
-    have different valid lengths in one batch."""
+    """Decoder-step inputs: several rows/sources/cache lengths, an empty cache, and rows whose caches
+    have different lengths in one batch (each row's valid entries first, as the engine keeps them)."""
     cases = []
     for rows, sources, past, src_len in ((1, 1, 0, 1), (3, 2, 4, 5), (5, 3, 9, 17), (8, 8, 1, 3), (4, 1, 30, 40)):
         inputs = example_inputs(model, rows, sources, past, src_len)
@@ -63,6 +81,78 @@ def decoder_cases(model: Transformer, rng: np.random.Generator) -> list[dict[str
         inputs["src_mask"] = torch.from_numpy(np.arange(src_len)[None, :] < src_valid[:, None])
         cases.append(inputs)
     return cases
+
+
+def step_feeds(inputs: dict[str, torch.Tensor], session: ort.InferenceSession, k: int) -> dict[str, np.ndarray]:
+    """The graph's feeds for ``decode_step`` inputs: each layer's cache in a buffer with spare slots
+    (filled with garbage, which the step must neither read nor keep), the top k candidates asked for."""
+    layers, rows, heads, past, d_head = inputs["past_k"].shape
+    d_cache = next(i.shape[3] for i in session.get_inputs() if i.name == "past_key_0")
+    lengths = inputs["positions"].numpy().astype(np.int32)
+    feeds = {
+        "tokens": inputs["tokens"].numpy(),
+        "lengths": lengths,
+        "total_length": np.array(lengths.max(initial=0) + 1, np.int32),
+        "source_index": inputs["source_index"].numpy(),
+        "src_mask": inputs["src_mask"].numpy().astype(np.int32),
+        "top_k": np.array([k], np.int64),
+    }
+    for i in range(layers):
+        for kind, tensor in (("key", inputs["past_k"][i]), ("value", inputs["past_v"][i])):
+            buffer = np.full((rows, heads, past + 3, d_cache), 7.0, np.float32)
+            buffer[:, :, :past, :d_head] = tensor.numpy()
+            buffer[..., d_head:] = 0.0  # padded head columns hold zeros
+            feeds[f"past_{kind}_{i}"] = buffer
+        feeds[f"cross_key_{i}"], feeds[f"cross_value_{i}"] = inputs["cross_k"][i].numpy(), inputs["cross_v"][i].numpy()
+    return feeds
+
+
+def run_in_place(session: ort.InferenceSession, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One step as the engine runs it: each past buffer bound as its present output too (on the session's
+    device), float feeds cast to the graph's float type. Returns every output by name."""
+    types = {i.name: ORT_DTYPES.get(i.type) for i in session.get_inputs()}
+    device = "cuda" if "CUDAExecutionProvider" in session.get_providers() else "cpu"
+    binding, caches, alive = session.io_binding(), {}, []  # a binding does not keep its values alive
+    for name, value in feeds.items():
+        value = ort.OrtValue.ortvalue_from_numpy(value.astype(types[name]) if types[name] else value, device)
+        alive.append(value)
+        binding.bind_ortvalue_input(name, value)
+        if name.startswith("past_"):
+            caches[name.replace("past_", "present_")] = value
+            binding.bind_ortvalue_output(name.replace("past_", "present_"), value)
+    rows, k = len(feeds["tokens"]), int(feeds["top_k"][0])
+    output_types = {o.name: ORT_DTYPES.get(o.type, np.int64) for o in session.get_outputs()}
+    outputs = {}
+    for name, shape in zip(STEP_OUTPUTS, ((rows, k), (rows, k), (rows, 1)), strict=True):
+        outputs[name] = np.empty(shape, output_types[name])
+        alive.append(ort.OrtValue.ortvalue_from_numpy(outputs[name]))
+        binding.bind_ortvalue_output(name, alive[-1])
+    session.run_with_iobinding(binding)
+    return outputs | {name: value.numpy().copy() for name, value in caches.items()}  # before the values go
+
+
+def _step_difference(session: ort.InferenceSession, model: Transformer, inputs: dict[str, torch.Tensor]) -> float:
+    """Max abs difference of every log-probability (the graph asked for all V candidates), the eos
+    log-probability and each row's new cache entry; the step must keep every other slot as it was."""
+    c = model.config
+    feeds = step_feeds(inputs, session, c.vocab_size)
+    outputs = run_in_place(session, feeds)
+    log_probs, new_k, new_v = model.decode_step(**inputs)
+    top, ids = outputs[STEP_OUTPUTS[0]].astype(np.float32), outputs[STEP_OUTPUTS[1]]
+    every = np.zeros_like(top)
+    np.put_along_axis(every, ids, top, axis=1)
+    difference = max(_max_diff(every, log_probs), _max_diff(outputs[STEP_OUTPUTS[2]][:, 0], log_probs[:, c.eos_id]))
+    lengths, rows = feeds["lengths"], np.arange(len(feeds["lengths"]))
+    for i in range(c.n_decoder_layers):
+        for kind, new in (("key", new_k), ("value", new_v)):
+            before, after = feeds[f"past_{kind}_{i}"], outputs[f"present_{kind}_{i}"]
+            written = after[rows, :, lengths, : c.d_head]  # (R, H, d_k)
+            difference = max(difference, _max_diff(written, new[i][:, :, 0]))
+            kept = np.ones(after.shape[:3], bool)
+            kept[rows, :, lengths] = False
+            if not np.array_equal(after[kept], before.astype(after.dtype)[kept]):
+                raise AssertionError(f"the step changed cache slots other than the new entries (present_{kind}_{i})")
+    return difference
 
 
 @torch.no_grad()
@@ -91,13 +181,11 @@ def check_graphs(
         real = torch.from_numpy(mask)
         encoder_diff = max(encoder_diff, _max_diff(memory[mask], ref_memory[real]))
         encoder_diff = max(encoder_diff, _max_diff(cross_k, ref_k), _max_diff(cross_v, ref_v))
-        # A decoder step over real encoder outputs: one row per source, first step and a later one.
+        # A decoder step over real encoder outputs: one row per source, the first step.
         step = example_inputs(model, len(sources), len(sources), 0, src.shape[1])
         step.update(cross_k=ref_k, cross_v=ref_v, src_mask=real, source_index=torch.arange(len(sources)))
         step["tokens"] = torch.full((len(sources),), c.decoder_start_id)
         cases.append(step)
     for inputs in cases:
-        outputs = _run(decoder, {name: inputs[name].numpy() for name in DECODER_INPUTS})
-        reference = model.decode_step(*(inputs[name] for name in DECODER_INPUTS))
-        decoder_diff = max(decoder_diff, *(_max_diff(o, r) for o, r in zip(outputs, reference, strict=True)))
+        decoder_diff = max(decoder_diff, _step_difference(decoder, model, inputs))
     return ParityReport(encoder_diff, decoder_diff, len(batches) + len(cases), tolerance)

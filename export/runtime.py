@@ -19,7 +19,7 @@ import onnxruntime as ort
 
 from export.manifest import ModelFolderError, read_manifest
 from model.config import ModelConfig
-from model.search import DecodeBatch, decode, pad_sources, translate_in_batches
+from model.search import STEP_OUTPUTS, DecodeBatch, decode, pad_sources, translate_in_batches
 from model.tokenizer import Tokenizer, TokenizerError
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
@@ -74,8 +74,13 @@ class OrtModel:
         files = variants[self.variant]
         self.encoder = ort.InferenceSession(str(self.folder / files["encoder"]), session_options, providers=providers)
         self.decoder = ort.InferenceSession(str(self.folder / files["decoder"]), session_options, providers=providers)
-        cache_type = next(i.type for i in self.decoder.get_inputs() if i.name == "past_k")
-        self.cache_dtype = ORT_DTYPES[cache_type]
+        past = next(i for i in self.decoder.get_inputs() if i.name == "past_key_0")
+        self.cache_dtype = ORT_DTYPES[past.type]
+        self.d_cache = past.shape[3]
+        self._binding: ort.IOBinding | None = None
+        self._bound: tuple[int, int, int] | None = None  # the batch version the binding was made for
+        self._outputs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._bound_values: list[ort.OrtValue] = []
 
     # --- graphs ------------------------------------------------------------------
 
@@ -93,20 +98,34 @@ class OrtModel:
         _, cross_k, cross_v = binding.get_outputs()
         return cross_k, cross_v
 
-    def step(self, inputs: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """One decoder step; returns (log_probs, new_k, new_v) as numpy arrays."""
-        if not self.io_binding:
-            return tuple(self.decoder.run(None, inputs))
-        binding = self.decoder.io_binding()
-        for name, value in inputs.items():
-            if isinstance(value, ort.OrtValue):
-                binding.bind_ortvalue_input(name, value)
-            else:
-                binding.bind_cpu_input(name, np.ascontiguousarray(value))
-        for name in ("log_probs", "new_k", "new_v"):
-            binding.bind_output(name, "cpu")
-        self.decoder.run_with_iobinding(binding)
-        return tuple(binding.copy_outputs_to_cpu())
+    def step(self, batch: DecodeBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One decoder step over the batch: the cache is written in place; returns (top_log_probs, top_ids,
+        eos_log_probs). The binding is kept while the batch's feeds keep their shapes and memory (a greedy
+        batch between joins and departures), so a step costs one ``run_with_iobinding`` call."""
+        if self._bound != batch.version:
+            self._bind(batch)
+        self.decoder.run_with_iobinding(self._binding)
+        return self._outputs
+
+    def _bind(self, batch: DecodeBatch) -> None:
+        """Bind the batch's arrays by reference: the batch updates tokens and lengths in place between steps.
+        A binding does not keep what it binds alive, so the values are kept with it."""
+        binding, values = self.decoder.io_binding(), []
+        for name, value in batch.step_feeds().items():
+            if not isinstance(value, ort.OrtValue):
+                assert value.flags.c_contiguous, name  # a copy would not see the batch's updates
+                value = ort.OrtValue.ortvalue_from_numpy(value)
+            values.append(value)
+            binding.bind_ortvalue_input(name, value)
+            if name.startswith("past_"):  # the same memory is the step's output: written in place
+                binding.bind_ortvalue_output(name.replace("past_", "present_"), value)
+        rows, k = batch.rows, int(batch.top_k[0])
+        outputs = (np.empty((rows, k), np.float32), np.empty((rows, k), np.int64), np.empty((rows, 1), np.float32))
+        for name, array in zip(STEP_OUTPUTS, outputs, strict=True):
+            values.append(ort.OrtValue.ortvalue_from_numpy(array))
+            binding.bind_ortvalue_output(name, values[-1])
+        self._binding, self._bound, self._outputs = binding, batch.version, outputs
+        self._bound_values = values
 
     # --- decoding ----------------------------------------------------------------
 
@@ -115,7 +134,7 @@ class OrtModel:
         c = self.config
         place = self._on_device if self.io_binding else None
         return DecodeBatch(
-            self.step, c.n_decoder_layers, c.n_heads, c.d_head, c.decoder_start_id, self.cache_dtype, place
+            self.step, c.n_decoder_layers, c.n_heads, self.d_cache, c.decoder_start_id, self.cache_dtype, place
         )
 
     def _on_device(self, array: np.ndarray) -> ort.OrtValue:

@@ -16,13 +16,12 @@ backends differ only in how one decoder step is computed.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
-
-NEG_INF = -1e9
 
 
 def pad_sources(ids: Sequence[Sequence[int]], pad: int, eos: int) -> tuple[np.ndarray, np.ndarray]:
@@ -39,72 +38,105 @@ def default_max_output(source_len: int, cap: int) -> int:
     return min(cap, 2 * source_len + 10)
 
 
-@dataclass
 class KVCache:
-    """Self-attention keys/values of the live rows, in a buffer that grows in chunks.
+    """Self-attention keys/values of the live rows, written in place by the decoder step.
 
-    k, v: (L, R, H, capacity, d_k); mask: (R, capacity) True on written slots;
-    lengths: (R,) slots written per row. Rows may have different lengths: each
-    writes its next entry at its own slot, and the validity mask tells the
-    decoder which slots are real. The whole buffer is passed to the decoder
-    step, so no per-step copy is made; unwritten slots are masked out.
+    Per decoder layer one key and one value buffer (rows_capacity, H, capacity, d_cache);
+    the first ``rows`` rows are live and row r holds ``lengths[r]`` entries at slots
+    0..lengths[r]-1 (rows may have different lengths: the lengths are the mask). The step
+    writes each row's new entry at slot lengths[r] and the lengths then advance, so a step
+    copies nothing. Buffers grow geometrically (rows) and in chunks (slots) when needed;
+    ``version`` changes whenever they are replaced, so a step that bound them binds anew.
+    Reordering rows (beam search) gathers into a spare set of buffers that then swaps in;
+    compacting rows in increasing order (sources leaving) moves them in place.
     """
 
-    k: np.ndarray
-    v: np.ndarray
-    mask: np.ndarray
-    lengths: np.ndarray
-    chunk: int = 16
+    def __init__(self, layers: int, heads: int, d_cache: int, dtype=np.float32, chunk: int = 16) -> None:
+        self.layers, self.heads, self.d_cache, self.dtype, self.chunk = layers, heads, d_cache, dtype, chunk
+        self.version = 0
+        self.clear()
 
-    @classmethod
-    def empty(cls, layers: int, rows: int, heads: int, d_head: int, dtype=np.float32, chunk: int = 16) -> KVCache:
-        shape = (layers, rows, heads, 0, d_head)
-        empty = np.zeros(shape, dtype)
-        return cls(empty, empty.copy(), np.zeros((rows, 0), bool), np.zeros(rows, np.int64), chunk)
+    def clear(self) -> None:
+        """No rows left: give the buffers back."""
+        self.keys = [self._buffer(0, 0) for _ in range(self.layers)]
+        self.values = [self._buffer(0, 0) for _ in range(self.layers)]
+        self.lengths, self.rows, self._spare = np.zeros(0, np.int32), 0, None
+        self.version += 1
+
+    def _buffer(self, rows: int, capacity: int) -> np.ndarray:
+        return np.zeros((rows, self.heads, capacity, self.d_cache), self.dtype)
 
     @property
     def capacity(self) -> int:
-        return self.k.shape[3]
+        return self.keys[0].shape[2]
+
+    @property
+    def rows_capacity(self) -> int:
+        return self.keys[0].shape[0]
 
     @property
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes + self.mask.nbytes
+        spare = 0 if self._spare is None else sum(b.nbytes for b in self._spare[0] + self._spare[1])
+        return sum(b.nbytes for b in self.keys + self.values) + spare
 
-    def _grow(self, capacity: int) -> None:
-        extra = capacity - self.capacity
-        pad = ((0, 0), (0, 0), (0, 0), (0, extra), (0, 0))
-        self.k, self.v = np.pad(self.k, pad), np.pad(self.v, pad)
-        self.mask = np.pad(self.mask, ((0, 0), (0, extra)))
+    @property
+    def live_lengths(self) -> np.ndarray:
+        return self.lengths[: self.rows]
 
-    def append(self, new_k: np.ndarray, new_v: np.ndarray) -> None:
-        """Write each row's new entry (L, R, H, 1, d_k) at that row's next slot."""
-        needed = int(self.lengths.max(initial=0)) + 1
-        if needed > self.capacity:
-            self._grow(-(-needed // self.chunk) * self.chunk)
-        rows = np.arange(len(self.lengths))
-        # Advanced indices split by a slice put the row axis first: (R, L, H, d_k).
-        self.k[:, rows, :, self.lengths] = new_k[:, :, :, 0].transpose(1, 0, 2, 3)
-        self.v[:, rows, :, self.lengths] = new_v[:, :, :, 0].transpose(1, 0, 2, 3)
-        self.mask[rows, self.lengths] = True
-        self.lengths = self.lengths + 1
+    def views(self) -> list[np.ndarray]:
+        """past_key_0, past_value_0, past_key_1, ...: the live rows of each buffer (contiguous views)."""
+        return [buffer[: self.rows] for pair in zip(self.keys, self.values, strict=True) for buffer in pair]
+
+    def reserve(self, rows: int, length: int) -> None:
+        """Room for ``rows`` rows of ``length`` slots; live entries are kept."""
+        if rows <= self.rows_capacity and length <= self.capacity:
+            return
+        new_rows = (
+            max(rows, min(2 * self.rows_capacity, rows + 64)) if rows > self.rows_capacity else self.rows_capacity
+        )
+        new_capacity = _round_up(length, self.chunk) if length > self.capacity else self.capacity
+        longest = int(self.live_lengths.max(initial=0))
+        for buffers in (self.keys, self.values):
+            for i, old in enumerate(buffers):
+                buffers[i] = self._buffer(new_rows, new_capacity)
+                buffers[i][: self.rows, :, :longest] = old[: self.rows, :, :longest]
+        lengths = np.zeros(new_rows, np.int32)
+        lengths[: self.rows] = self.live_lengths
+        self.lengths, self._spare = lengths, None
+        self.version += 1
+
+    def add_rows(self, count: int) -> None:
+        """Rows for new arrivals: nothing cached yet (their slots are garbage until written)."""
+        self.reserve(self.rows + count, max(self.capacity, 1))
+        self.lengths[self.rows : self.rows + count] = 0
+        self.rows += count
+        self.version += 1
+
+    def advance(self) -> None:
+        """The step wrote one entry per row; make room for the next step's."""
+        self.lengths[: self.rows] += 1
+        self.reserve(self.rows, int(self.live_lengths.max(initial=0)) + 1)
 
     def select(self, rows: np.ndarray) -> None:
-        """Keep these rows (indices may repeat); capacity shrinks to what the longest needs."""
-        self.lengths = self.lengths[rows]
-        longest = int(self.lengths.max(initial=0))
-        capacity = min(self.capacity, -(-longest // self.chunk) * self.chunk)
-        self.k = np.ascontiguousarray(self.k[:, rows, :, :capacity])
-        self.v = np.ascontiguousarray(self.v[:, rows, :, :capacity])
-        self.mask = np.ascontiguousarray(self.mask[rows, :capacity])
-
-    def add_empty_rows(self, count: int) -> None:
-        """Rows for new arrivals: nothing cached yet."""
-        layers, _, heads, capacity, d_head = self.k.shape
-        zeros = np.zeros((layers, count, heads, capacity, d_head), self.k.dtype)
-        self.k = np.concatenate([self.k, zeros], axis=1)
-        self.v = np.concatenate([self.v, zeros], axis=1)
-        self.mask = np.concatenate([self.mask, np.zeros((count, capacity), bool)])
-        self.lengths = np.concatenate([self.lengths, np.zeros(count, np.int64)])
+        """Keep these rows, in this order (indices may repeat)."""
+        count = len(rows)
+        if count and np.all(rows[1:] > rows[:-1]):  # increasing: each row moves down or stays, in place
+            moved = np.flatnonzero(rows != np.arange(count))
+            for buffer in self.keys + self.values:
+                for target in moved:
+                    buffer[target] = buffer[rows[target]]
+        elif count:
+            self.reserve(count, self.capacity)  # a beam's first step turns one row into several
+            if self._spare is None:
+                self._spare = ([np.empty_like(b) for b in self.keys], [np.empty_like(b) for b in self.values])
+            spare_keys, spare_values = self._spare
+            for old, new in zip(self.keys + self.values, spare_keys + spare_values, strict=True):
+                np.take(old[: self.rows], rows, axis=0, out=new[:count])
+            self._spare = (self.keys, self.values)
+            self.keys, self.values = spare_keys, spare_values
+        self.lengths[:count] = self.lengths[rows]
+        self.rows = count
+        self.version += 1
 
 
 class SourceCache:
@@ -120,9 +152,9 @@ class SourceCache:
     rows reach their source's slot through source_index, so unused slots cost
     memory but no compute.
 
-    ``place`` turns the host buffers into what the decoder step takes (an
-    ONNX Runtime device value with IOBinding); it runs once per change of the
-    buffer, not per step. Encoder outputs that live on a device are brought to
+    ``place`` turns each layer's host buffer into what the decoder step takes
+    (an ONNX Runtime device value with IOBinding); it runs once per change of
+    the buffer, not per step. Encoder outputs that live on a device are brought to
     the host once, when they join.
     """
 
@@ -133,7 +165,7 @@ class SourceCache:
         self.mask = np.zeros((0, 0), bool)
         self.lengths = np.zeros(0, np.int64)  # real tokens per slot; 0 once free
         self.used = 0  # slots written since the last packing
-        self._placed: tuple[Any, Any] | None = None
+        self._placed: tuple[list[Any], np.ndarray] | None = None
 
     @property
     def capacity(self) -> tuple[int, int]:
@@ -143,14 +175,13 @@ class SourceCache:
     def nbytes(self) -> int:
         return 0 if self.k is None else self.k.nbytes + self.v.nbytes
 
-    @property
-    def step_inputs(self) -> tuple[Any, Any, np.ndarray]:
-        """(cross_k, cross_v, src_mask) for the decoder step."""
-        if self.place is None or self.k is None:
-            return self.k, self.v, self.mask
+    def step_inputs(self) -> tuple[list[Any], np.ndarray]:
+        """[cross_key_0, cross_value_0, cross_key_1, ...] (N, H, S, d_k) and src_mask (N, S) int32."""
         if self._placed is None:
-            self._placed = (self.place(self.k), self.place(self.v))
-        return (*self._placed, self.mask)
+            place = self.place or (lambda array: array)
+            layers = [] if self.k is None else [place(x[i]) for i in range(len(self.k)) for x in (self.k, self.v)]
+            self._placed = (layers, self.mask.astype(np.int32))
+        return self._placed
 
     def add(self, k: Any, v: Any, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """Write n sources (k, v: (L, n, H, s, d_k), mask (n, s)) into free slots.
@@ -216,9 +247,13 @@ def _round_up(value: int, chunk: int) -> int:
 
 class Search(Protocol):
     rows: int  # live rows this source occupies
+    top_k: int  # candidates per row it needs from a step
 
-    def advance(self, log_probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """log_probs (rows, V) of this step -> (origin of each next row, its token); none when done."""
+    def advance(
+        self, top_log_probs: np.ndarray, top_ids: np.ndarray, eos_log_probs: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """This step's best candidates of its live rows, (rows, top_k) each, best first, and each row's
+        eos log-probability (rows,) -> (origin of each next row, its token); none when done."""
 
     def result(self) -> list[int]: ...
 
@@ -229,28 +264,24 @@ class GreedySearch:
     eos_id: int
     tokens: list[int] = field(default_factory=list)
     rows: int = 1
+    top_k: int = 1
 
-    def advance(self, log_probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        token = int(log_probs[0].argmax())
+    def advance(
+        self, top_log_probs: np.ndarray, top_ids: np.ndarray, eos_log_probs: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        token = int(top_ids[0, 0])
         if token == self.eos_id or len(self.tokens) + 1 >= self.max_length:
             self.rows = 0
-            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+            return _NO_ROWS, _NO_ROWS
         self.tokens.append(token)
-        return np.zeros(1, np.int64), np.array([token])
+        return _ROW_ZERO, top_ids[0, :1]
 
     def result(self) -> list[int]:
         return self.tokens
 
 
-def top_indices(values: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the k largest values, best first, ties broken by the lower index (O(n), not a full sort)."""
-    if values.size > k:
-        candidates = np.argpartition(-values, k - 1)[:k]
-        threshold = values[candidates].min()
-        candidates = np.flatnonzero(values >= threshold)  # every tie at the boundary, so the choice is stable
-    else:
-        candidates = np.arange(values.size)
-    return candidates[np.lexsort((candidates, -values[candidates]))][:k]
+_NO_ROWS = np.zeros(0, np.int64)
+_ROW_ZERO = np.zeros(1, np.int64)
 
 
 def length_normalized(score: float, length: int, alpha: float) -> float:
@@ -263,7 +294,10 @@ class BeamSearch:
     """Beam search for one source. It starts from one row; each step takes the 2·beam
     best extensions: those ending in eos within the top beam ranks are finished
     (scored with the GNMT length penalty), the best non-eos ones form the next
-    beam. Done with ``beam`` finished hypotheses or at max_length."""
+    beam. Done with ``beam`` finished hypotheses or at max_length.
+
+    The 2·beam best extensions over all rows are among each row's own 2·beam best,
+    which is all a step hands over. Ties go to the lower row, then the lower token."""
 
     beam: int
     max_length: int
@@ -274,36 +308,41 @@ class BeamSearch:
     finished: list[tuple[float, list[int]]] = field(default_factory=list)
     rows: int = 1
 
-    def advance(self, log_probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        vocab = log_probs.shape[-1]
-        candidates = self.scores[:, None] + log_probs.astype(np.float64)
+    @property
+    def top_k(self) -> int:
+        return 2 * self.beam
+
+    def advance(
+        self, top_log_probs: np.ndarray, top_ids: np.ndarray, eos_log_probs: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        rows = len(self.scores)
         at_limit = self.history.shape[1] + 1 >= self.max_length
         if at_limit:  # the only way on is to end
-            candidates[:, : self.eos_id] = NEG_INF
-            candidates[:, self.eos_id + 1 :] = NEG_INF
-        flat = candidates.reshape(-1)
-        top = top_indices(flat, 2 * self.beam)
+            values = self.scores + eos_log_probs.astype(np.float64).reshape(rows)
+            origins_of, tokens_of = np.arange(rows), np.full(rows, self.eos_id)
+        else:
+            k = min(self.top_k, top_ids.shape[1])
+            values = (self.scores[:, None] + top_log_probs[:, :k].astype(np.float64)).reshape(-1)
+            origins_of, tokens_of = np.repeat(np.arange(rows), k), top_ids[:, :k].reshape(-1)
+        ranked = np.lexsort((tokens_of, origins_of, -values))[: 2 * self.beam]
         origins, tokens, scores = [], [], []
-        for rank, index in enumerate(top):
-            origin, token = divmod(int(index), vocab)
-            if flat[index] <= NEG_INF / 2:
-                break
+        for rank, index in enumerate(ranked):
+            origin, token = int(origins_of[index]), int(tokens_of[index])
             if token == self.eos_id:
                 if rank < self.beam:
                     length = self.history.shape[1] + 1
-                    self.finished.append(
-                        (length_normalized(float(flat[index]), length, self.alpha), self.history[origin].tolist())
-                    )
+                    score = length_normalized(float(values[index]), length, self.alpha)
+                    self.finished.append((score, self.history[origin].tolist()))
             elif len(origins) < self.beam:
                 origins.append(origin)
                 tokens.append(token)
-                scores.append(flat[index])
+                scores.append(values[index])
             if len(self.finished) >= self.beam or (len(origins) == self.beam and rank >= self.beam - 1):
                 break
         if len(self.finished) >= self.beam or at_limit or not origins:
             self.rows = 0
-            return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        origin_array, token_array = np.array(origins), np.array(tokens)
+            return _NO_ROWS, _NO_ROWS
+        origin_array, token_array = np.array(origins), np.array(tokens, np.int64)
         self.history = np.concatenate([self.history[origin_array], token_array[:, None]], axis=1)
         self.scores = np.array(scores)
         self.rows = len(origins)
@@ -317,19 +356,22 @@ def new_search(beam: int, max_length: int, eos_id: int) -> Search:
     return GreedySearch(max_length, eos_id) if beam == 1 else BeamSearch(beam, max_length, eos_id)
 
 
-StepFn = Callable[[dict[str, Any]], tuple[np.ndarray, np.ndarray, np.ndarray]]
+STEP_OUTPUTS = ["top_log_probs", "top_ids", "eos_log_probs"]
+_batch_serials = itertools.count()
+StepFn = Callable[["DecodeBatch"], tuple[np.ndarray, np.ndarray, np.ndarray]]
 
 
 class DecodeBatch:
     """The running decode batch: sources with their searches, and the rows of their hypotheses.
 
-    ``step_fn`` computes one decoder step from named numpy inputs (tokens,
-    positions, past_k, past_v, cache_mask, cross_k, cross_v, src_mask,
-    source_index) and returns (log_probs, new_k, new_v). Cross-attention
-    keys/values are kept once per source (a ``SourceCache`` slot); rows point
-    at their slot through source_index, so a request's beams share them.
-    ``place`` puts the cross-attention buffers where the step wants them
-    (see ``SourceCache``).
+    ``step_fn(batch)`` computes one decoder step over ``batch.step_feeds()`` (see
+    ``export/decoder_step.py`` for the names), writes each row's new self-attention
+    entry into ``batch.cache`` in place, and returns (top_log_probs (R, K), top_ids
+    (R, K), eos_log_probs (R, 1)). Cross-attention keys/values are kept once per
+    source (a ``SourceCache`` slot); rows point at their slot through source_index,
+    so a request's beams share them. ``place`` puts the cross-attention buffers
+    where the step wants them (see ``SourceCache``). ``version`` changes whenever
+    a feed's shape or memory does, so a step can keep its bindings until then.
     """
 
     def __init__(
@@ -337,23 +379,27 @@ class DecodeBatch:
         step_fn: StepFn,
         layers: int,
         heads: int,
-        d_head: int,
+        d_cache: int,
         start_id: int,
         dtype=np.float32,
         place: Callable[[np.ndarray], Any] | None = None,
     ) -> None:
         self.step_fn = step_fn
         self.start_id = start_id
-        self.cache = KVCache.empty(layers, 0, heads, d_head, dtype)
+        self.cache = KVCache(layers, heads, d_cache, dtype)
         self.sources = SourceCache(place)
         self.searches: dict[Any, Search] = {}  # live sources in row order
         self.slot_of: dict[Any, int] = {}
         self.source_index = np.zeros(0, np.int64)
         self.tokens = np.zeros(0, np.int64)
+        self.total_length = np.zeros((), np.int32)
+        self.top_k = np.ones(1, np.int64)
+        self._version = 0
+        self._serial = next(_batch_serials)
 
     @property
     def rows(self) -> int:
-        return len(self.tokens)
+        return self.cache.rows
 
     def __len__(self) -> int:
         return len(self.searches)
@@ -366,6 +412,27 @@ class DecodeBatch:
     def src_mask(self) -> np.ndarray:
         return self.sources.mask
 
+    @property
+    def version(self) -> tuple[int, int, int]:
+        """Changes whenever a feed's shape or memory does (unique across batches, unlike id())."""
+        return self._serial, self._version, self.cache.version
+
+    def step_feeds(self) -> dict[str, Any]:
+        """The decoder step's inputs by name; the cache views are bound as outputs too."""
+        cross, src_mask = self.sources.step_inputs()
+        layers = self.cache.layers
+        feeds = {
+            "tokens": self.tokens,
+            "lengths": self.cache.live_lengths,
+            "total_length": self.total_length,
+            "source_index": self.source_index,
+            "src_mask": src_mask,
+            "top_k": self.top_k,
+        }
+        feeds.update(zip(layer_names("past", layers), self.cache.views(), strict=True))
+        feeds.update(zip(layer_names("cross", layers), cross, strict=True))
+        return feeds
+
     def add(
         self, keys: Sequence[Any], searches: Sequence[Search], cross_k: Any, cross_v: Any, src_mask: np.ndarray
     ) -> None:
@@ -377,41 +444,49 @@ class DecodeBatch:
         for key, search, slot in zip(keys, searches, slots, strict=True):
             self.slot_of[key] = int(slot)
             self.searches[key] = search
-        self.cache.add_empty_rows(len(keys))
+        self.cache.add_rows(len(keys))
         self.source_index = np.concatenate([self.source_index, slots])
         self.tokens = np.concatenate([self.tokens, np.full(len(keys), self.start_id, np.int64)])
-
-    def _run_step(self) -> np.ndarray:
-        cross_k, cross_v, src_mask = self.sources.step_inputs
-        inputs = {
-            "tokens": self.tokens,
-            "positions": self.cache.lengths.copy(),
-            "past_k": self.cache.k,
-            "past_v": self.cache.v,
-            "cache_mask": self.cache.mask,
-            "cross_k": cross_k,
-            "cross_v": cross_v,
-            "src_mask": src_mask,
-            "source_index": self.source_index,
-        }
-        log_probs, new_k, new_v = self.step_fn(inputs)
-        self.cache.append(new_k, new_v)
-        return log_probs
+        self._changed()
 
     def step(self) -> list[tuple[Any, list[int]]]:
         """One decoder step for every row; returns the sources finished by it (key, token ids)."""
-        log_probs = self._run_step()
+        self.total_length[()] = int(self.cache.live_lengths.max(initial=0)) + 1
+        top_log_probs, top_ids, eos_log_probs = self.step_fn(self)
+        self.cache.advance()
+        if len(self.searches) == self.rows and self.top_k[0] == 1:
+            return self._greedy_step(top_log_probs, top_ids, eos_log_probs)
         rows, tokens, finished, offset = [], [], [], 0
         for key, search in list(self.searches.items()):
             n = search.rows
-            origins, next_tokens = search.advance(log_probs[offset : offset + n])
+            part = slice(offset, offset + n)
+            origins, next_tokens = search.advance(top_log_probs[part], top_ids[part], eos_log_probs[part])
             rows.append(offset + origins)
             tokens.append(next_tokens)
             offset += n
             if search.rows == 0:
                 finished.append((key, search.result()))
                 self._forget(key)
-        self._keep_rows(np.concatenate(rows) if rows else np.zeros(0, np.int64), tokens)
+        self._keep_rows(np.concatenate(rows) if rows else _NO_ROWS, tokens)
+        return finished
+
+    def _greedy_step(
+        self, top_log_probs: np.ndarray, top_ids: np.ndarray, eos_log_probs: np.ndarray
+    ) -> list[tuple[Any, list[int]]]:
+        """Every source greedy, one row each: the rows that go on keep their order, so the cache only compacts."""
+        finished, keep = [], []
+        for row, (key, search) in enumerate(list(self.searches.items())):
+            search.advance(top_log_probs[row : row + 1], top_ids[row : row + 1], eos_log_probs[row : row + 1])
+            if search.rows == 0:
+                finished.append((key, search.result()))
+                self._forget(key)
+            else:
+                keep.append(row)
+        if len(keep) == self.rows:
+            self.tokens[:] = top_ids[:, 0]
+        else:
+            rows = np.array(keep, np.int64)
+            self._keep_rows(rows, [top_ids[rows, 0]])
         return finished
 
     def remove(self, key: Any) -> None:
@@ -423,10 +498,8 @@ class DecodeBatch:
                 keep.append(np.arange(offset, offset + search.rows))
             offset += search.rows
         self._forget(key)
-        rows = np.concatenate(keep) if keep else np.zeros(0, np.int64)
-        self._select_rows(rows)
-        self.tokens = self.tokens[rows]
-        self._release_if_empty()
+        rows = np.concatenate(keep) if keep else _NO_ROWS
+        self._keep_rows(rows, [self.tokens[rows]])
 
     def _select_rows(self, rows: np.ndarray) -> None:
         self.cache.select(rows)
@@ -440,12 +513,21 @@ class DecodeBatch:
         if len(rows) != self.rows or not np.array_equal(rows, np.arange(self.rows)):
             self._select_rows(rows)
         self.tokens = np.concatenate(tokens).astype(np.int64) if tokens else np.zeros(0, np.int64)
-        self._release_if_empty()
-
-    def _release_if_empty(self) -> None:
         if not self.searches:
             self.sources.clear()
+            self.cache.clear()
             self.slot_of = {}
+        self._changed()
+
+    def _changed(self) -> None:
+        """Rows, sources or their buffers changed: feeds are rebound, and each row gets the candidates it needs."""
+        self.top_k[0] = max((search.top_k for search in self.searches.values()), default=1)
+        self._version += 1
+
+
+def layer_names(prefix: str, layers: int) -> list[str]:
+    """Per-layer feed names: past_key_0, past_value_0, past_key_1, ..."""
+    return [f"{prefix}_{kind}_{i}" for i in range(layers) for kind in ("key", "value")]
 
 
 def decode(

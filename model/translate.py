@@ -19,12 +19,19 @@ from model.tokenizer import Tokenizer
 from model.transformer import Transformer
 
 
+def top_candidates(log_probs: np.ndarray, k: int, eos_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What a decoder step hands the search: each row's k best log-probabilities and ids (ties to the lower
+    id, as ONNX TopK), and its eos log-probability."""
+    ids = np.argsort(-log_probs, axis=1, kind="stable")[:, :k]
+    return np.take_along_axis(log_probs, ids, axis=1), ids, log_probs[:, eos_id : eos_id + 1]
+
+
 class PrefixDecodeBatch(DecodeBatch):
     """Decoding without a cache: every step re-runs the decoder over each row's whole prefix."""
 
     def __init__(self, model: Transformer, memory: torch.Tensor) -> None:
         c = model.config
-        super().__init__(None, c.n_decoder_layers, c.n_heads, c.d_head, c.decoder_start_id)
+        super().__init__(self._prefix_step, c.n_decoder_layers, c.n_heads, c.d_head, c.decoder_start_id)
         self.model, self.memory = model, memory
         self.prefix = np.zeros((0, 0), np.int64)
 
@@ -34,12 +41,14 @@ class PrefixDecodeBatch(DecodeBatch):
         super().add(keys, searches, cross_k, cross_v, src_mask)
         self.prefix = np.zeros((self.rows, 0), np.int64)
 
-    def _run_step(self) -> np.ndarray:
-        self.prefix = np.concatenate([self.prefix, self.tokens[:, None]], axis=1)
-        index = torch.from_numpy(self.source_index)
-        mask = torch.from_numpy(self.src_mask[:, : self.memory.shape[1]])[index]  # the slots' mask is padded
-        logits = self.model.decode(torch.from_numpy(self.prefix), self.memory[index], mask)
-        return torch.log_softmax(logits[:, -1].float(), dim=-1).numpy()
+    @staticmethod
+    def _prefix_step(batch: PrefixDecodeBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        batch.prefix = np.concatenate([batch.prefix, batch.tokens[:, None]], axis=1)
+        index = torch.from_numpy(batch.source_index)
+        mask = torch.from_numpy(batch.src_mask[:, : batch.memory.shape[1]])[index]  # the slots' mask is padded
+        logits = batch.model.decode(torch.from_numpy(batch.prefix), batch.memory[index], mask)
+        log_probs = torch.log_softmax(logits[:, -1].float(), dim=-1).numpy()
+        return top_candidates(log_probs, int(batch.top_k[0]), batch.model.config.eos_id)
 
     def _select_rows(self, rows: np.ndarray) -> None:
         self.prefix = self.prefix[rows]
@@ -55,9 +64,33 @@ class TorchTranslator:
         self.max_output_tokens = max_output_tokens
         self.device = next(model.parameters()).device
 
-    def _step(self, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        args = {name: torch.from_numpy(value).to(self.device) for name, value in inputs.items()}
-        return tuple(t.cpu().numpy() for t in self.model.decode_step(**args))
+    def _step(self, batch: DecodeBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``Transformer.decode_step`` over the batch's cache, with the step contract of the ONNX graph:
+        the new keys/values are written into the cache at each row's length."""
+        c, cache, rows = self.model.config, batch.cache, batch.rows
+        lengths = cache.live_lengths.astype(np.int64)
+        longest = int(lengths.max(initial=0))
+        past_k, past_v = (
+            torch.stack([torch.from_numpy(b[:rows, :, :longest, : c.d_head]) for b in buffers])  # (L, R, H, T, d_k)
+            for buffers in (cache.keys, cache.values)
+        )
+        inputs = {
+            "tokens": torch.from_numpy(batch.tokens),
+            "positions": torch.from_numpy(lengths),
+            "past_k": past_k,
+            "past_v": past_v,
+            "cache_mask": torch.from_numpy(np.arange(longest)[None, :] < lengths[:, None]),
+            "cross_k": torch.from_numpy(batch.sources.k),
+            "cross_v": torch.from_numpy(batch.sources.v),
+            "src_mask": torch.from_numpy(batch.src_mask),
+            "source_index": torch.from_numpy(batch.source_index),
+        }
+        log_probs, new_k, new_v = self.model.decode_step(**{k: v.to(self.device) for k, v in inputs.items()})
+        every_row = np.arange(rows)
+        for buffers, new in ((cache.keys, new_k), (cache.values, new_v)):
+            for buffer, entries in zip(buffers, new.cpu().numpy(), strict=True):
+                buffer[every_row, :, lengths, : c.d_head] = entries[:, :, 0]
+        return top_candidates(log_probs.cpu().numpy(), int(batch.top_k[0]), c.eos_id)
 
     @torch.inference_mode()
     def translate_ids(self, sources: Sequence[Sequence[int]], beam: int = 1, use_cache: bool = True) -> list[list[int]]:

@@ -89,15 +89,19 @@ class Engine:
         return self.bytes_per_token * (source_tokens + 1)
 
     def target_bytes(self, target_tokens: int, beam: int) -> int:
-        """Self-attention cache of one source's beams after target_tokens steps (+ validity mask)."""
-        return beam * target_tokens * (self.bytes_per_token + 1)
+        """Self-attention cache of one source's beams after target_tokens steps (heads padded as the graph
+        keeps them, see export/decoder_step.py)."""
+        c = self.config
+        return beam * target_tokens * 2 * c.n_decoder_layers * c.n_heads * self.model.d_cache * self.itemsize
 
     def sequence_bytes(self, source_tokens: int, target_tokens: int, beam: int) -> int:
-        """What one source decoding with ``beam`` rows holds at ``target_tokens`` steps: its caches, plus
-        the copies each decoder step makes of them (cross-attention keys/values gathered per row,
-        self-attention keys/values concatenated with the new entry)."""
-        step_copies = beam * (source_tokens + 1 + target_tokens) * self.bytes_per_token
-        return self.source_bytes(source_tokens) + self.target_bytes(target_tokens, beam) + step_copies
+        """What one source decoding with ``beam`` rows holds at ``target_tokens`` steps: its caches (the
+        self-attention cache twice with beam search, whose row reordering gathers into a spare buffer),
+        plus what a decoder step allocates for it: the cross-attention keys/values gathered per row.
+        The step writes the self-attention cache in place and copies none of it."""
+        step_copies = beam * (source_tokens + 1) * self.bytes_per_token
+        buffers = 1 if beam == 1 else 2
+        return self.source_bytes(source_tokens) + buffers * self.target_bytes(target_tokens, beam) + step_copies
 
     def encoder_scores_bytes(self, sentences: int, longest: int) -> int:
         """Peak attention-score bytes of an encoder batch: B · H · S² floats, twice."""

@@ -121,7 +121,7 @@ class Lane:
     def new_batch(self) -> DecodeBatch:
         batch = self.engine.new_batch()
         if self.narrow is not None:  # the cache is on the host: either engine's sessions can take any step
-            batch.step_fn = lambda inputs: self.engine_for(len(inputs["tokens"])).model.step(inputs)
+            batch.step_fn = lambda batch: self.engine_for(batch.rows).model.step(batch)
         return batch
 
 

@@ -28,17 +28,11 @@ def test_manifest_describes_the_folder(tiny_export: Path):
     assert manifest["variants"]["fp32"]["quality"]["greedy_token_agreement_with_pytorch"] == 1.0
     assert {"onnxruntime", "onnx", "torch"} <= set(manifest["versions"])
     decoder_inputs = [i["name"] for i in manifest["graphs"]["decoder"]["inputs"]]
-    assert decoder_inputs == [
-        "tokens",
-        "positions",
-        "past_k",
-        "past_v",
-        "cache_mask",
-        "cross_k",
-        "cross_v",
-        "src_mask",
-        "source_index",
+    assert decoder_inputs == ["tokens", "lengths", "total_length", "source_index", "src_mask", "top_k"] + [
+        f"{part}_{kind}_{i}" for part in ("past", "cross") for i in range(2) for kind in ("key", "value")
     ]
+    decoder_outputs = [o["name"] for o in manifest["graphs"]["decoder"]["outputs"]]
+    assert decoder_outputs[:3] == ["top_log_probs", "top_ids", "eos_log_probs"]
     assert set(manifest["files"]) == {p.name for p in tiny_export.iterdir()} - {"manifest.json"}
     assert manifest["export_command"].startswith("python -m export")
 
@@ -85,7 +79,7 @@ def test_sources_join_a_running_batch_with_io_binding(tiny_export: Path, beam: i
             cross_k, cross_v = runtime.encode(src_tokens, src_mask)
             searches = [new_search(beam, default_max_output(len(s) + 1, 20), c.eos_id) for s in sources]
             batch.add(keys, searches, cross_k, cross_v, src_mask)
-            assert isinstance(batch.sources.step_inputs[0], ort.OrtValue)
+            assert isinstance(batch.sources.step_inputs()[0][0], ort.OrtValue)
         if len(batch):
             results.update(batch.step())
         step += 1

@@ -39,7 +39,7 @@ def test_joining_and_leaving_do_not_change_translations(tiny_model: Transformer,
         if len(batch):
             with torch.inference_mode():
                 results.update(batch.step())
-            assert batch.cache.k.shape[1] == batch.rows == len(batch.source_index)
+            assert batch.cache.rows == batch.rows == len(batch.source_index) == len(batch.tokens)
         step += 1
     assert [results[k] for k in range(len(SOURCES))] == alone
 
@@ -56,17 +56,46 @@ def test_removed_source_frees_its_rows(tiny_model: Transformer):
         batch.remove(0)
     assert removed_rows == 2 and batch.rows == rows_before - removed_rows
     assert list(batch.searches) == [1]
-    assert batch.cache.k.shape[1] == batch.rows
+    assert batch.cache.rows == batch.rows == len(batch.cache.views()[0])
+
+
+def _write_step(cache: KVCache, value: float) -> None:
+    """What a decoder step does: each live row's new entry at its own length, then the lengths advance."""
+    rows = np.arange(cache.rows)
+    for buffer in cache.keys + cache.values:
+        buffer[rows, :, cache.live_lengths] = value
+    cache.advance()
 
 
 def test_cache_rows_of_different_lengths_write_their_own_slots():
-    cache = KVCache.empty(layers=1, rows=1, heads=1, d_head=2, chunk=4)
-    cache.append(np.ones((1, 1, 1, 1, 2)), np.ones((1, 1, 1, 1, 2)))
-    cache.add_empty_rows(1)
-    cache.append(np.full((1, 2, 1, 1, 2), 2.0), np.full((1, 2, 1, 1, 2), 2.0))
-    assert cache.lengths.tolist() == [2, 1]
-    assert cache.mask.tolist() == [[True, True, False, False], [True, False, False, False]]
-    assert cache.k[0, 1, 0, 0].tolist() == [2.0, 2.0] and cache.k[0, 0, 0, 1].tolist() == [2.0, 2.0]
+    cache = KVCache(layers=1, heads=1, d_cache=2, chunk=4)
+    cache.add_rows(1)
+    _write_step(cache, 1.0)
+    cache.add_rows(1)
+    _write_step(cache, 2.0)
+    assert cache.live_lengths.tolist() == [2, 1] and cache.capacity == 4
+    assert cache.keys[0][0, 0, :2, 0].tolist() == [1.0, 2.0] and cache.keys[0][1, 0, 0].tolist() == [2.0, 2.0]
+    for _ in range(2):
+        _write_step(cache, 3.0)
+    assert cache.capacity == 8  # grown in a chunk, entries kept
+    assert cache.keys[0][0, 0, :4, 0].tolist() == [1.0, 2.0, 3.0, 3.0]
+
+
+def test_cache_select_compacts_in_place_and_reorders_through_a_spare_buffer():
+    cache = KVCache(layers=1, heads=1, d_cache=1, chunk=4)
+    cache.add_rows(4)
+    for row in range(4):
+        cache.keys[0][row, 0, 0, 0] = row
+    cache.lengths[:4] = [1, 2, 3, 4]
+    buffer = cache.keys[0]
+    cache.select(np.array([1, 3]))  # sources left: the rest move down in place
+    assert cache.keys[0] is buffer and cache.keys[0][:2, 0, 0, 0].tolist() == [1, 3]
+    assert cache.live_lengths.tolist() == [2, 4]
+    version = cache.version
+    cache.select(np.array([1, 1, 0]))  # beam search: rows repeat and change order
+    assert cache.keys[0] is not buffer and cache.keys[0][:3, 0, 0, 0].tolist() == [3, 3, 1]
+    assert cache.live_lengths.tolist() == [4, 4, 2] and cache.version != version
+    assert cache.nbytes == 2 * 2 * buffer.nbytes  # keys and values, live and spare
 
 
 def test_sources_join_in_place_and_pack_only_when_out_of_room():
@@ -105,7 +134,8 @@ def test_placed_buffers_are_refreshed_only_when_sources_change():
     cache = SourceCache(place=lambda array: placed.append(array) or array.copy())
     k = np.ones((1, 2, 1, 3, 2), np.float32)
     cache.add(k, k, np.ones((2, 3), bool))
-    steps = [cache.step_inputs for _ in range(3)]
-    assert len(placed) == 2 and steps[0][0] is steps[2][0]  # k and v placed once, reused by every step
+    steps = [cache.step_inputs() for _ in range(3)]
+    assert len(placed) == 2 and steps[0][0][0] is steps[2][0][0]  # k and v placed once, reused by every step
+    assert steps[0][1].dtype == np.int32 and steps[0][1][:2, :4].tolist() == [[1, 1, 1, 0]] * 2
     cache.add(k, k, np.ones((2, 3), bool))
-    assert cache.step_inputs[0] is not steps[0][0] and len(placed) == 4
+    assert cache.step_inputs()[0][0] is not steps[0][0][0] and len(placed) == 4
