@@ -46,6 +46,24 @@ class RuntimeOptions:
     spinning: bool = True  # intra-op threads spin between tasks: faster alone, but steals cores from others
     io_binding: bool | None = None  # None: on for CUDA, off for CPU
     verify_files: bool = True
+    # CPU: batches under SMALL_BATCH_ROWS rows run on sessions with this many threads (None: the same ones).
+    small_batch_threads: int | None = None
+
+
+# Below this many rows a step is too small to share between threads: waking a second intra-op thread
+# costs more than it saves (one-row step 1.10 ms on one thread vs 1.53 ms on two; 8 rows 2.34 vs 2.90;
+# 32 rows 8.29 vs 7.45: 2-core x86-64, see tests/benchmarks/threads.md).
+SMALL_BATCH_ROWS = 16
+
+
+@dataclass
+class _Binding:
+    """A decoder session's binding to one layout of one batch, and the values it needs kept alive."""
+
+    version: tuple[int, int, int]
+    binding: ort.IOBinding
+    outputs: tuple[np.ndarray, np.ndarray, np.ndarray]
+    values: list[ort.OrtValue]
 
 
 class OrtModel:
@@ -66,35 +84,41 @@ class OrtModel:
         self.provider = resolve_provider(options.provider)
         self.device = "cuda" if self.provider == "cuda" else "cpu"
         self.io_binding = self.provider == "cuda" if options.io_binding is None else options.io_binding
-        session_options = ort.SessionOptions()
-        session_options.intra_op_num_threads = options.intra_op_threads
-        session_options.add_session_config_entry("session.intra_op.allow_spinning", "1" if options.spinning else "0")
-        session_options.inter_op_num_threads = 1
-        providers = [PROVIDERS[self.provider]]
-        files = variants[self.variant]
-        self.encoder = ort.InferenceSession(str(self.folder / files["encoder"]), session_options, providers=providers)
-        self.decoder = ort.InferenceSession(str(self.folder / files["decoder"]), session_options, providers=providers)
+        self.encoder, self.decoder = self._sessions(options, options.intra_op_threads)
+        self.small_encoder, self.small_decoder = self.encoder, self.decoder
+        small = options.small_batch_threads
+        if self.provider == "cpu" and small is not None and small != options.intra_op_threads:
+            self.small_encoder, self.small_decoder = self._sessions(options, small)
         past = next(i for i in self.decoder.get_inputs() if i.name == "past_key_0")
         self.cache_dtype = ORT_DTYPES[past.type]
         self.d_cache = past.shape[3]
-        self._binding: ort.IOBinding | None = None
-        self._bound: tuple[int, int, int] | None = None  # the batch version the binding was made for
-        self._outputs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-        self._bound_values: list[ort.OrtValue] = []
+        self._bindings: dict[int, _Binding] = {}  # by id of the decoder session
+
+    def _sessions(self, options: RuntimeOptions, threads: int) -> tuple[ort.InferenceSession, ort.InferenceSession]:
+        session_options = ort.SessionOptions()
+        session_options.intra_op_num_threads = threads
+        session_options.add_session_config_entry("session.intra_op.allow_spinning", "1" if options.spinning else "0")
+        session_options.inter_op_num_threads = 1
+        files = self.manifest["variants"][self.variant]
+        return tuple(
+            ort.InferenceSession(str(self.folder / files[part]), session_options, providers=[PROVIDERS[self.provider]])
+            for part in ("encoder", "decoder")
+        )
 
     # --- graphs ------------------------------------------------------------------
 
     def encode(self, src_tokens: np.ndarray, src_mask: np.ndarray) -> tuple[Any, Any]:
         """Cross-attention keys/values (L, B, H, S, d_k): numpy, or OrtValues on the device with IOBinding."""
+        encoder = self.small_encoder if len(src_tokens) < SMALL_BATCH_ROWS else self.encoder
         if not self.io_binding:
-            _, cross_k, cross_v = self.encoder.run(None, {"src_tokens": src_tokens, "src_mask": src_mask})
+            _, cross_k, cross_v = encoder.run(None, {"src_tokens": src_tokens, "src_mask": src_mask})
             return cross_k, cross_v
-        binding = self.encoder.io_binding()
+        binding = encoder.io_binding()
         binding.bind_cpu_input("src_tokens", src_tokens)
         binding.bind_cpu_input("src_mask", src_mask)
         for name in ("memory", "cross_k", "cross_v"):
             binding.bind_output(name, self.device)
-        self.encoder.run_with_iobinding(binding)
+        encoder.run_with_iobinding(binding)
         _, cross_k, cross_v = binding.get_outputs()
         return cross_k, cross_v
 
@@ -102,15 +126,18 @@ class OrtModel:
         """One decoder step over the batch: the cache is written in place; returns (top_log_probs, top_ids,
         eos_log_probs). The binding is kept while the batch's feeds keep their shapes and memory (a greedy
         batch between joins and departures), so a step costs one ``run_with_iobinding`` call."""
-        if self._bound != batch.version:
-            self._bind(batch)
-        self.decoder.run_with_iobinding(self._binding)
-        return self._outputs
+        decoder = self.small_decoder if batch.rows < SMALL_BATCH_ROWS else self.decoder
+        bound = self._bindings.get(id(decoder))
+        if bound is None or bound.version != batch.version:
+            bound = self._bindings[id(decoder)] = self._bind(decoder, batch)
+        decoder.run_with_iobinding(bound.binding)
+        return bound.outputs
 
-    def _bind(self, batch: DecodeBatch) -> None:
+    @staticmethod
+    def _bind(decoder: ort.InferenceSession, batch: DecodeBatch) -> _Binding:
         """Bind the batch's arrays by reference: the batch updates tokens and lengths in place between steps.
         A binding does not keep what it binds alive, so the values are kept with it."""
-        binding, values = self.decoder.io_binding(), []
+        binding, values = decoder.io_binding(), []
         for name, value in batch.step_feeds().items():
             if not isinstance(value, ort.OrtValue):
                 assert value.flags.c_contiguous, name  # a copy would not see the batch's updates
@@ -124,8 +151,7 @@ class OrtModel:
         for name, array in zip(STEP_OUTPUTS, outputs, strict=True):
             values.append(ort.OrtValue.ortvalue_from_numpy(array))
             binding.bind_ortvalue_output(name, values[-1])
-        self._binding, self._bound, self._outputs = binding, batch.version, outputs
-        self._bound_values = values
+        return _Binding(batch.version, binding, outputs, values)
 
     # --- decoding ----------------------------------------------------------------
 

@@ -134,3 +134,17 @@ def test_check_command_passes_on_an_export(tiny_export: Path):
     )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["fp32"]["passed"] is True
+
+
+def test_small_batches_step_on_sessions_of_their_own(tiny_export: Path):
+    """A batch of 20 rows steps on the 2-thread sessions until rows finish and fewer than 16 remain, then on
+    the 1-thread ones: the switch mid-batch changes no translation."""
+    small = OrtModel(tiny_export, RuntimeOptions(provider="cpu", intra_op_threads=2, small_batch_threads=1))
+    plain = OrtModel(tiny_export, RuntimeOptions(provider="cpu", intra_op_threads=2))
+    threads = [s.get_session_options().intra_op_num_threads for s in (small.small_decoder, small.decoder)]
+    assert threads == [1, 2] and plain.small_decoder is plain.decoder
+    ids = small.tokenizer.encode_source(own_sentences(20))
+    ids = [row[: 1 + i % 6] for i, row in enumerate(ids)]  # output caps of 12 to 22 tokens: rows finish apart
+    for beam in (1, 2):
+        assert small.translate_ids(ids, beam, max_output_tokens=20) == plain.translate_ids(ids, beam, 20)
+    assert len(small._bindings) == 2
