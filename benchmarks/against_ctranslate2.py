@@ -38,22 +38,9 @@ CAP = 256
 def ct2_model(checkpoint: Path, work: Path) -> tuple[Path, dict[str, int]]:
     marian, converted = work / "marian", work / "ct2"
     if not converted.exists():
-        assert (
-            export_main(
-                [
-                    "--format",
-                    "marian",
-                    "--marian-layout",
-                    "opus-mt",
-                    "--checkpoint",
-                    str(checkpoint),
-                    "--out",
-                    str(marian),
-                    "--force",
-                ]
-            )
-            == 0
-        )
+        export = ["--format", "marian", "--marian-layout", "opus-mt", "--checkpoint", str(checkpoint)]
+        if export_main([*export, "--out", str(marian), "--force"]) != 0:
+            raise SystemExit(f"the Marian export of {checkpoint} failed (see above)")
         ctranslate2.converters.TransformersConverter(str(marian)).convert(str(converted), force=True)
     return converted, json.loads((marian / "vocab.json").read_text())
 

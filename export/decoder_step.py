@@ -211,10 +211,11 @@ def _model(b: _Builder, layers: int, heads: int, d_head: int, d_cache: int) -> o
     ]
     inputs += [value(n, f, ["rows", heads, "cache_len", d_cache]) for n in layer_names("past", layers)]
     inputs += [value(n, f, ["sources", heads, "src_len", d_head]) for n in layer_names("cross", layers)]
+    top_log_probs, top_ids, eos_log_probs = STEP_OUTPUTS
     outputs = [
-        value("top_log_probs", TensorProto.FLOAT, ["rows", "k"]),
-        value("top_ids", i64, ["rows", "k"]),
-        value("eos_log_probs", TensorProto.FLOAT, ["rows", 1]),
+        value(top_log_probs, TensorProto.FLOAT, ["rows", "k"]),
+        value(top_ids, i64, ["rows", "k"]),
+        value(eos_log_probs, TensorProto.FLOAT, ["rows", 1]),
     ]
     outputs += [value(n, f, ["rows", heads, "cache_len", d_cache]) for n in layer_names("present", layers)]
     graph = helper.make_graph(b.nodes, "decoder_step", inputs, outputs, b.initializers)

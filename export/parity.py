@@ -9,7 +9,7 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from export.runtime import ORT_DTYPES
+from export.runtime import ORT_DTYPES, bind_step
 from model.search import STEP_OUTPUTS, pad_sources
 from model.transformer import Transformer
 
@@ -108,26 +108,16 @@ def step_feeds(inputs: dict[str, torch.Tensor], session: ort.InferenceSession, k
 
 
 def run_in_place(session: ort.InferenceSession, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """One step as the engine runs it: each past buffer bound as its present output too (on the session's
-    device), float feeds cast to the graph's float type. Returns every output by name."""
+    """One step as the engine runs it (``bind_step``), on the session's device, float feeds cast to the
+    graph's float type. Returns every output by name, the caches as they are after the step."""
     types = {i.name: ORT_DTYPES.get(i.type) for i in session.get_inputs()}
     device = "cuda" if "CUDAExecutionProvider" in session.get_providers() else "cpu"
-    binding, caches, alive = session.io_binding(), {}, []  # a binding does not keep its values alive
-    for name, value in feeds.items():
-        value = ort.OrtValue.ortvalue_from_numpy(value.astype(types[name]) if types[name] else value, device)
-        alive.append(value)
-        binding.bind_ortvalue_input(name, value)
-        if name.startswith("past_"):
-            caches[name.replace("past_", "present_")] = value
-            binding.bind_ortvalue_output(name.replace("past_", "present_"), value)
-    rows, k = len(feeds["tokens"]), int(feeds["top_k"][0])
-    output_types = {o.name: ORT_DTYPES.get(o.type, np.int64) for o in session.get_outputs()}
-    outputs = {}
-    for name, shape in zip(STEP_OUTPUTS, ((rows, k), (rows, k), (rows, 1)), strict=True):
-        outputs[name] = np.empty(shape, output_types[name])
-        alive.append(ort.OrtValue.ortvalue_from_numpy(outputs[name]))
-        binding.bind_ortvalue_output(name, alive[-1])
-    session.run_with_iobinding(binding)
+    feeds = {name: value.astype(types[name]) if types[name] else value for name, value in feeds.items()}
+    bound = bind_step(session, feeds, device=device)
+    session.run_with_iobinding(bound.binding)
+    inputs = zip(feeds, bound.values[: len(feeds)], strict=True)  # the bound feeds, then the outputs
+    caches = {name.replace("past_", "present_"): value for name, value in inputs if name.startswith("past_")}
+    outputs = dict(zip(STEP_OUTPUTS, bound.outputs, strict=True))
     return outputs | {name: value.numpy().copy() for name, value in caches.items()}  # before the values go
 
 

@@ -60,10 +60,34 @@ SMALL_BATCH_ROWS = 16
 class _Binding:
     """A decoder session's binding to one layout of one batch, and the values it needs kept alive."""
 
-    version: tuple[int, int, int]
+    version: Any  # the batch layout it was made for
     binding: ort.IOBinding
     outputs: tuple[np.ndarray, np.ndarray, np.ndarray]
     values: list[ort.OrtValue]
+
+
+def bind_step(
+    decoder: ort.InferenceSession, feeds: dict[str, Any], version: Any = None, device: str = "cpu"
+) -> _Binding:
+    """Bind a decoder step's feeds by reference, each past buffer as its present output too, so the step
+    writes the new entries in place (numpy feeds become values on ``device``: on the CPU, the same memory,
+    which the caller may update between steps). A binding does not keep what it binds alive, so the values
+    are kept with it."""
+    binding, values = decoder.io_binding(), []
+    for name, value in feeds.items():
+        if not isinstance(value, ort.OrtValue):
+            assert value.flags.c_contiguous, name  # a copy would not see the caller's updates
+            value = ort.OrtValue.ortvalue_from_numpy(value, device)
+        values.append(value)
+        binding.bind_ortvalue_input(name, value)
+        if name.startswith("past_"):
+            binding.bind_ortvalue_output(name.replace("past_", "present_"), value)
+    rows, k = len(feeds["tokens"]), int(feeds["top_k"][0])
+    outputs = (np.empty((rows, k), np.float32), np.empty((rows, k), np.int64), np.empty((rows, 1), np.float32))
+    for name, array in zip(STEP_OUTPUTS, outputs, strict=True):
+        values.append(ort.OrtValue.ortvalue_from_numpy(array))
+        binding.bind_ortvalue_output(name, values[-1])
+    return _Binding(version, binding, outputs, values)
 
 
 class OrtModel:
@@ -129,29 +153,9 @@ class OrtModel:
         decoder = self.small_decoder if batch.rows < SMALL_BATCH_ROWS else self.decoder
         bound = self._bindings.get(id(decoder))
         if bound is None or bound.version != batch.version:
-            bound = self._bindings[id(decoder)] = self._bind(decoder, batch)
+            bound = self._bindings[id(decoder)] = bind_step(decoder, batch.step_feeds(), batch.version)
         decoder.run_with_iobinding(bound.binding)
         return bound.outputs
-
-    @staticmethod
-    def _bind(decoder: ort.InferenceSession, batch: DecodeBatch) -> _Binding:
-        """Bind the batch's arrays by reference: the batch updates tokens and lengths in place between steps.
-        A binding does not keep what it binds alive, so the values are kept with it."""
-        binding, values = decoder.io_binding(), []
-        for name, value in batch.step_feeds().items():
-            if not isinstance(value, ort.OrtValue):
-                assert value.flags.c_contiguous, name  # a copy would not see the batch's updates
-                value = ort.OrtValue.ortvalue_from_numpy(value)
-            values.append(value)
-            binding.bind_ortvalue_input(name, value)
-            if name.startswith("past_"):  # the same memory is the step's output: written in place
-                binding.bind_ortvalue_output(name.replace("past_", "present_"), value)
-        rows, k = batch.rows, int(batch.top_k[0])
-        outputs = (np.empty((rows, k), np.float32), np.empty((rows, k), np.int64), np.empty((rows, 1), np.float32))
-        for name, array in zip(STEP_OUTPUTS, outputs, strict=True):
-            values.append(ort.OrtValue.ortvalue_from_numpy(array))
-            binding.bind_ortvalue_output(name, values[-1])
-        return _Binding(batch.version, binding, outputs, values)
 
     # --- decoding ----------------------------------------------------------------
 

@@ -454,7 +454,7 @@ class DecodeBatch:
         self.total_length[()] = int(self.cache.live_lengths.max(initial=0)) + 1
         top_log_probs, top_ids, eos_log_probs = self.step_fn(self)
         self.cache.advance()
-        if len(self.searches) == self.rows and self.top_k[0] == 1:
+        if self.top_k[0] == 1:  # every source greedy: one row each
             return self._greedy_step(top_log_probs, top_ids, eos_log_probs)
         rows, tokens, finished, offset = [], [], [], 0
         for key, search in list(self.searches.items()):
