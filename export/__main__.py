@@ -5,7 +5,8 @@ decoder-step graphs, optimize, check parity against PyTorch, quantize, measure
 each variant, and write the folder with its manifest. A model that fails
 parity is not written.
 
-``--format marian`` writes a Hugging Face MarianMT folder instead (see export/marian.py).
+``--format marian`` writes a Hugging Face MarianMT folder instead (see export/marian.py), by
+default in OPUS-MT's layout, which CTranslate2's converter accepts.
 """
 
 from __future__ import annotations
@@ -25,16 +26,16 @@ import onnxruntime as ort
 import sacrebleu
 import torch
 
-from export.decoder_step import build_decoder_step
+from export.builder import OPSET
 from export.graphs import ENCODER_AXES, ENCODER_INPUTS, ENCODER_OUTPUTS, export_graphs
 from export.manifest import sha256, write_manifest
 from export.marian import export_marian
-from export.optimize import convert_fp16, optimize, quantize_int8
+from export.optimize import optimize, quantize_int8
 from export.parity import FP32_TOLERANCE, check_graphs
-from export.runtime import OrtModel, RuntimeOptions
+from export.runtime import NO_FUSIONS, OrtModel, RuntimeOptions
 from model.checkpoint import DEFAULT_CHECKPOINT, WEIGHTS_FILE, load_checkpoint, read_config, tokenizer_spec
 from model.corpus import corpus_path, read_lines
-from model.marian import MarianError
+from model.marian import DEFAULT_LAYOUT, LAYOUTS, MarianError
 from model.translate import TorchTranslator
 
 CHECK_SENTENCES = Path(__file__).resolve().parent / "sentences.en"
@@ -52,13 +53,12 @@ class ExportConfig:
     out: Path
     int8: bool = False
     fp16: bool = False
-    opset: int = 17
     eval_data: Path | None = None
     eval_split: str = "test_2016_flickr"
     eval_sentences: int = 0
     force: bool = False
     format: str = "onnx"
-    marian_layout: str = "ours"
+    marian_layout: str = DEFAULT_LAYOUT
 
 
 def parse_args(argv: Sequence[str] | None) -> ExportConfig:
@@ -72,7 +72,6 @@ def parse_args(argv: Sequence[str] | None) -> ExportConfig:
     parser.add_argument("--out", type=Path, required=True, help="folder to write")
     parser.add_argument("--int8", action="store_true", help="also write a dynamically quantized int8 variant (CPU)")
     parser.add_argument("--fp16", action="store_true", help="also write an fp16 variant (CUDA)")
-    parser.add_argument("--opset", type=int, default=17)
     parser.add_argument("--eval-data", type=Path, help="corpus folder: measure each variant's BLEU on --eval-split")
     parser.add_argument("--eval-split", default="test_2016_flickr")
     parser.add_argument("--eval-sentences", type=int, default=0, help="limit the BLEU evaluation (0 = all)")
@@ -85,10 +84,10 @@ def parse_args(argv: Sequence[str] | None) -> ExportConfig:
     )
     parser.add_argument(
         "--marian-layout",
-        choices=["ours", "opus-mt"],
-        default="ours",
-        help="marian: keep our ids and start token (exact round trip), or OPUS-MT's (<pad> last, zero start "
-        "embedding, the start token folded into decoder position 0), which CTranslate2's converter needs",
+        choices=LAYOUTS,
+        default=DEFAULT_LAYOUT,
+        help="marian: OPUS-MT's ids and start token (<pad> last, zero start embedding, the start token folded "
+        "into decoder position 0), which CTranslate2's converter needs (default), or ours (exact round trip)",
     )
     args = parser.parse_args(argv)
     return ExportConfig(**vars(args))
@@ -127,7 +126,7 @@ def run(cfg: ExportConfig) -> Path:
         if cfg.int8 or cfg.fp16 or cfg.eval_data:
             raise ExportError("--int8, --fp16 and --eval-data apply to --format onnx only")
         return export_marian(cfg.checkpoint, cfg.out, read_lines(CHECK_SENTENCES), cfg.marian_layout)
-    if cfg.marian_layout != "ours":
+    if cfg.marian_layout != DEFAULT_LAYOUT:
         raise ExportError("--marian-layout applies to --format marian only")
     model, tokenizer = load_checkpoint(cfg.checkpoint)
     checkpoint_config = read_config(cfg.checkpoint)
@@ -137,7 +136,7 @@ def run(cfg: ExportConfig) -> Path:
     with tempfile.TemporaryDirectory(dir=cfg.out.parent, prefix=f".{cfg.out.name}.", ignore_cleanup_errors=True) as tmp:
         folder, raw = Path(tmp), Path(tmp) / "raw"
         raw.mkdir()
-        raw_encoder, raw_decoder = export_graphs(model, raw, cfg.opset)
+        raw_encoder, raw_decoder = export_graphs(model, raw)
         for path in (raw_encoder, raw_decoder):
             onnx.checker.check_model(str(path), full_check=True)
         variants = {"fp32": {"encoder": "encoder.onnx", "decoder": "decoder.onnx"}}
@@ -149,8 +148,7 @@ def run(cfg: ExportConfig) -> Path:
                 optimize(quantize_int8(source, raw / f"{part}.int8.onnx"), folder / f"{part}.int8.onnx")
         if cfg.fp16:
             variants["fp16"] = {"encoder": "encoder.fp16.onnx", "decoder": "decoder.fp16.onnx"}
-            convert_fp16(raw_encoder, folder / "encoder.fp16.onnx")
-            onnx.save(build_decoder_step(model, np.float16), str(folder / "decoder.fp16.onnx"))
+            export_graphs(model, folder, np.float16)  # not optimized on the CPU: that would bake in its casts
         shutil.rmtree(raw)
         tokenizer_files = tokenizer_spec(cfg.checkpoint)
         for name in tokenizer_files["files"]:
@@ -171,7 +169,7 @@ def run(cfg: ExportConfig) -> Path:
             "graphs": signature,
             "dynamic_axes": {"encoder": ENCODER_AXES},
             "io_names": {"encoder": [ENCODER_INPUTS, ENCODER_OUTPUTS]},
-            "opset": cfg.opset,
+            "opset": OPSET,
             "versions": {"onnxruntime": ort.__version__, "onnx": onnx.__version__, "torch": torch.__version__},
             "checkpoint": {"path": str(cfg.checkpoint), "weights_sha256": sha256(cfg.checkpoint / WEIGHTS_FILE)},
             "variants": variants,
@@ -198,7 +196,9 @@ def load_sessions(folder: Path, variant: str, provider: str = "CPUExecutionProvi
     files = {"fp32": ("encoder.onnx", "decoder.onnx")}.get(
         variant, (f"encoder.{variant}.onnx", f"decoder.{variant}.onnx")
     )
-    return tuple(ort.InferenceSession(str(folder / f), providers=[provider]) for f in files)
+    return tuple(
+        ort.InferenceSession(str(folder / f), providers=[provider], disabled_optimizers=NO_FUSIONS) for f in files
+    )
 
 
 def variant_parity(model, folder: Path, name: str, real_sources) -> dict:

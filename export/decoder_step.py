@@ -10,14 +10,17 @@ One step for R rows, each with its own history, built for speed:
   memory, the step writes each row's new entry in place at that row's own length, and the
   cache is never copied (rows of different lengths need no mask: ``lengths`` is the mask);
 - cross-attention is ``MultiHeadAttention`` over each source's keys/values, kept once per
-  source and gathered to the rows by ``source_index`` (the beams of a source share them);
+  source: a source's rows (its beams) are one block of queries against them (``groups``),
+  so its keys are read once per step, not once per row, and never gathered to rows;
 - positions are a table lookup; embeddings are pre-scaled;
 - only the best ``top_k`` log-probabilities of each row leave the graph (and the log-probability
   of eos, which beam search needs when a hypothesis reaches its length limit), not the
   whole vocabulary.
 
 Inputs:   tokens (R,) int64, lengths (R,) int32 (tokens cached per row = its position),
-          total_length () int32 (max(lengths) + 1), source_index (R,) int64,
+          total_length () int32 (max(lengths) + 1),
+          groups (N, G) int64: the rows of each source (a source with fewer than G rows repeats one),
+          row_position (R,) int64: each row's place in the flattened groups (see model.search.row_groups),
           src_mask (N, S) int32, top_k (1,) int64,
           past_key_i / past_value_i (R, H, T, d_cache) for each layer i, T ≥ total_length,
           cross_key_i / cross_value_i (N, H, S, d_k)
@@ -34,64 +37,17 @@ import math
 
 import numpy as np
 import onnx
-import torch
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
-from model.positional import sinusoidal_encoding
+from export.builder import MS_DOMAIN, OPSET, GraphBuilder, feed_forward, layer_norm, position_table, residual
 from model.search import STEP_OUTPUTS, layer_names
 from model.transformer import Transformer
 
-OPSET = 17
-MS_DOMAIN = "com.microsoft"
-# Positions the table covers: the longest output the engine allows (it caps max_output_tokens to this).
-MAX_POSITIONS = 4096
 HEAD_MULTIPLE = 8  # GroupQueryAttention's CPU kernel requires head_size % 8 == 0
-ACTIVATION_OPS = {"relu": "Relu", "gelu": "Gelu"}  # swish is x · sigmoid(x), two nodes
 
 
 def cache_head_size(d_head: int) -> int:
     return -(-d_head // HEAD_MULTIPLE) * HEAD_MULTIPLE
-
-
-class _Builder:
-    """Collects nodes and initializers; names are unique by construction."""
-
-    def __init__(self, dtype: type[np.floating]) -> None:
-        self.dtype = dtype  # of the weights and states; the log-probabilities are always float32
-        self.nodes: list[onnx.NodeProto] = []
-        self.initializers: list[onnx.TensorProto] = []
-        self._count = 0
-
-    def constant(self, name: str, value: np.ndarray) -> str:
-        if value.dtype == np.float32:
-            value = value.astype(self.dtype)
-        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
-        return name
-
-    def op(self, op_type: str, inputs: list[str], outputs: int | list[str] = 1, domain: str = "", **attrs) -> list[str]:
-        """One node; ``outputs`` is a count of fresh names or the names themselves."""
-        self._count += 1
-        names = (
-            outputs if isinstance(outputs, list) else [f"{op_type.lower()}_{self._count}_{k}" for k in range(outputs)]
-        )
-        node = helper.make_node(op_type, inputs, names, name=f"{op_type}_{self._count}", domain=domain, **attrs)
-        self.nodes.append(node)
-        return names
-
-    def one(self, op_type: str, inputs: list[str], domain: str = "", **attrs) -> str:
-        return self.op(op_type, inputs, 1, domain, **attrs)[0]
-
-    def linear(self, x: str, layer: torch.nn.Linear, name: str, in_order: np.ndarray | None = None) -> str:
-        """x · Wᵀ + b with W stored transposed (D_in, D_out), as dynamic int8 quantization wants MatMul."""
-        weight = layer.weight.detach().float().numpy().T
-        if in_order is not None:  # input features padded: zero rows where the padding is
-            padded = np.zeros((len(in_order), weight.shape[1]), np.float32)
-            padded[in_order >= 0] = weight[in_order[in_order >= 0]]
-            weight = padded
-        y = self.one("MatMul", [x, self.constant(f"{name}.weight", weight)])
-        if layer.bias is None:
-            return y
-        return self.one("Add", [y, self.constant(f"{name}.bias", layer.bias.detach().float().numpy())])
 
 
 def _padded_order(heads: int, d_head: int, d_cache: int) -> np.ndarray:
@@ -112,21 +68,6 @@ def _padded_qkv(weight: np.ndarray, bias: np.ndarray, heads: int, d_head: int, d
     return w, b
 
 
-def _layer_norm(b: _Builder, x: str, norm: torch.nn.LayerNorm, name: str, skip: str | None = None) -> str:
-    gamma = b.constant(f"{name}.weight", norm.weight.detach().float().numpy())
-    beta = b.constant(f"{name}.bias", norm.bias.detach().float().numpy())
-    if skip is None:
-        return b.one("LayerNormalization", [x, gamma, beta], axis=-1, epsilon=norm.eps)
-    return b.one("SkipLayerNormalization", [x, skip, gamma, beta], domain=MS_DOMAIN, epsilon=norm.eps)
-
-
-def _residual(b: _Builder, x: str, block, name: str, sublayer) -> str:
-    """Post-norm LayerNorm(x + Sublayer(x)) as one SkipLayerNormalization; pre-norm x + Sublayer(LN(x))."""
-    if block.pre_norm:
-        return b.one("Add", [x, sublayer(_layer_norm(b, x, block.norm, f"{name}.norm"))])
-    return _layer_norm(b, sublayer(x), block.norm, f"{name}.norm", skip=x)
-
-
 def build_decoder_step(model: Transformer, dtype: type[np.floating] = np.float32) -> onnx.ModelProto:
     """The decoder-step graph of ``model``, equivalent to ``Transformer.decode_step``: float32, or float16
     weights, caches and states (for CUDA) with the log-softmax in float32."""
@@ -135,13 +76,15 @@ def build_decoder_step(model: Transformer, dtype: type[np.floating] = np.float32
     heads, d_head, d_model = c.n_heads, c.d_head, c.d_model
     d_cache = cache_head_size(d_head)
     padded = _padded_order(heads, d_head, d_cache) if d_cache != d_head else None
-    b = _Builder(dtype)
+    b = GraphBuilder(dtype)
     embed = model.embedding.weight.detach().float().numpy() * model.embed_scale
-    positions = sinusoidal_encoding(torch.arange(MAX_POSITIONS), d_model, c.positions).numpy()
     token_embedding = b.one("Gather", [b.constant("embedding", embed), "tokens"])
-    x = b.one("Add", [token_embedding, b.one("Gather", [b.constant("positions", positions), "lengths"])])  # (R, D)
-    key_mask = b.one("Gather", ["src_mask", "source_index"], axis=0)  # (R, S)
+    x = b.one(
+        "Add", [token_embedding, b.one("Gather", [b.constant("positions", position_table(c)), "lengths"])]
+    )  # (R, D)
     x = b.one("Unsqueeze", [x, b.constant("axis_1", np.array([1], np.int64))])  # (R, 1, D): what attention takes
+    b.constant("axis_2", np.array([2], np.int64))
+    b.constant("flat_rows", np.array([-1, 1, d_model], np.int64))
     for i, layer in enumerate(model.decoder_layers):
         name = f"decoder.{i}"
 
@@ -166,26 +109,25 @@ def build_decoder_step(model: Transformer, dtype: type[np.floating] = np.float32
             return b.linear(attended, layer.self_attn.out_proj, f"{name}.self_out", padded)
 
         def cross_attention(h: str, layer=layer, i=i, name=name) -> str:
-            q = b.linear(h, layer.cross_attn.q_proj, f"{name}.cross_q")
-            keys = b.one("Gather", [f"cross_key_{i}", "source_index"], axis=0)  # (R, H, S, d_k)
-            values = b.one("Gather", [f"cross_value_{i}", "source_index"], axis=0)
-            attended = b.one("MultiHeadAttention", [q, keys, values, "", key_mask], domain=MS_DOMAIN, num_heads=heads)
-            return b.linear(attended, layer.cross_attn.out_proj, f"{name}.cross_out")
+            q = b.linear(h, layer.cross_attn.q_proj, f"{name}.cross_q")  # (R, 1, D)
+            grouped = b.one("Squeeze", [b.one("Gather", [q, "groups"], axis=0), "axis_2"])  # (N, G, D)
+            cross = [f"cross_key_{i}", f"cross_value_{i}", "", "src_mask"]
+            attended = b.one("MultiHeadAttention", [grouped, *cross], domain=MS_DOMAIN, num_heads=heads)
+            flat = b.one("Reshape", [attended, "flat_rows"])  # (N·G, 1, D)
+            rows = b.one("Gather", [flat, "row_position"], axis=0)  # (R, 1, D)
+            return b.linear(rows, layer.cross_attn.out_proj, f"{name}.cross_out")
 
-        def feed_forward(h: str, layer=layer, name=name) -> str:
-            hidden = b.linear(h, layer.ffn.fc1, f"{name}.fc1")
-            if c.activation == "swish":
-                hidden = b.one("Mul", [hidden, b.one("Sigmoid", [hidden])])
-            else:
-                domain = MS_DOMAIN if c.activation == "gelu" else ""
-                hidden = b.one(ACTIVATION_OPS[c.activation], [hidden], domain=domain)
-            return b.linear(hidden, layer.ffn.fc2, f"{name}.fc2")
-
-        x = _residual(b, x, layer.self_block, f"{name}.self", self_attention)
-        x = _residual(b, x, layer.cross_block, f"{name}.cross", cross_attention)
-        x = _residual(b, x, layer.ffn_block, f"{name}.ffn", feed_forward)
+        x = residual(b, x, layer.self_block, f"{name}.self", self_attention)
+        x = residual(b, x, layer.cross_block, f"{name}.cross", cross_attention)
+        x = residual(
+            b,
+            x,
+            layer.ffn_block,
+            f"{name}.ffn",
+            lambda h, layer=layer, name=name: feed_forward(b, h, layer.ffn, c.activation, name),
+        )
     if c.norm == "pre":
-        x = _layer_norm(b, x, model.decoder_norm, "decoder.norm")
+        x = layer_norm(b, x, model.decoder_norm, "decoder.norm")
     logits = b.one("MatMul", [x, b.constant("output.weight", model.output.weight.detach().float().numpy().T)])
     if c.final_logits_bias:
         logits = b.one("Add", [logits, b.constant("output.bias", model.final_logits_bias.detach().float().numpy())])
@@ -197,7 +139,7 @@ def build_decoder_step(model: Transformer, dtype: type[np.floating] = np.float32
     return _model(b, c.n_decoder_layers, heads, d_head, d_cache)
 
 
-def _model(b: _Builder, layers: int, heads: int, d_head: int, d_cache: int) -> onnx.ModelProto:
+def _model(b: GraphBuilder, layers: int, heads: int, d_head: int, d_cache: int) -> onnx.ModelProto:
     f = helper.np_dtype_to_tensor_dtype(np.dtype(b.dtype))
     i32, i64 = TensorProto.INT32, TensorProto.INT64
     value = helper.make_tensor_value_info
@@ -205,7 +147,8 @@ def _model(b: _Builder, layers: int, heads: int, d_head: int, d_cache: int) -> o
         value("tokens", i64, ["rows"]),
         value("lengths", i32, ["rows"]),
         value("total_length", i32, []),
-        value("source_index", i64, ["rows"]),
+        value("groups", i64, ["sources", "group"]),
+        value("row_position", i64, ["rows"]),
         value("src_mask", i32, ["sources", "src_len"]),
         value("top_k", i64, [1]),
     ]

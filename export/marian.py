@@ -1,9 +1,11 @@
 """Export a checkpoint as a Hugging Face MarianMT folder: ``python -m export --format marian --out DIR``.
 
-The folder loads with ``transformers.MarianMTModel`` / ``MarianTokenizer``; with
-``--marian-layout opus-mt`` it follows OPUS-MT's conventions (<pad> last, a zero start
-embedding), which CTranslate2's ``ct2-transformers-converter`` needs. The same fixed pipeline as the ONNX export: load, validate (model.marian reports every unsupported option at once), write,
-check parity by reading the written folder back, and only then move it into place.
+The folder loads with ``transformers.MarianMTModel`` / ``MarianTokenizer``. By default
+(``--marian-layout opus-mt``) it follows OPUS-MT's conventions (<pad> last, a zero start
+embedding), which CTranslate2's ``ct2-transformers-converter`` needs; ``--marian-layout ours``
+keeps our ids and start token, for an exact round trip. The same fixed pipeline as the ONNX
+export: load, validate (model.marian reports every unsupported option at once), write, check
+parity by reading the written folder back, and only then move it into place.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 
 from export.parity import FP32_TOLERANCE
 from model.checkpoint import load_checkpoint, read_config
-from model.marian import MarianError, in_opus_mt_layout, load_marian, opus_mt_order, save_marian
+from model.marian import DEFAULT_LAYOUT, MarianError, in_opus_mt_layout, load_marian, opus_mt_order, save_marian
 from model.search import pad_sources
 from model.transformer import Transformer
 from model.translate import TorchTranslator
@@ -53,7 +55,7 @@ def logits_difference(
     return float((ours - theirs).abs().amax(-1)[valid].max())
 
 
-def export_marian(checkpoint: Path, out: Path, sentences: Sequence[str], layout: str = "ours") -> Path:
+def export_marian(checkpoint: Path, out: Path, sentences: Sequence[str], layout: str = DEFAULT_LAYOUT) -> Path:
     """Write checkpoint as a Marian folder at out, if reading it back gives the same logits on sentences."""
     model, tokenizer = load_checkpoint(checkpoint)
     config = read_config(checkpoint)
@@ -73,7 +75,7 @@ def export_marian(checkpoint: Path, out: Path, sentences: Sequence[str], layout:
     if not reorder and not in_opus_mt_layout(model.config):
         print(
             "note: CTranslate2's Marian converter needs <pad> last and a zero start embedding; "
-            "export with --marian-layout opus-mt for it",
+            "the default --marian-layout opus-mt writes that",
             file=sys.stderr,
         )
     return out

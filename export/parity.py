@@ -10,7 +10,7 @@ import onnxruntime as ort
 import torch
 
 from export.runtime import ORT_DTYPES, bind_step
-from model.search import STEP_OUTPUTS, pad_sources
+from model.search import STEP_OUTPUTS, pad_sources, row_groups
 from model.transformer import Transformer
 
 FP32_TOLERANCE = 1e-4
@@ -64,7 +64,7 @@ def example_inputs(model: Transformer, rows: int, sources: int, past: int, src_l
         "cross_k": torch.randn(cross, generator=gen),
         "cross_v": torch.randn(cross, generator=gen),
         "src_mask": torch.ones(sources, src_len, dtype=torch.bool),
-        "source_index": torch.arange(rows) % sources,
+        "source_index": torch.arange(rows) * sources // rows,  # each source's rows together, as the engine keeps them
     }
 
 
@@ -89,11 +89,16 @@ def step_feeds(inputs: dict[str, torch.Tensor], session: ort.InferenceSession, k
     layers, rows, heads, past, d_head = inputs["past_k"].shape
     d_cache = next(i.shape[3] for i in session.get_inputs() if i.name == "past_key_0")
     lengths = inputs["positions"].numpy().astype(np.int32)
+    source_index = inputs["source_index"].numpy()
+    counts = np.bincount(source_index, minlength=len(inputs["src_mask"]))
+    assert np.all(np.diff(source_index) >= 0) and np.all(counts > 0), "every source's rows, together"
+    groups, row_position, _ = row_groups(counts)
     feeds = {
         "tokens": inputs["tokens"].numpy(),
         "lengths": lengths,
         "total_length": np.array(lengths.max(initial=0) + 1, np.int32),
-        "source_index": inputs["source_index"].numpy(),
+        "groups": groups,
+        "row_position": row_position,
         "src_mask": inputs["src_mask"].numpy().astype(np.int32),
         "top_k": np.array([k], np.int64),
     }

@@ -23,6 +23,9 @@ from model.search import STEP_OUTPUTS, DecodeBatch, decode, pad_sources, transla
 from model.tokenizer import Tokenizer, TokenizerError
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+# ONNX Runtime fusions that make our graphs slower on the CPU, disabled in every session: fused
+# SkipLayerNormalization is 3-4x slower than Add + LayerNormalization (see export/builder.py).
+NO_FUSIONS = ["SkipLayerNormFusion"]
 ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
 
@@ -125,7 +128,12 @@ class OrtModel:
         session_options.inter_op_num_threads = 1
         files = self.manifest["variants"][self.variant]
         return tuple(
-            ort.InferenceSession(str(self.folder / files[part]), session_options, providers=[PROVIDERS[self.provider]])
+            ort.InferenceSession(
+                str(self.folder / files[part]),
+                session_options,
+                providers=[PROVIDERS[self.provider]],
+                disabled_optimizers=NO_FUSIONS,
+            )
             for part in ("encoder", "decoder")
         )
 

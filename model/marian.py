@@ -101,6 +101,7 @@ EMBEDDING_NAMES = ("model.shared.weight", "model.encoder.embed_tokens.weight", "
 POSITION_NAMES = ("model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight")
 DECODER_POSITIONS = POSITION_NAMES[1]
 LAYOUTS = ("ours", "opus-mt")
+DEFAULT_LAYOUT = "opus-mt"  # the one CTranslate2's stock converter accepts
 
 
 class MarianError(ValueError):
@@ -471,13 +472,13 @@ def save_marian(
     directory: str | Path,
     source_lang: str,
     target_lang: str,
-    layout: str = "ours",
+    layout: str = DEFAULT_LAYOUT,
 ) -> Path:
     """Write model and tokenizer as a Hugging Face MarianMTModel folder (MarianTokenizer files included).
 
     An interleaved model's residual stream is permuted to the halves layout Marian computes. ``layout``
-    "ours" keeps our ids and start token (ours -> Marian -> ours is exact); "opus-mt" writes OPUS-MT's
-    conventions (see ``_to_opus_mt_layout``), which CTranslate2's converter needs.
+    "opus-mt" (the default) writes OPUS-MT's conventions (see ``_to_opus_mt_layout``), which CTranslate2's
+    converter needs; "ours" keeps our ids and start token (ours -> Marian -> ours is exact).
     """
     config, directory = model.config, Path(directory)
     problems = marian_export_problems(config)

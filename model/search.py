@@ -140,22 +140,19 @@ class KVCache:
 
 
 class SourceCache:
-    """Cross-attention keys/values of the batch's sources, one slot per source.
+    """Cross-attention keys/values of the batch's live sources, in the batch's order.
 
-    k, v: (L, N, H, S, d_k) with room for N sources of up to S tokens; mask
-    (N, S) True on a source's real tokens. A joining source is written into
-    the next free slot in place (the others are not copied); a leaving one
-    frees its slot. Only when the room runs out, or the longest live source
-    needs less than half of S, are the live slots packed to the front (S
-    shrinking to what they need), and the buffer grows in chunks only if
-    packing is not enough. The whole buffer is passed to the decoder step;
-    rows reach their source's slot through source_index, so unused slots cost
-    memory but no compute.
+    k, v: (L, N, H, S, d_k) with room for N sources of up to S tokens; the first ``count``
+    slots are live and slot i holds the batch's i-th source, so the decoder step reaches a
+    source's keys/values without an index. mask (N, S) is True on a source's real tokens.
+    A joining source is written into the next slot in place (the others are not copied);
+    leaving sources are closed up in place (those after them move down). The buffer is
+    replaced only when room runs out (growing geometrically) or when the longest live
+    source needs less than half of S (S shrinking to what they need).
 
-    ``place`` turns each layer's host buffer into what the decoder step takes
-    (an ONNX Runtime device value with IOBinding); it runs once per change of
-    the buffer, not per step. Encoder outputs that live on a device are brought to
-    the host once, when they join.
+    ``place`` turns each layer's live slots into what the decoder step takes (an ONNX
+    Runtime device value with IOBinding); it runs once per change of the sources, not per
+    step. Encoder outputs that live on a device are brought to the host once, when they join.
     """
 
     def __init__(self, place: Callable[[np.ndarray], Any] | None = None, chunk: int = 8) -> None:
@@ -163,8 +160,8 @@ class SourceCache:
         self.k: np.ndarray | None = None
         self.v: np.ndarray | None = None
         self.mask = np.zeros((0, 0), bool)
-        self.lengths = np.zeros(0, np.int64)  # real tokens per slot; 0 once free
-        self.used = 0  # slots written since the last packing
+        self.lengths = np.zeros(0, np.int64)  # real tokens per slot
+        self.count = 0  # live slots, at the front
         self._placed: tuple[list[Any], np.ndarray] | None = None
 
     @property
@@ -176,69 +173,81 @@ class SourceCache:
         return 0 if self.k is None else self.k.nbytes + self.v.nbytes
 
     def step_inputs(self) -> tuple[list[Any], np.ndarray]:
-        """[cross_key_0, cross_value_0, cross_key_1, ...] (N, H, S, d_k) and src_mask (N, S) int32."""
+        """[cross_key_0, cross_value_0, cross_key_1, ...] (N, H, S, d_k) and src_mask (N, S) int32 of the
+        N live sources (contiguous views of the buffers)."""
         if self._placed is None:
-            place = self.place or (lambda array: array)
-            layers = [] if self.k is None else [place(x[i]) for i in range(len(self.k)) for x in (self.k, self.v)]
-            self._placed = (layers, self.mask.astype(np.int32))
+            place, n = self.place or (lambda array: array), self.count
+            layers = [] if self.k is None else [place(x[i, :n]) for i in range(len(self.k)) for x in (self.k, self.v)]
+            self._placed = (layers, self.mask[:n].astype(np.int32))
         return self._placed
 
-    def add(self, k: Any, v: Any, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-        """Write n sources (k, v: (L, n, H, s, d_k), mask (n, s)) into free slots.
-
-        Returns their slots and, when the live slots were packed first, the
-        map old slot -> new slot (-1 for freed ones) that row indices must follow.
-        """
+    def add(self, k: Any, v: Any, mask: np.ndarray) -> None:
+        """Append n sources (k, v: (L, n, H, s, d_k), mask (n, s)) after the live ones."""
         if k is not None and not isinstance(k, np.ndarray):
             k, v = k.numpy(), v.numpy()  # an ONNX Runtime value on a device: to the host, once
         count, length = mask.shape
-        want_length = _round_up(max(int(self.lengths.max(initial=0)), length), self.chunk)
-        remap = None
-        if self.used + count > self.capacity[0] or length > self.capacity[1] or 2 * want_length <= self.capacity[1]:
-            had_sources = self.used > 0
-            packed = self._pack(count, want_length, k)
-            remap = packed if had_sources else None
-        slots = np.arange(self.used, self.used + count)
+        want_length = _round_up(max(int(self.lengths[: self.count].max(initial=0)), length), self.chunk)
+        if self.count + count > self.capacity[0] or length > self.capacity[1] or 2 * want_length <= self.capacity[1]:
+            self._resize(self.count + count, want_length, k)
+        slots = slice(self.count, self.count + count)
         self.mask[slots] = False
         self.mask[slots, :length] = mask
         if k is not None:
-            self.k[:, self.used : self.used + count, :, :length] = k
-            self.v[:, self.used : self.used + count, :, :length] = v
+            self.k[:, slots, :, :length] = k
+            self.v[:, slots, :, :length] = v
         self.lengths[slots] = mask.sum(axis=1)
-        self.used += count
+        self.count += count
         self._placed = None
-        return slots, remap
 
-    def free(self, slot: int) -> None:
-        self.lengths[slot] = 0
+    def keep(self, positions: np.ndarray) -> None:
+        """Keep these live sources (increasing positions); those after a gap move down, in place."""
+        moved = np.flatnonzero(positions != np.arange(len(positions)))
+        if len(moved):
+            targets, origins = slice(moved[0], len(positions)), positions[moved[0] :]
+            for array in (self.k, self.v):
+                if array is not None:
+                    array[:, targets] = array[:, origins]
+            self.mask[targets], self.lengths[targets] = self.mask[origins], self.lengths[origins]
+        self.count = len(positions)
+        self._placed = None
 
     def clear(self) -> None:
         self.__init__(self.place, self.chunk)
 
-    def _pack(self, joining: int, length: int, sample: np.ndarray | None) -> np.ndarray:
-        """Live slots to the front of a buffer with room for ``joining`` more sources of ``length`` tokens."""
-        live = np.flatnonzero(self.lengths[: self.used] > 0)
-        needed, current = _round_up(len(live) + joining, 8), self.capacity[0]
-        # Grow geometrically, so packing stays rare; shrink when far too big.
+    def _resize(self, needed: int, length: int, sample: np.ndarray | None) -> None:
+        """A buffer with room for ``needed`` sources of ``length`` tokens, the live ones copied to it."""
+        needed, current, live = _round_up(needed, 8), self.capacity[0], self.count
+        # Grow geometrically, so resizing stays rare; shrink when far too big.
         slots = max(needed, 2 * current) if needed > current else min(current, 2 * needed)
-        remap = np.full(self.capacity[0], -1, np.int64)
-        remap[live] = np.arange(len(live))
         keep = min(length, self.capacity[1])
         mask = np.zeros((slots, length), bool)
-        mask[: len(live), :keep] = self.mask[live, :keep]
+        mask[:live, :keep] = self.mask[:live, :keep]
         lengths = np.zeros(slots, np.int64)
-        lengths[: len(live)] = self.lengths[live]
+        lengths[:live] = self.lengths[:live]
         if self.k is not None or sample is not None:
             reference = self.k if self.k is not None else sample
             layers, _, heads, _, d_head = reference.shape
             k = np.zeros((layers, slots, heads, length, d_head), reference.dtype)
             v = np.zeros_like(k)
-            if self.k is not None and len(live):
-                k[:, : len(live), :, :keep] = self.k[:, live, :, :keep]
-                v[:, : len(live), :, :keep] = self.v[:, live, :, :keep]
+            if self.k is not None and live:
+                k[:, :live, :, :keep] = self.k[:, :live, :, :keep]
+                v[:, :live, :, :keep] = self.v[:, :live, :, :keep]
             self.k, self.v = k, v
-        self.mask, self.lengths, self.used = mask, lengths, len(live)
-        return remap
+        self.mask, self.lengths = mask, lengths
+
+
+def row_groups(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows of sources in order, counts[i] rows for source i, seen as groups of G = max(counts):
+    groups (N, G) the row at each position of a source's group (its last row again where it has
+    fewer), row_position (R,) each row's position in the flattened (N·G) groups, and
+    source_index (R,) each row's source. The decoder step attends to a source's keys once for
+    its whole group (the beams of a source are one query block)."""
+    width = int(counts.max(initial=1))
+    offsets = np.cumsum(counts) - counts
+    source_index = np.repeat(np.arange(len(counts)), counts)
+    within = np.arange(len(source_index)) - offsets[source_index]
+    groups = offsets[:, None] + np.minimum(np.arange(width)[None, :], counts[:, None] - 1)
+    return groups.astype(np.int64), (source_index * width + within).astype(np.int64), source_index
 
 
 def _round_up(value: int, chunk: int) -> int:
@@ -367,11 +376,13 @@ class DecodeBatch:
     ``step_fn(batch)`` computes one decoder step over ``batch.step_feeds()`` (see
     ``export/decoder_step.py`` for the names), writes each row's new self-attention
     entry into ``batch.cache`` in place, and returns (top_log_probs (R, K), top_ids
-    (R, K), eos_log_probs (R, 1)). Cross-attention keys/values are kept once per
-    source (a ``SourceCache`` slot); rows point at their slot through source_index,
-    so a request's beams share them. ``place`` puts the cross-attention buffers
-    where the step wants them (see ``SourceCache``). ``version`` changes whenever
-    a feed's shape or memory does, so a step can keep its bindings until then.
+    (R, K), eos_log_probs (R, 1)). A source's rows are contiguous, in the order of
+    ``searches``, which is also the order of its cross-attention keys/values in
+    ``sources`` (kept once per source, so a request's beams share them: the step
+    attends to them once for the source's group of rows, see ``row_groups``).
+    ``place`` puts the cross-attention buffers where the step wants them (see
+    ``SourceCache``). ``version`` changes whenever a feed's shape or memory does,
+    so a step can keep its bindings until then.
     """
 
     def __init__(
@@ -388,12 +399,11 @@ class DecodeBatch:
         self.start_id = start_id
         self.cache = KVCache(layers, heads, d_cache, dtype)
         self.sources = SourceCache(place)
-        self.searches: dict[Any, Search] = {}  # live sources in row order
-        self.slot_of: dict[Any, int] = {}
-        self.source_index = np.zeros(0, np.int64)
+        self.searches: dict[Any, Search] = {}  # live sources, in row order
         self.tokens = np.zeros(0, np.int64)
         self.total_length = np.zeros((), np.int32)
         self.top_k = np.ones(1, np.int64)
+        self.groups, self.row_position, self.source_index = row_groups(np.zeros(0, np.int64))
         self._version = 0
         self._serial = next(_batch_serials)
 
@@ -425,7 +435,8 @@ class DecodeBatch:
             "tokens": self.tokens,
             "lengths": self.cache.live_lengths,
             "total_length": self.total_length,
-            "source_index": self.source_index,
+            "groups": self.groups,
+            "row_position": self.row_position,
             "src_mask": src_mask,
             "top_k": self.top_k,
         }
@@ -436,16 +447,12 @@ class DecodeBatch:
     def add(
         self, keys: Sequence[Any], searches: Sequence[Search], cross_k: Any, cross_v: Any, src_mask: np.ndarray
     ) -> None:
-        """Join sources (encoded together: cross_k (L, n, H, S, d_k)) with empty caches."""
-        slots, remap = self.sources.add(cross_k, cross_v, src_mask)
-        if remap is not None:
-            self.source_index = remap[self.source_index]
-            self.slot_of = {key: int(remap[slot]) for key, slot in self.slot_of.items()}
-        for key, search, slot in zip(keys, searches, slots, strict=True):
-            self.slot_of[key] = int(slot)
+        """Join sources (encoded together: cross_k (L, n, H, S, d_k)), one row each with an empty cache."""
+        self.sources.add(cross_k, cross_v, src_mask)
+        for key, search in zip(keys, searches, strict=True):
+            assert key not in self.searches and search.rows == 1, key
             self.searches[key] = search
         self.cache.add_rows(len(keys))
-        self.source_index = np.concatenate([self.source_index, slots])
         self.tokens = np.concatenate([self.tokens, np.full(len(keys), self.start_id, np.int64)])
         self._changed()
 
@@ -456,71 +463,75 @@ class DecodeBatch:
         self.cache.advance()
         if self.top_k[0] == 1:  # every source greedy: one row each
             return self._greedy_step(top_log_probs, top_ids, eos_log_probs)
-        rows, tokens, finished, offset = [], [], [], 0
-        for key, search in list(self.searches.items()):
-            n = search.rows
-            part = slice(offset, offset + n)
+        rows, tokens, kept, finished, offset = [], [], [], [], 0
+        for position, (key, search) in enumerate(list(self.searches.items())):
+            part = slice(offset, offset + search.rows)
+            offset += search.rows
             origins, next_tokens = search.advance(top_log_probs[part], top_ids[part], eos_log_probs[part])
-            rows.append(offset + origins)
-            tokens.append(next_tokens)
-            offset += n
-            if search.rows == 0:
+            if search.rows:
+                rows.append(part.start + origins)
+                tokens.append(next_tokens)
+                kept.append(position)
+            else:
                 finished.append((key, search.result()))
-                self._forget(key)
-        self._keep_rows(np.concatenate(rows) if rows else _NO_ROWS, tokens)
+                del self.searches[key]
+        self._keep(np.concatenate(rows) if rows else _NO_ROWS, tokens, kept)
         return finished
 
     def _greedy_step(
         self, top_log_probs: np.ndarray, top_ids: np.ndarray, eos_log_probs: np.ndarray
     ) -> list[tuple[Any, list[int]]]:
         """Every source greedy, one row each: the rows that go on keep their order, so the cache only compacts."""
-        finished, keep = [], []
+        finished, kept = [], []
         for row, (key, search) in enumerate(list(self.searches.items())):
             search.advance(top_log_probs[row : row + 1], top_ids[row : row + 1], eos_log_probs[row : row + 1])
-            if search.rows == 0:
-                finished.append((key, search.result()))
-                self._forget(key)
+            if search.rows:
+                kept.append(row)
             else:
-                keep.append(row)
-        if len(keep) == self.rows:
+                finished.append((key, search.result()))
+                del self.searches[key]
+        if len(kept) == self.rows:  # nothing changes shape: the next step reuses its binding
             self.tokens[:] = top_ids[:, 0]
         else:
-            rows = np.array(keep, np.int64)
-            self._keep_rows(rows, [top_ids[rows, 0]])
+            rows = np.array(kept, np.int64)
+            self._keep(rows, [top_ids[rows, 0]], kept)
         return finished
 
     def remove(self, key: Any) -> None:
         """Drop a source mid-way (its caller went away); its rows and cache go at once."""
-        offset = 0
-        keep = []
-        for k, search in self.searches.items():
+        rows, kept, offset = [], [], 0
+        for position, (k, search) in enumerate(self.searches.items()):
             if k != key:
-                keep.append(np.arange(offset, offset + search.rows))
+                rows.append(np.arange(offset, offset + search.rows))
+                kept.append(position)
             offset += search.rows
-        self._forget(key)
-        rows = np.concatenate(keep) if keep else _NO_ROWS
-        self._keep_rows(rows, [self.tokens[rows]])
+        del self.searches[key]
+        rows = np.concatenate(rows) if rows else _NO_ROWS
+        self._keep(rows, [self.tokens[rows]], kept)
 
     def _select_rows(self, rows: np.ndarray) -> None:
         self.cache.select(rows)
-        self.source_index = self.source_index[rows]
 
-    def _forget(self, key: Any) -> None:
-        del self.searches[key]
-        self.sources.free(self.slot_of.pop(key))
+    def _keep_sources(self, positions: np.ndarray) -> None:
+        self.sources.keep(positions)
 
-    def _keep_rows(self, rows: np.ndarray, tokens: list[np.ndarray]) -> None:
-        if len(rows) != self.rows or not np.array_equal(rows, np.arange(self.rows)):
-            self._select_rows(rows)
-        self.tokens = np.concatenate(tokens).astype(np.int64) if tokens else np.zeros(0, np.int64)
+    def _keep(self, rows: np.ndarray, tokens: list[np.ndarray], sources: list[int]) -> None:
+        """Go on with these rows (by their index before the step), their next tokens and these sources."""
         if not self.searches:
             self.sources.clear()
             self.cache.clear()
-            self.slot_of = {}
+        else:
+            if len(sources) != self.sources.count:
+                self._keep_sources(np.array(sources, np.int64))
+            if len(rows) != self.rows or not np.array_equal(rows, np.arange(self.rows)):
+                self._select_rows(rows)
+        self.tokens = np.concatenate(tokens).astype(np.int64) if self.searches else np.zeros(0, np.int64)
         self._changed()
 
     def _changed(self) -> None:
         """Rows, sources or their buffers changed: feeds are rebound, and each row gets the candidates it needs."""
+        counts = np.fromiter((search.rows for search in self.searches.values()), np.int64, len(self.searches))
+        self.groups, self.row_position, self.source_index = row_groups(counts)
         self.top_k[0] = max((search.top_k for search in self.searches.values()), default=1)
         self._version += 1
 

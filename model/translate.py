@@ -52,7 +52,10 @@ class PrefixDecodeBatch(DecodeBatch):
 
     def _select_rows(self, rows: np.ndarray) -> None:
         self.prefix = self.prefix[rows]
-        self.source_index = self.source_index[rows]
+
+    def _keep_sources(self, positions: np.ndarray) -> None:
+        super()._keep_sources(positions)
+        self.memory = self.memory[torch.from_numpy(positions)]
 
 
 class TorchTranslator:

@@ -28,7 +28,7 @@ def test_manifest_describes_the_folder(tiny_export: Path):
     assert manifest["variants"]["fp32"]["quality"]["greedy_token_agreement_with_pytorch"] == 1.0
     assert {"onnxruntime", "onnx", "torch"} <= set(manifest["versions"])
     decoder_inputs = [i["name"] for i in manifest["graphs"]["decoder"]["inputs"]]
-    assert decoder_inputs == ["tokens", "lengths", "total_length", "source_index", "src_mask", "top_k"] + [
+    assert decoder_inputs == ["tokens", "lengths", "total_length", "groups", "row_position", "src_mask", "top_k"] + [
         f"{part}_{kind}_{i}" for part in ("past", "cross") for i in range(2) for kind in ("key", "value")
     ]
     decoder_outputs = [o["name"] for o in manifest["graphs"]["decoder"]["outputs"]]

@@ -26,16 +26,17 @@ transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
 
 SENTENCES = own_sentences(240)[::11]
+OUR_LAYOUT = ("--marian-layout", "ours")  # our ids and start token, for an exact round trip
 
 
-def export_to_marian(checkpoint: Path, out: Path) -> Path:
-    assert export_main.main(["--format", "marian", "--checkpoint", str(checkpoint), "--out", str(out)]) == 0
+def export_to_marian(checkpoint: Path, out: Path, *flags: str) -> Path:
+    assert export_main.main(["--format", "marian", *flags, "--checkpoint", str(checkpoint), "--out", str(out)]) == 0
     return out
 
 
 @pytest.fixture(scope="module")
 def tiny_marian(tiny_checkpoint: Path, tmp_path_factory) -> Path:
-    return export_to_marian(tiny_checkpoint, tmp_path_factory.mktemp("tiny_marian") / "marian")
+    return export_to_marian(tiny_checkpoint, tmp_path_factory.mktemp("tiny_marian") / "marian", *OUR_LAYOUT)
 
 
 @pytest.fixture(scope="module")
@@ -78,8 +79,8 @@ def test_marian_export_loads_in_transformers(tiny_checkpoint: Path, tiny_marian:
     assert_loads_in_transformers_with_our_translations(tiny_checkpoint, tiny_marian, SENTENCES)
 
 
-def test_default_model_exports_to_marian(tmp_path: Path):
-    folder = export_to_marian(DEFAULT_CHECKPOINT, tmp_path / "marian")
+def test_default_model_exports_to_marian_in_our_layout(tmp_path: Path):
+    folder = export_to_marian(DEFAULT_CHECKPOINT, tmp_path / "marian", *OUR_LAYOUT)
     assert_loads_in_transformers_with_our_translations(DEFAULT_CHECKPOINT, folder, SENTENCES[:6])
 
 
@@ -97,7 +98,7 @@ def test_round_trip_ours_marian_ours_is_exact(tiny_checkpoint: Path, tiny_marian
         assert TorchTranslator(imported, imported_tokenizer).translate_ids(ids, beam) == ours
     # Marian -> ours -> Marian gives back the same folder.
     assert marian_main(["import", "--hf", str(tiny_marian), "--out", str(tmp_path / "imported")]) == 0
-    again = export_to_marian(tmp_path / "imported", tmp_path / "again")
+    again = export_to_marian(tmp_path / "imported", tmp_path / "again", *OUR_LAYOUT)
     for name in ("source.spm", "target.spm", "vocab.json", "config.json", "generation_config.json"):
         assert (again / name).read_bytes() == (tiny_marian / name).read_bytes(), name
     first, second = load_file(str(tiny_marian / "model.safetensors")), load_file(str(again / "model.safetensors"))
@@ -151,18 +152,25 @@ def test_ctranslate2_translates_an_imported_opus_mt_model_as_we_do(imported_chec
     assert TorchTranslator(model, tokenizer, max_output_tokens=limit).translate_ids(ids) == theirs
 
 
+def test_default_export_converts_with_ctranslate2(tiny_checkpoint: Path, tmp_path: Path):
+    """`python -m export --format marian` without --marian-layout writes what CTranslate2's stock converter
+    takes (it rejects our layout: it drops the last id as <pad>)."""
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    out = export_to_marian(tiny_checkpoint, tmp_path / "marian")
+    ctranslate2.converters.TransformersConverter(str(out)).convert(str(tmp_path / "ct2"))
+    assert (tmp_path / "ct2" / "model.bin").is_file()
+
+
 @pytest.mark.parametrize("checkpoint", ["tiny", "default"])
 def test_opus_mt_layout_translates_the_same_in_transformers_ctranslate2_and_back(
     checkpoint: str, tiny_checkpoint: Path, tmp_path: Path
 ):
-    """--marian-layout opus-mt: <pad> last with a zero embedding, the decoder started from it, our start
-    token's scaled embedding folded into decoder position 0. transformers gives our logits (bar <pad>'s),
-    CTranslate2's stock converter accepts the folder and translates as we do, and it imports back."""
+    """The default --marian-layout, opus-mt: <pad> last with a zero embedding, the decoder started from it,
+    our start token's scaled embedding folded into decoder position 0. transformers gives our logits (bar
+    <pad>'s), CTranslate2's stock converter accepts the folder and translates as we do, and it imports back."""
     checkpoint_dir = tiny_checkpoint if checkpoint == "tiny" else DEFAULT_CHECKPOINT
     sentences = SENTENCES if checkpoint == "tiny" else SENTENCES[:8]
-    out = tmp_path / "opus"
-    assert export_main.main(["--format", "marian", "--marian-layout", "opus-mt", "--checkpoint",
-                             str(checkpoint_dir), "--out", str(out)]) == 0  # fmt: skip
+    out = export_to_marian(checkpoint_dir, tmp_path / "opus")
     model, tokenizer = load_checkpoint(checkpoint_dir)
     c, limit = model.config, 16
     order = opus_mt_order(c)
@@ -177,12 +185,12 @@ def test_opus_mt_layout_translates_the_same_in_transformers_ctranslate2_and_back
     ours = TorchTranslator(model, tokenizer, max_output_tokens=limit).translate_ids(ids)
     reference = transformers.MarianMTModel.from_pretrained(out).eval()
     batch = transformers.MarianTokenizer.from_pretrained(out)(sentences, padding=True, return_tensors="pt")
-    assert batch["input_ids"].tolist() == new_id[torch.from_numpy(pad_sources(ids, c.pad_id, c.eos_id)[0])].tolist()
+    src = torch.from_numpy(pad_sources(ids, c.pad_id, c.eos_id)[0])
+    assert batch["input_ids"].tolist() == new_id[src].tolist()
     tgt = torch.randint(4, c.vocab_size, (len(sentences), 10), generator=torch.Generator().manual_seed(0))
     tgt[:, 0] = c.decoder_start_id
     with torch.no_grad():
-        logits = model(batch["input_ids"].new_tensor(pad_sources(ids, c.pad_id, c.eos_id)[0]),
-                       batch["attention_mask"].bool(), tgt)  # fmt: skip
+        logits = model(src, batch["attention_mask"].bool(), tgt)
         hf_tgt = new_id[tgt]
         hf_tgt[:, 0] = c.vocab_size - 1
         theirs = reference(**batch, decoder_input_ids=hf_tgt).logits
@@ -207,7 +215,7 @@ def test_opus_mt_layout_translates_the_same_in_transformers_ctranslate2_and_back
 
 
 def test_marian_layout_needs_the_marian_format(tiny_checkpoint: Path, tmp_path: Path, capsys):
-    args = ["--checkpoint", str(tiny_checkpoint), "--out", str(tmp_path / "x"), "--marian-layout", "opus-mt"]
+    args = ["--checkpoint", str(tiny_checkpoint), "--out", str(tmp_path / "x"), "--marian-layout", "ours"]
     assert export_main.main(args) == 1
     assert "--marian-layout applies to --format marian only" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()

@@ -6,7 +6,15 @@ import numpy as np
 import pytest
 import torch
 
-from model.search import DecodeBatch, KVCache, SourceCache, default_max_output, new_search, pad_sources
+from model.search import (
+    DecodeBatch,
+    KVCache,
+    SourceCache,
+    default_max_output,
+    new_search,
+    pad_sources,
+    row_groups,
+)
 from model.transformer import Transformer
 from model.translate import TorchTranslator
 
@@ -98,35 +106,34 @@ def test_cache_select_compacts_in_place_and_reorders_through_a_spare_buffer():
     assert cache.nbytes == 2 * 2 * buffer.nbytes  # keys and values, live and spare
 
 
-def test_sources_join_in_place_and_pack_only_when_out_of_room():
+def test_sources_join_and_leave_in_place_and_resize_only_when_out_of_room():
     cache = SourceCache(chunk=4)
 
     def sources(count: int, length: int, value: float):
-        k = np.full((1, count, 1, length, 2), value, np.float32)
+        k = np.full((1, count, 1, length, 2), value, np.float32) + np.arange(count)[None, :, None, None, None]
         return k, k + 100, np.ones((count, length), bool)
 
-    slots, remap = cache.add(*sources(3, 3, 1.0))
-    assert slots.tolist() == [0, 1, 2] and remap is None
+    cache.add(*sources(3, 3, 1.0))  # values 1, 2, 3
     buffer = cache.k
-    assert cache.capacity == (8, 4)
-    slots, remap = cache.add(*sources(2, 2, 2.0))
-    assert slots.tolist() == [3, 4] and remap is None
-    assert cache.k is buffer  # written in place: the live sources were not copied
+    assert cache.capacity == (8, 4) and cache.count == 3
+    cache.add(*sources(2, 2, 10.0))  # 10, 11
+    assert cache.k is buffer and cache.count == 5  # written in place: the live sources were not copied
     assert cache.mask[3].tolist() == [True, True, False, False]
-    cache.free(0)
-    cache.free(3)
-    slots, remap = cache.add(*sources(4, 6, 3.0))  # no room (5 + 4 > 8) and longer than S: live slots packed first
-    assert remap[[1, 2, 4]].tolist() == [0, 1, 2] and remap[0] == remap[3] == -1
-    assert slots.tolist() == [3, 4, 5, 6] and cache.capacity == (8, 8)  # packing made room: no growth
-    assert cache.k[0, 2, 0, :, 0].tolist() == [2.0, 2.0, 0, 0, 0, 0, 0, 0]  # old slot 4 moved, zero-padded
-    assert cache.v[0, 0, 0, 0, 0] == 101.0
+    cache.keep(np.array([1, 2, 4]))  # sources 0 and 3 left: the rest close up, in order, in place
+    assert cache.k is buffer and cache.k[0, :3, 0, 0, 0].tolist() == [2.0, 3.0, 11.0]
+    assert cache.v[0, 2, 0, 0, 0] == 111.0 and cache.lengths[:3].tolist() == [3, 3, 2]
+    assert cache.mask[2].tolist() == [True, True, False, False]
+    keys, mask = cache.step_inputs()
+    assert keys[0].shape == (3, 1, 4, 2) and keys[0].flags.c_contiguous and mask.shape == (3, 4)
+    cache.add(*sources(4, 6, 20.0))  # longer than S: a new buffer, the live sources copied (zero-padded)
+    assert cache.k is not buffer and cache.capacity == (8, 8) and cache.count == 7
+    assert cache.k[0, 2, 0, :, 0].tolist() == [11.0, 11.0, 0, 0, 0, 0, 0, 0]
     assert cache.lengths[:7].tolist() == [3, 3, 2, 6, 6, 6, 6]
-    for slot in range(3, 7):
-        cache.free(slot)
-    slots, remap = cache.add(*sources(1, 1, 4.0))  # the longest live source needs 3 of 8 tokens: S shrinks
-    assert cache.capacity[1] == 4 and remap is not None and slots.tolist() == [3]
-    slots, remap = cache.add(*sources(8, 2, 5.0))  # 4 live + 8 > 8 slots even after packing: the buffer doubles
-    assert cache.capacity == (16, 4) and slots.tolist() == list(range(4, 12))
+    cache.keep(np.arange(3))
+    cache.add(*sources(1, 1, 30.0))  # the longest live source needs 3 of 8 tokens: S shrinks
+    assert cache.capacity[1] == 4 and cache.count == 4 and cache.k[0, 3, 0, 0, 0] == 30.0
+    cache.add(*sources(8, 2, 40.0))  # 4 live + 8 > 8 slots: the buffer doubles
+    assert cache.capacity == (16, 4) and cache.k[0, :12, 0, 0, 0].tolist() == [2, 3, 11, 30, *range(40, 48)]
 
 
 def test_placed_buffers_are_refreshed_only_when_sources_change():
@@ -139,3 +146,12 @@ def test_placed_buffers_are_refreshed_only_when_sources_change():
     assert steps[0][1].dtype == np.int32 and steps[0][1][:2, :4].tolist() == [[1, 1, 1, 0]] * 2
     cache.add(k, k, np.ones((2, 3), bool))
     assert cache.step_inputs()[0][0] is not steps[0][0][0] and len(placed) == 4
+
+
+def test_row_groups_put_each_sources_rows_in_one_block():
+    groups, row_position, source_index = row_groups(np.array([2, 1, 3]))  # rows 0-1, 2, 3-5
+    assert groups.tolist() == [[0, 1, 1], [2, 2, 2], [3, 4, 5]]  # a source with fewer rows repeats its last
+    assert source_index.tolist() == [0, 0, 1, 2, 2, 2]
+    assert groups.reshape(-1)[row_position].tolist() == list(range(6))  # each row finds itself in the blocks
+    groups, row_position, _ = row_groups(np.zeros(0, np.int64))
+    assert groups.shape == (0, 1) and row_position.shape == (0,)
