@@ -1,0 +1,92 @@
+"""translate-file: stdin to stdout through an exported folder, without a server or torch."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tomllib
+
+from export.runtime import OrtModel, RuntimeOptions
+from export.translate_file import SMALL_BATCH_THREADS, main
+from tests.conftest import ROOT, own_sentences
+
+SENTENCES = own_sentences(240)[::17]
+LIMIT = 12  # output tokens: the tiny model's random weights rarely stop early
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_export: Path) -> OrtModel:
+    """The model as translate-file loads it."""
+    return OrtModel(
+        tiny_export, RuntimeOptions(provider="cpu", spinning=False, small_batch_threads=SMALL_BATCH_THREADS)
+    )
+
+
+def translate_file(monkeypatch, capsys, lines: list[str], *flags: str) -> tuple[int, str, str]:
+    monkeypatch.setattr(sys, "stdin", io.StringIO("".join(f"{line}\n" for line in lines)))
+    code = main(["--provider", "cpu", "--max-output-tokens", str(LIMIT), *flags])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("beam", [1, 2])
+def test_translates_line_by_line_in_the_input_order(tiny_export, reference, monkeypatch, capsys, beam: int):
+    lines = SENTENCES[:5] + [""] + SENTENCES[5:]
+    flags = ["--model", str(tiny_export), "--beam", str(beam), "--batch-size", "4"]
+    code, out, err = translate_file(monkeypatch, capsys, lines, *flags)
+    assert (code, err) == (0, "")
+    expected = reference.translate(SENTENCES, beam, batch_size=4, max_output_tokens=LIMIT)
+    assert out == "".join(f"{line}\n" for line in expected[:5] + [""] + expected[5:])
+
+
+def test_stats_count_each_output_and_its_eos(tiny_export, reference, monkeypatch, capsys):
+    ids = reference.tokenizer.encode_source(SENTENCES)
+    by_length = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # one batch, in the order translate-file sorts
+    sentences = [SENTENCES[i] for i in by_length]
+    code, out, err = translate_file(monkeypatch, capsys, sentences, "--model", str(tiny_export), "--stats")
+    assert code == 0 and len(out.splitlines()) == len(sentences)
+    [line] = err.splitlines()
+    stats = json.loads(line)
+    assert set(stats) == {"sentences", "output_tokens", "seconds", "tokens_per_second"}
+    outputs = reference.translate_ids([ids[i] for i in by_length], 1, LIMIT)
+    assert stats["sentences"] == len(sentences)
+    assert stats["output_tokens"] == sum(len(output) + 1 for output in outputs)
+    assert stats["tokens_per_second"] == pytest.approx(stats["output_tokens"] / stats["seconds"], rel=1e-3)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--model", "{missing}"], "{missing}"),
+        (["--model", "{model}", "--variant", "int4"], "has no 'int4' variant"),
+        (["--model", "{model}", "--provider", "tpu"], "provider 'tpu': use cpu, cuda or auto"),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line(tiny_export, tmp_path, monkeypatch, capsys, flags, message):
+    names = {"missing": tmp_path / "missing", "model": tiny_export}
+    code, out, err = translate_file(monkeypatch, capsys, SENTENCES[:1], *(f.format(**names) for f in flags))
+    assert (code, out) == (2, "")
+    assert message.format(**names) in err and len(err.splitlines()) == 1, err
+
+
+def test_does_not_import_torch(tiny_export: Path):
+    code = (
+        "import io, sys\n"
+        "from export.translate_file import main\n"
+        "sys.stdin = io.StringIO('A man is walking.\\n\\nA cat is sleeping.\\n')\n"
+        f"assert main(['--model', {str(tiny_export)!r}, '--provider', 'cpu', '--max-output-tokens', '4']) == 0\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.splitlines()) == 3
+
+
+def test_is_a_console_script():
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["translate-file"] == "export.translate_file:main"
