@@ -106,7 +106,7 @@ def _credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
 
 def create_server(config: ServerConfig, engine: Engine | None = None, metrics: Metrics | None = None) -> Server:
     """Build (not start) the server; port 0 in config picks free ports, read back from the result."""
-    engine = engine or Engine(config)
+    engine = engine or Engine(config, small_batch_threads=config.first_lane_small_batch_threads)
     metrics = metrics or Metrics()
     metrics.model_info.info(
         {"name": engine.name, "version": engine.version, "provider": engine.provider, "variant": engine.variant}

@@ -50,6 +50,12 @@ class ServerConfig:
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
 
+    @property
+    def first_lane_small_batch_threads(self) -> int | None:
+        """Threads for the first lane's small batches: short_lane_threads when the continuous scheduler splits
+        work into lanes (a lone long lane's few rows are long sequences, which want every thread)."""
+        return self.short_lane_threads if self.scheduler == "continuous" and self.lane_bounds else None
+
     def __post_init__(self) -> None:
         problems = []
         if self.scheduler not in ("continuous", "static"):

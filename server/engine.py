@@ -1,35 +1,87 @@
 """The inference engine: the one server module that touches ONNX Runtime (through
-``export.runtime``). The scheduler sees token ids, numpy arrays and byte counts."""
+``export.runtime``). It implements ``server.interface``: the scheduler sees token ids,
+byte counts and running batches, never caches, sessions or searches.
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Hashable, Sequence
 
 import numpy as np
 
 from export.runtime import OrtModel, RuntimeOptions
-from model.search import DecodeBatch, pad_sources
+from model.search import DecodeBatch, default_max_output, new_search, pad_sources
 from server.config import ServerConfig
+from server.interface import Joined
 
 # Attention-score tensors alive at once in an encoder layer: the scores and their softmax.
 SCORE_COPIES = 2
 
 
-@dataclass(frozen=True)
-class Encoded:
-    cross_k: Any
-    cross_v: Any
-    src_mask: np.ndarray
-    seconds: float
-    padded_tokens: int
-    real_tokens: int
+class RunningBatch:
+    """Sources being decoded together on one engine (``server.interface.Batch``)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._batch: DecodeBatch = engine.model.new_batch()
+
+    @property
+    def rows(self) -> int:
+        """Hypotheses being decoded (a source has one per beam)."""
+        return self._batch.rows
+
+    def __len__(self) -> int:
+        return len(self._batch)
+
+    @property
+    def cache_bytes(self) -> int:
+        """Self-attention cache held now (spare buffers included)."""
+        return self._batch.cache.nbytes
+
+    @property
+    def cross_bytes(self) -> int:
+        """Cross-attention keys/values held now."""
+        return self._batch.cross_nbytes
+
+    def join(
+        self,
+        keys: Sequence[Hashable],
+        sources: Sequence[Sequence[int]],
+        beams: Sequence[int],
+        max_lengths: Sequence[int],
+    ) -> Joined:
+        """Encode sources together and add them, each with its beam size and its longest output (tokens
+        with eos); they decode from the next step on."""
+        engine, start = self._engine, time.perf_counter()
+        c = engine.config
+        src_tokens, src_mask = pad_sources(sources, c.pad_id, c.eos_id)
+        cross_k, cross_v = engine.model.encode(src_tokens, src_mask)
+        searches = [new_search(beam, length, c.eos_id) for beam, length in zip(beams, max_lengths, strict=True)]
+        self._batch.add(keys, searches, cross_k, cross_v, src_mask)
+        return Joined(time.perf_counter() - start, src_mask.size, int(src_mask.sum()))
+
+    def step(self) -> list[tuple[Hashable, list[int]]]:
+        """One decoder step of every row; the sources it finished, with their output ids (no eos)."""
+        return self._batch.step()
+
+    def remove(self, key: Hashable) -> None:
+        """Drop a source mid-way; its rows and caches go at once."""
+        self._batch.remove(key)
 
 
 class Engine:
-    def __init__(self, config: ServerConfig, verify_files: bool = True, intra_op_threads: int | None = None) -> None:
+    """An exported model on ONNX Runtime sessions (``server.interface.Engine``)."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        verify_files: bool = True,
+        intra_op_threads: int | None = None,
+        small_batch_threads: int | None = None,
+    ) -> None:
+        """``small_batch_threads``: CPU batches of fewer than export.runtime.SMALL_BATCH_ROWS rows run on
+        sessions of this many threads (None or 0: the same sessions)."""
         self.server_config = config
         if intra_op_threads is None:
             intra_op_threads = config.intra_op_threads
@@ -39,6 +91,7 @@ class Engine:
             intra_op_threads=intra_op_threads,
             spinning=config.intra_op_spinning,
             verify_files=verify_files,
+            small_batch_threads=small_batch_threads or None,
         )
         self.model = OrtModel(config.model, options)
         self.config = self.model.config
@@ -65,17 +118,15 @@ class Engine:
     def detokenize(self, ids: Sequence[Sequence[int]]) -> list[str]:
         return self.tokenizer.decode(ids)
 
+    @staticmethod
+    def max_length(source_tokens: int, cap: int) -> int:
+        """Longest output searched for a source of ``source_tokens`` tokens (eos included, as is the cap)."""
+        return default_max_output(source_tokens + 1, cap)
+
     # --- inference -----------------------------------------------------------------
 
-    def encode(self, sources: Sequence[Sequence[int]]) -> Encoded:
-        c = self.config
-        start = time.perf_counter()
-        src_tokens, src_mask = pad_sources(sources, c.pad_id, c.eos_id)
-        cross_k, cross_v = self.model.encode(src_tokens, src_mask)
-        return Encoded(cross_k, cross_v, src_mask, time.perf_counter() - start, src_mask.size, int(src_mask.sum()))
-
-    def new_batch(self) -> DecodeBatch:
-        return self.model.new_batch()
+    def new_batch(self) -> RunningBatch:
+        return RunningBatch(self)
 
     # --- memory model ----------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """Admission, batching and the decode loop, on inference threads.
 
 Requests become jobs of segments (sentences). Segments wait in a bounded
-queue; inference threads admit them into running ``DecodeBatch``es:
+queue; inference threads admit them into their engine's running batches:
 
 - ``continuous``: requests go to a lane by their size (``lane_bounds``: a long
   sentence, or a document of many short ones, is long work). Each lane has its
@@ -36,15 +36,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from model.search import DecodeBatch, default_max_output, new_search
 from server.config import ServerConfig
-from server.engine import Engine
 from server.errors import Cancelled, DeadlineExceeded, InferenceFailed, Overloaded, ServiceError, ShuttingDown
+from server.interface import Batch, Engine
 from server.metrics import LENGTH_BUCKETS, Metrics, length_bucket
 from server.text import SegmentSpec
 
 log = logging.getLogger(__name__)
-NARROW_ROWS = 16  # continuous, CPU: below this many rows the first lane runs on its short_lane_threads sessions
 STARVATION_SECONDS = 1.0  # continuous: after this, a segment waiting for room lets nobody pass
 _ids = itertools.count()
 
@@ -108,21 +106,11 @@ class Lane:
     waiting: collections.deque[Segment] = field(default_factory=collections.deque)
     running: dict[Segment, None] = field(default_factory=dict)  # segments in the batch, in join order
     engine: Engine | None = None
-    narrow: Engine | None = None  # the first lane, on CPU: sessions with fewer threads, for small batches
-    batch: DecodeBatch | None = None
+    batch: Batch | None = None
     thread: threading.Thread | None = None
     ready: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
     join_seconds: float = 0.0  # a join's duration (encoder call and cache resizes), a running average
-
-    def engine_for(self, rows: int) -> Engine:
-        return self.narrow if self.narrow is not None and rows < NARROW_ROWS else self.engine
-
-    def new_batch(self) -> DecodeBatch:
-        batch = self.engine.new_batch()
-        if self.narrow is not None:  # the cache is on the host: either engine's sessions can take any step
-            batch.step_fn = lambda batch: self.engine_for(batch.rows).model.step(batch)
-        return batch
 
 
 def lower_thread_priority(niceness: int) -> None:
@@ -189,7 +177,7 @@ class Scheduler:
         segments = []
         lane = self._lane(sum(len(spec.ids) for spec in job.specs))
         for spec in job.specs:
-            max_length = default_max_output(len(spec.ids) + 1, job.max_output_tokens)
+            max_length = self.engine.max_length(len(spec.ids), job.max_output_tokens)
             reserved, predicted = self.estimate(len(spec.ids), job.beam, max_length)
             segments.append(Segment(job, spec, max_length, reserved, predicted, lane))
         largest = max(segments, key=lambda s: s.reserved_bytes + self.engine.encoder_scores_bytes(1, s.source_tokens))
@@ -247,23 +235,14 @@ class Scheduler:
 
     def _start_lane(self, lane: Lane) -> None:
         """A longer lane lowers its priority, then loads its own sessions, so that their threads inherit it.
-        The first lane, on CPU, also loads sessions with short_lane_threads for its small batches, where
-        waking more intra-op threads costs more than it gains."""
+        (The first lane runs on the server's engine, which on CPU steps small batches on fewer threads.)"""
         try:
             lower_thread_priority(lane.niceness)
-            narrow_threads = self.config.short_lane_threads
             if lane.engine is None:
                 lane.engine = self.engine.replica()
-            elif (
-                self.bounds
-                and self.engine.provider == "cpu"
-                and narrow_threads not in (0, self.config.intra_op_threads)
-            ):
-                lane.narrow = self.engine.replica(narrow_threads)
-            if self.config.warmup:
-                for engine in {lane.engine, lane.narrow} - {self.engine, None}:
-                    engine.warmup()
-            lane.batch = lane.new_batch()
+                if self.config.warmup:
+                    lane.engine.warmup()
+            lane.batch = lane.engine.new_batch()
         except Exception as error:
             lane.error = error
             raise
@@ -376,18 +355,17 @@ class Scheduler:
             self.metrics.queue_wait.observe(now - segment.enqueued_at)
             lane.running[segment] = None
         for group in self._length_groups(admitted):
-            encoded = lane.engine_for(len(group)).encode([s.spec.ids for s in group])
+            sources = [s.spec.ids for s in group]
+            joined = lane.batch.join(group, sources, [s.job.beam for s in group], [s.max_length for s in group])
             longest = max(s.source_tokens for s in group)
-            self.metrics.encoder_latency.labels(length_bucket(longest)).observe(encoded.seconds)
+            self.metrics.encoder_latency.labels(length_bucket(longest)).observe(joined.seconds)
             self.metrics.batch_sentences.observe(len(group))
-            self.metrics.batch_tokens.observe(encoded.padded_tokens)
-            self.metrics.padding_ratio.observe(1 - encoded.real_tokens / encoded.padded_tokens)
+            self.metrics.batch_tokens.observe(joined.padded_tokens)
+            self.metrics.padding_ratio.observe(1 - joined.real_tokens / joined.padded_tokens)
             scores = self.engine.encoder_scores_bytes(len(group), longest)
             if scores > self.largest_scores_bytes:
                 self.largest_scores_bytes = scores
                 self.metrics.attention_scores_bytes.set(scores)
-            searches = [new_search(s.job.beam, s.max_length, self.engine.config.eos_id) for s in group]
-            lane.batch.add(group, searches, encoded.cross_k, encoded.cross_v, encoded.src_mask)
 
     def _lane(self, request_tokens: int) -> int:
         """Lanes go by the size of the whole request: the sentences of a long document are long work."""
@@ -478,7 +456,7 @@ class Scheduler:
         """Answer every job in the lane's batch (admitted segments count from the start of their join) with
         error; start afresh."""
         jobs = {s.job for s in lane.running}
-        lane.batch = lane.new_batch()
+        lane.batch = lane.engine.new_batch()
         with self.lock:
             self.reserved_bytes -= sum(s.reserved_bytes for s in lane.running)
             lane.running.clear()
@@ -492,6 +470,6 @@ class Scheduler:
         batches = [lane.batch for lane in self.lanes if lane.batch is not None]
         for lane in self.lanes:
             m.lane_rows.labels(lane.name).set(lane.batch.rows if lane.batch is not None else 0)
-        m.kv_cache_bytes.set(sum(batch.cache.nbytes for batch in batches))
-        m.cross_cache_bytes.set(sum(batch.cross_nbytes for batch in batches))
+        m.kv_cache_bytes.set(sum(batch.cache_bytes for batch in batches))
+        m.cross_cache_bytes.set(sum(batch.cross_bytes for batch in batches))
         m.reserved_bytes.set(self.reserved_bytes)

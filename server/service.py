@@ -11,8 +11,8 @@ import grpc
 
 from proto import translate_pb2, translate_pb2_grpc
 from server.config import ServerConfig
-from server.engine import Engine
 from server.errors import InvalidRequest, ServiceError, status_of
+from server.interface import Engine
 from server.metrics import Metrics, length_bucket
 from server.scheduler import Job, Scheduler, Segment
 from server.text import SegmentSpec, TextLimits, segment_texts

@@ -15,13 +15,13 @@ import grpc
 import pytest
 
 from proto import translate_pb2, translate_pb2_grpc
-from server.engine import Engine
 from server.errors import Overloaded
 from server.metrics import Metrics
 from server.scheduler import Job, Scheduler
 from server.text import SegmentSpec
 from tests.conftest import own_sentences
 from tests.server.conftest import RunningServer, server_config
+from tests.server.fake_engine import FakeEngine
 
 
 def start_subprocess_server(model: Path, *flags: str) -> tuple[subprocess.Popen, int, int]:
@@ -100,16 +100,16 @@ def test_cancelled_request_frees_its_cache(running: RunningServer):
 
 def test_inference_failure_answers_its_batch_with_internal(running: RunningServer, monkeypatch):
     batch = running.server.scheduler.lanes[0].batch
-    original = batch.step_fn
+    original = batch.step
     calls = {"n": 0}
 
-    def failing_once(inputs):
+    def failing_once():
         calls["n"] += 1
         if calls["n"] == 1:
             raise RuntimeError("injected failure")
-        return original(inputs)
+        return original()
 
-    monkeypatch.setattr(batch, "step_fn", failing_once)
+    monkeypatch.setattr(batch, "step", failing_once)
     with pytest.raises(grpc.RpcError) as error:
         running.translate(["A man is walking."])
     assert error.value.code() == grpc.StatusCode.INTERNAL
@@ -120,7 +120,7 @@ def test_inference_failure_answers_its_batch_with_internal(running: RunningServe
 def test_full_queue_refuses_at_once_with_a_retry_hint(tiny_export: Path):
     config = server_config(tiny_export, max_queue_size=2)
     metrics = Metrics()
-    scheduler = Scheduler(Engine(config), config, metrics)  # not started: nothing drains the queue
+    scheduler = Scheduler(FakeEngine(), config, metrics)  # not started: nothing drains the queue
     spec = SegmentSpec(0, 0, "x", [5, 6, 7])
     job = lambda: Job([spec], 1, 16, on_segment=lambda s: None, on_done=lambda e: None)  # noqa: E731
     scheduler.submit(job())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -12,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from export.runtime import OrtModel, RuntimeOptions
-from server.engine import Engine
 from server.metrics import Metrics
-from server.scheduler import NARROW_ROWS, STARVATION_SECONDS, Job, Scheduler
+from server.scheduler import STARVATION_SECONDS, Job, Scheduler
 from server.text import SegmentSpec
 from tests.conftest import own_sentences
 from tests.server.conftest import RunningServer, server_config
+from tests.server.fake_engine import FakeEngine
 
 LONG_TEXT = " ".join(
     f"A man is walking near the water number {i} and a dog follows him" for i in range(6)
@@ -115,21 +116,54 @@ def test_cache_never_exceeds_the_budget(scheduled):
     assert 0 < peak <= budget
 
 
-def _unstarted(config) -> tuple[Engine, Scheduler]:
-    engine = Engine(config)
+def _unstarted(config) -> tuple[FakeEngine, Scheduler]:
+    engine = FakeEngine()
     return engine, Scheduler(engine, config, Metrics())  # not started: the test drives admission itself
 
 
-def _job(engine: Engine, sentences: list[str]) -> Job:
+def _job(engine, sentences: list[str], beam: int = 1, on_segment=lambda s: None, on_done=lambda e: None) -> Job:
     ids = engine.tokenize(sentences)
     specs = [SegmentSpec(0, i, s, row) for i, (s, row) in enumerate(zip(sentences, ids, strict=True))]
-    return Job(specs, beam=1, max_output_tokens=16, on_segment=lambda s: None, on_done=lambda e: None)
+    return Job(specs, beam=beam, max_output_tokens=16, on_segment=on_segment, on_done=on_done)
 
 
-def test_continuous_admission_by_lane(tiny_export: Path):
+@pytest.mark.parametrize("policy", ["static", "continuous"])
+def test_every_request_gets_its_own_answer_once(policy: str):
+    """The scheduler over a fake engine (each source comes back reversed, one token per step): requests of
+    several sizes and beams, arriving while others decode, each get exactly their own outputs, once."""
+    engine = FakeEngine(step_seconds=0.001)
+    config = server_config(Path("unused"), scheduler=policy, lanes="16", max_batch_size=8, warmup=False)
+    scheduler = Scheduler(engine, config, Metrics())
+    scheduler.start()
+    answers: dict[int, list] = {}
+    done = threading.Semaphore(0)
+    jobs = []
+    try:
+        for i in range(40):
+            sentences = own_sentences(1 + i % 3) if i % 7 else [" ".join(own_sentences(3))]
+            job = _job(engine, sentences, beam=1 + i % 4, on_segment=lambda s: answers.setdefault(s.job.id, []).append(s),
+                       on_done=lambda error: done.release() if error is None else None)  # fmt: skip
+            jobs.append(job)
+            scheduler.submit(job)
+            time.sleep(0.002 * (i % 2))
+        for _ in jobs:
+            assert done.acquire(timeout=30)
+    finally:
+        scheduler.stop(timeout=10)
+    for job in jobs:
+        segments = answers[job.id]
+        assert sorted(s.spec.segment_index for s in segments) == list(range(len(job.specs)))  # each once
+        for segment in segments:
+            assert segment.output == list(reversed(segment.spec.ids))[: segment.max_length - 1]
+    assert scheduler.reserved_bytes == 0 and scheduler.running == 0
+    if policy == "continuous":
+        assert len(engine.joins) < len(jobs) * 2  # arrivals joined in groups, not one batch per request
+
+
+def test_continuous_admission_by_lane():
     """Unit test of admission (no inference threads): requests go to a lane by their whole size, each lane
     admits its own arrivals first come first served, up to max_batch_size per lane."""
-    config = server_config(tiny_export, scheduler="continuous", lanes="16", max_batch_size=4)
+    config = server_config(Path("unused"), scheduler="continuous", lanes="16", max_batch_size=4)
     engine, scheduler = _unstarted(config)
     short_lane, long_lane = scheduler.lanes
     document = _job(engine, own_sentences(20))  # 20 short sentences, well over 16 tokens in all: the long lane
@@ -150,10 +184,10 @@ def test_continuous_admission_by_lane(tiny_export: Path):
     )
 
 
-def test_a_segment_starving_for_room_stops_other_lanes(tiny_export: Path):
+def test_a_segment_starving_for_room_stops_other_lanes():
     """A long segment that has waited STARVATION_SECONDS for memory that short requests keep taking makes
     every other lane wait until it fits."""
-    config = server_config(tiny_export, scheduler="continuous", lanes="16")
+    config = server_config(Path("unused"), scheduler="continuous", lanes="16")
     engine, scheduler = _unstarted(config)
     short_lane, long_lane = scheduler.lanes
     document = _job(engine, [" ".join(own_sentences(4))])  # one long sentence
@@ -195,24 +229,22 @@ def test_longer_lanes_run_at_lower_os_priority(tiny_export: Path):
         assert server.translate([LONG_TEXT]).translations[0].text  # and the lane works
 
         # The first lane runs small batches on short_lane_threads (1), larger ones and the long lane on intra_op_threads.
-        def threads(engine: Engine) -> int:
-            return engine.model.decoder.get_session_options().intra_op_num_threads
+        def threads(session) -> int:
+            return session.get_session_options().intra_op_num_threads
 
-        assert [threads(short_lane.narrow), threads(short_lane.engine), threads(long_lane.engine)] == [1, 2, 2]
-        assert short_lane.engine_for(NARROW_ROWS - 1) is short_lane.narrow
-        assert short_lane.engine_for(NARROW_ROWS) is short_lane.engine
-        assert long_lane.narrow is None and long_lane.engine_for(1) is long_lane.engine
+        short, long = short_lane.engine.model, long_lane.engine.model
+        assert [threads(short.small_decoder), threads(short.decoder), threads(long.small_decoder)] == [1, 2, 2]
     finally:
         server.close()
 
 
-def test_a_busy_lane_takes_arrivals_in_batches(tiny_export: Path):
+def test_a_busy_lane_takes_arrivals_in_batches():
     """Arrivals join at once while waiting costs less than the join would cost the running rows; a lone
     arrival to a busy lane waits until its wait reaches rows × the measured join duration."""
-    config = server_config(tiny_export, scheduler="continuous", lanes="64")
+    config = server_config(Path("unused"), scheduler="continuous", lanes="64")
     engine, scheduler = _unstarted(config)
     lane = scheduler.lanes[0]
-    lane.batch = lane.new_batch()
+    lane.engine, lane.batch = engine, engine.new_batch()
     running = [_job(engine, [sentence]) for sentence in own_sentences(4)]
     for job in running:
         scheduler.submit(job)
@@ -231,3 +263,10 @@ def test_a_busy_lane_takes_arrivals_in_batches(tiny_export: Path):
         scheduler.submit(job)
         job.segments[0].enqueued_at -= 0.015  # 45 ms waited in all
     assert scheduler._admit(lane) == [job.segments[0] for job in crowd]
+
+
+def test_scheduler_and_service_import_no_inference_runtime():
+    """The engine boundary: the scheduler and the RPC service reach ONNX Runtime only through an engine."""
+    code = "import sys, server.scheduler, server.service; print(sorted({'onnxruntime', 'torch'} & set(sys.modules)))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert result.stdout.strip() == "[]"

@@ -1,0 +1,75 @@
+"""What the scheduler needs from an inference engine, and nothing else (no ONNX Runtime here).
+
+In the style of TGI's ``Model.generate_token(batch)``: the scheduler creates a running batch,
+joins sources to it (the engine encodes them), steps it, getting back the sources that step
+finished, and removes sources whose callers went away. Caches, sessions and searches stay
+inside the engine (``server.engine``; ``tests/server/fake_engine.py`` is a model-free one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Joined:
+    """What joining sources to a batch cost: the encoder call and the padding of its batch."""
+
+    seconds: float
+    padded_tokens: int
+    real_tokens: int
+
+
+class Batch(Protocol):
+    rows: int  # hypotheses being decoded (a source has one per beam)
+    cache_bytes: int  # self-attention cache held now
+    cross_bytes: int  # cross-attention keys/values held now
+
+    def __len__(self) -> int: ...
+
+    def join(
+        self,
+        keys: Sequence[Hashable],
+        sources: Sequence[Sequence[int]],
+        beams: Sequence[int],
+        max_lengths: Sequence[int],
+    ) -> Joined:
+        """Encode sources together and add them, each with its beam size and longest output (tokens with eos)."""
+
+    def step(self) -> list[tuple[Hashable, list[int]]]:
+        """One decoder step of every row; the sources it finished, with their output ids (no eos)."""
+
+    def remove(self, key: Hashable) -> None:
+        """Drop a source mid-way; its rows and caches go at once."""
+
+
+class Engine(Protocol):
+    name: str
+    version: str
+    provider: str
+    variant: str
+    source_language: str
+    target_language: str
+
+    def replica(self, intra_op_threads: int | None = None) -> Engine:
+        """Another engine on the same model with its own sessions (created on, and inheriting the priority of,
+        the calling thread)."""
+
+    def warmup(self) -> None: ...
+
+    def tokenize(self, texts: list[str]) -> list[list[int]]: ...
+
+    def detokenize(self, ids: Sequence[Sequence[int]]) -> list[str]: ...
+
+    def max_length(self, source_tokens: int, cap: int) -> int:
+        """Longest output searched for a source (tokens with eos)."""
+
+    def new_batch(self) -> Batch: ...
+
+    def sequence_bytes(self, source_tokens: int, target_tokens: int, beam: int) -> int:
+        """Memory one source holds while decoding with ``beam`` rows at ``target_tokens`` steps."""
+
+    def encoder_scores_bytes(self, sentences: int, longest: int) -> int:
+        """Peak attention-score bytes of encoding ``sentences`` sources of up to ``longest`` tokens."""

@@ -1,0 +1,109 @@
+"""The engine interface without a model, for scheduler tests that need no export.
+
+A source "translates" to its ids reversed, one token per decoder step (a beam of b decodes
+b rows); its memory is counted in fixed byte costs per token.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+from server.interface import Joined
+
+BYTES_PER_TOKEN = 1024
+
+
+@dataclass
+class _Source:
+    reversed_ids: list[int]
+    beam: int
+    max_length: int
+    output: list[int] = field(default_factory=list)
+
+
+class FakeBatch:
+    def __init__(self, engine: FakeEngine) -> None:
+        self.engine = engine
+        self.sources: dict[Hashable, _Source] = {}
+
+    @property
+    def rows(self) -> int:
+        return sum(source.beam for source in self.sources.values())
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+    @property
+    def cache_bytes(self) -> int:
+        return sum(s.beam * len(s.output) * BYTES_PER_TOKEN for s in self.sources.values())
+
+    @property
+    def cross_bytes(self) -> int:
+        return sum((len(s.reversed_ids) + 1) * BYTES_PER_TOKEN for s in self.sources.values())
+
+    def join(
+        self,
+        keys: Sequence[Hashable],
+        sources: Sequence[Sequence[int]],
+        beams: Sequence[int],
+        max_lengths: Sequence[int],
+    ) -> Joined:
+        for key, ids, beam, length in zip(keys, sources, beams, max_lengths, strict=True):
+            assert key not in self.sources, key
+            self.sources[key] = _Source(list(reversed(ids)), beam, length)
+        self.engine.joins.append(list(keys))
+        longest = max(len(ids) for ids in sources) + 1
+        return Joined(0.001, longest * len(sources), sum(len(ids) + 1 for ids in sources))
+
+    def step(self) -> list[tuple[Hashable, list[int]]]:
+        time.sleep(self.engine.step_seconds)
+        self.engine.steps.append(self.rows)
+        finished = []
+        for key, source in list(self.sources.items()):
+            done = len(source.output) == len(source.reversed_ids) or len(source.output) + 1 >= source.max_length
+            if done:
+                finished.append((key, source.output))
+                del self.sources[key]
+            else:
+                source.output.append(source.reversed_ids[len(source.output)])
+        return finished
+
+    def remove(self, key: Hashable) -> None:
+        del self.sources[key]
+
+
+class FakeEngine:
+    name, version, provider, variant = "fake", "0", "cpu", "fp32"
+    source_language, target_language = "en", "de"
+
+    def __init__(self, step_seconds: float = 0.0) -> None:
+        self.step_seconds = step_seconds
+        self.joins: list[list[Hashable]] = []  # keys joined together, in order
+        self.steps: list[int] = []  # rows of each step
+
+    def replica(self, intra_op_threads: int | None = None) -> FakeEngine:
+        return self
+
+    def warmup(self) -> None:
+        pass
+
+    def tokenize(self, texts: list[str]) -> list[list[int]]:
+        return [[len(word) + 3 for word in text.split()] for text in texts]
+
+    def detokenize(self, ids: Sequence[Sequence[int]]) -> list[str]:
+        return [" ".join(map(str, row)) for row in ids]
+
+    @staticmethod
+    def max_length(source_tokens: int, cap: int) -> int:
+        return min(cap, 2 * source_tokens + 12)
+
+    def new_batch(self) -> FakeBatch:
+        return FakeBatch(self)
+
+    def sequence_bytes(self, source_tokens: int, target_tokens: int, beam: int) -> int:
+        return (source_tokens + 1 + beam * target_tokens) * BYTES_PER_TOKEN
+
+    def encoder_scores_bytes(self, sentences: int, longest: int) -> int:
+        return sentences * (longest + 1) ** 2 * 4
