@@ -1,4 +1,5 @@
-"""Decoding speed: ``python -m export.benchmark --model DIR [--data DIR]``.
+"""Decoding speed: ``python -m export.benchmark --model DIR [--data DIR]``, or against CTranslate2:
+``python -m export.benchmark --against ctranslate2 [--base-sized]`` (see export/against_ctranslate2.py).
 
 Output tokens per second on test_2016_flickr sentences, batch 1 and 32,
 greedy and beam 4, for PyTorch without and with the KV cache, ONNX Runtime
@@ -13,6 +14,7 @@ import platform
 import shlex
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -46,18 +48,37 @@ def machine() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, required=True, help="exported folder (with the int8 variant)")
+    parser.add_argument("--against", choices=["pytorch", "ctranslate2"], default="pytorch")
+    parser.add_argument("--model", type=Path, help="exported folder with the int8 variant (--against pytorch)")
     parser.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT)
     parser.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[2] / "shared/data/multi30k")
-    parser.add_argument("--sentences", type=int, default=64)
+    parser.add_argument("--sentences", type=int, help="sentences per case (default: 64; ctranslate2: 150 / 1000)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2, help="ctranslate2: threads of each engine")
+    parser.add_argument("--base-sized", action="store_true", help="ctranslate2: a random transformer-base model")
+    parser.add_argument("--cap", type=int, help="ctranslate2: output cap in tokens (default 256; base-sized 40)")
+    parser.add_argument(
+        "--work-dir",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "ct2-benchmark",
+        help="ctranslate2: where the converted models are kept between runs",
+    )
     args = parser.parse_args(argv)
+    if args.against == "ctranslate2":
+        from export.against_ctranslate2 import run_benchmark
+
+        return run_benchmark(args)
+    if args.model is None:
+        parser.error("--model is required with --against pytorch")
+    args.sentences = args.sentences or 64
     model, tokenizer = load_checkpoint(args.checkpoint)
     texts = read_lines(corpus_path(args.data, "test_2016_flickr", "en"))[: args.sentences]
     sources = tokenizer.encode_source(texts)
     torch_translator = TorchTranslator(model, tokenizer)
-    fp32 = OrtModel(args.model, RuntimeOptions(variant="fp32", provider="cpu"))
-    int8 = OrtModel(args.model, RuntimeOptions(variant="int8", provider="cpu"))
+    # The engine's best CPU settings: no spinning, small batches on one thread (export/runtime.py).
+    fp32, int8 = (
+        OrtModel(args.model, RuntimeOptions(v, "cpu", 0, False, small_batch_threads=1)) for v in ("fp32", "int8")
+    )
     variants: dict[str, Translate] = {
         "PyTorch, no cache": lambda s, b: torch_translator.translate_ids(s, b, use_cache=False),
         "PyTorch, KV cache": lambda s, b: torch_translator.translate_ids(s, b),

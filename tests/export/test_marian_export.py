@@ -219,3 +219,40 @@ def test_marian_layout_needs_the_marian_format(tiny_checkpoint: Path, tmp_path: 
     assert export_main.main(args) == 1
     assert "--marian-layout applies to --format marian only" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_benchmark_against_ctranslate2_times_both_engines_on_the_same_ids(
+    tiny_checkpoint: Path, multi30k: Path, tmp_path: Path, capsys
+):
+    pytest.importorskip("ctranslate2")
+    from export.benchmark import main as benchmark_main
+
+    flags = [
+        "--against",
+        "ctranslate2",
+        "--checkpoint",
+        str(tiny_checkpoint),
+        "--data",
+        str(multi30k),
+        "--sentences",
+        "6",
+        "--repeats",
+        "1",
+        "--cap",
+        "12",
+        "--work-dir",
+        str(tmp_path),
+    ]
+    assert benchmark_main(flags) == 0
+    out = capsys.readouterr().out
+    assert "CT2 compute type: " in out and "outputs capped at 12 tokens" in out
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| batch")]
+    assert [row[0].strip() for row in rows] == [
+        "batch 1, greedy",
+        "batch 32, greedy",
+        "batch 1, beam 4",
+        "batch 32, beam 4",
+    ]
+    assert all(float(cell.replace(",", "")) > 0 for row in rows for cell in row[1:4])
+    # A wrong mapping between our ids and CT2's pieces would make no output identical.
+    assert max(float(row[6].strip().rstrip("%")) for row in rows) > 50

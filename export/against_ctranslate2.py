@@ -1,0 +1,216 @@
+"""Our engine against CTranslate2 on the same weights and token ids (``python -m export.benchmark
+--against ctranslate2``; needs the ``marian`` extra).
+
+Default model: the checkpoint is exported to the Marian format (its default, OPUS-MT layout) and
+converted by CTranslate2's own converter. ``--base-sized``: a transformer-base-sized Marian model
+(d_model 512, 8 heads, 6+6 layers, FFN 2048, swish, 32k vocabulary) with random weights made by
+``transformers``, converted by CTranslate2 and imported and exported by us; random weights never
+emit eos, so both engines are capped at the same output length (``--cap``, 40 there).
+
+Both engines translate the same test_2016_flickr token ids with the same thread count and output
+cap (ours counts eos: min(cap, 2·source + 11); CT2 gets that minus one), alternating engines within
+each repeat. Output tokens/s (each best hypothesis' tokens + eos), medians. CTranslate2's compute
+type is the fastest of float32 and int8 on this machine, chosen by a probe that is printed too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import shutil
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from export.runtime import OrtModel, RuntimeOptions
+from model.corpus import corpus_path, read_lines
+from model.search import default_max_output
+
+CASES = ((1, 1, 150), (32, 1, 1000), (1, 4, 150), (32, 4, 1000))  # batch, beam, sentences
+BASE_SIZED_CASES = ((1, 1, 60), (32, 1, 320), (1, 4, 60), (32, 4, 320))  # every output is 40 tokens there
+BASE_SIZED = {"d_model": 512, "heads": 8, "layers": 6, "ffn": 2048, "vocab": 32000}
+Run = Callable[[list[list[int]], int, int], list[list[int]]]
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.machine()
+
+
+def base_sized_marian(folder: Path, spm: Path) -> Path:
+    """A random transformer-base-sized Hugging Face Marian folder. Its vocabulary is our sentencepiece
+    model's pieces (so test sentences tokenize to real ids) padded with unused pieces to 32k, in
+    OPUS-MT's layout: </s> 0, <unk> 1, <pad> last, which is also the start token."""
+    import sentencepiece
+    import torch
+    from transformers import MarianConfig, MarianMTModel
+
+    if (folder / "config.json").exists():
+        return folder
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(spm))
+    pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
+    ordinary = [p for p in pieces if p not in ("<pad>", "<unk>", "<s>", "</s>")]
+    size = BASE_SIZED["vocab"]
+    names = ["</s>", "<unk>", *ordinary]
+    names += [f"<unused_{i}>" for i in range(size - 1 - len(names))] + ["<pad>"]
+    config = MarianConfig(
+        vocab_size=size,
+        decoder_vocab_size=size,
+        d_model=BASE_SIZED["d_model"],
+        encoder_layers=BASE_SIZED["layers"],
+        decoder_layers=BASE_SIZED["layers"],
+        encoder_attention_heads=BASE_SIZED["heads"],
+        decoder_attention_heads=BASE_SIZED["heads"],
+        encoder_ffn_dim=BASE_SIZED["ffn"],
+        decoder_ffn_dim=BASE_SIZED["ffn"],
+        activation_function="swish",
+        pad_token_id=size - 1,
+        eos_token_id=0,
+        decoder_start_token_id=size - 1,
+        max_position_embeddings=512,
+        scale_embedding=True,
+        share_encoder_decoder_embeddings=True,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    MarianMTModel(config).save_pretrained(folder, safe_serialization=True)
+    for name in ("source.spm", "target.spm"):
+        shutil.copy(spm, folder / name)
+    (folder / "vocab.json").write_text(json.dumps({name: i for i, name in enumerate(names)}))
+    tokenizer_config = {"source_lang": "en", "target_lang": "de", "separate_vocabs": False}
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    return folder
+
+
+def prepare(args, work: Path) -> tuple[Path, Path, Callable[[int], int], Callable[[str], int]]:
+    """(our exported folder with fp32 and int8, CT2's converted folder, our id -> CT2 piece, CT2 piece -> our id)."""
+    import ctranslate2
+
+    from export.__main__ import main as export_main
+    from model.checkpoint import DEFAULT_CHECKPOINT
+    from model.marian import import_marian, opus_mt_order
+
+    work.mkdir(parents=True, exist_ok=True)
+    ours, converted = work / "onnx", work / "ct2"
+    if args.base_sized:
+        marian = base_sized_marian(work / "marian", DEFAULT_CHECKPOINT / "sentencepiece.model")
+        checkpoint = work / "checkpoint"
+        if not checkpoint.exists():
+            import_marian(marian, checkpoint)
+    else:
+        checkpoint, marian = args.checkpoint, work / "marian"
+        if not (marian / "config.json").exists() and export_main(
+            ["--format", "marian", "--checkpoint", str(checkpoint), "--out", str(marian), "--force"]
+        ):
+            raise SystemExit(f"the Marian export of {checkpoint} failed (see above)")
+    if not (ours / "manifest.json").exists() and export_main(
+        ["--checkpoint", str(checkpoint), "--out", str(ours), "--int8", "--force"]
+    ):
+        raise SystemExit(f"the ONNX export of {checkpoint} failed (see above)")
+    if not (converted / "model.bin").exists():
+        ctranslate2.converters.TransformersConverter(str(marian)).convert(str(converted), force=True)
+    vocab = json.loads((marian / "vocab.json").read_text())
+    piece = {i: p for p, i in vocab.items()}
+    if args.base_sized:  # imported: our ids are the Marian ids
+        return ours, converted, lambda i: piece[i], lambda p: vocab[p]
+    config = OrtModel(ours, RuntimeOptions("fp32", "cpu")).config
+    order = opus_mt_order(config).numpy()  # Marian id -> our id
+    to_theirs = np.argsort(order)
+    return ours, converted, lambda i: piece[int(to_theirs[i])], lambda p: int(order[vocab[p]])
+
+
+def run_benchmark(args) -> int:
+    import ctranslate2
+
+    work = args.work_dir / ("base-sized" if args.base_sized else "default")
+    ours_dir, converted, to_piece, to_id = prepare(args, work)
+    cap = args.cap or (40 if args.base_sized else 256)
+    options = lambda variant: RuntimeOptions(variant, "cpu", args.threads, False, small_batch_threads=1)  # noqa: E731
+    ours = {variant: OrtModel(ours_dir, options(variant)) for variant in ("fp32", "int8")}
+    texts = read_lines(corpus_path(args.data, "test_2016_flickr", "en"))
+    tokenizer = ours["fp32"].tokenizer
+
+    def run_ours(model: OrtModel) -> Run:
+        def run(sources: list[list[int]], batch: int, beam: int) -> list[list[int]]:
+            chunks = (sources[i : i + batch] for i in range(0, len(sources), batch))
+            return [out for chunk in chunks for out in model.translate_ids(chunk, beam, cap)]
+
+        return run
+
+    def run_theirs(translator) -> Run:
+        def run(sources: list[list[int]], batch: int, beam: int) -> list[list[int]]:
+            outputs = []
+            for i in range(0, len(sources), batch):
+                chunk = sources[i : i + batch]
+                pieces = [[to_piece(t) for t in row] + ["</s>"] for row in chunk]
+                limit = max(default_max_output(len(row) + 1, cap) for row in chunk) - 1
+                results = translator.translate_batch(
+                    pieces, beam_size=beam, max_batch_size=batch, max_decoding_length=limit
+                )
+                outputs += [[to_id(p) for p in r.hypotheses[0]] for r in results]
+            return outputs
+
+        return run
+
+    def rate(run: Run, sources: list[list[int]], batch: int, beam: int) -> tuple[float, list[list[int]]]:
+        start = time.perf_counter()
+        outputs = run(sources, batch, beam)
+        return sum(len(o) + 1 for o in outputs) / (time.perf_counter() - start), outputs
+
+    def translator(compute_type: str):
+        return ctranslate2.Translator(
+            str(converted), "cpu", compute_type=compute_type, inter_threads=1, intra_threads=args.threads
+        )
+
+    print(f"command: python -m export.benchmark {shlex.join(sys.argv[1:])}")
+    print(
+        f"machine: {cpu_name()}, {len(os.sched_getaffinity(0))} cores; {args.threads} threads each; "
+        f"onnxruntime {ort.__version__}, ctranslate2 {ctranslate2.__version__}; medians of {args.repeats}; "
+        f"{'base-sized random model' if args.base_sized else 'default model'}, outputs capped at {cap} tokens\n"
+    )
+    # One CT2 translator alive at a time: its OpenMP threads spin, and a second pool would slow every engine.
+    probe_sources = tokenizer.encode_source(texts[:64])
+    probe = {}
+    for compute_type in ("float32", "int8"):
+        candidate = translator(compute_type)
+        rate(run_theirs(candidate), probe_sources, 32, 1)  # warm
+        probe[compute_type] = rate(run_theirs(candidate), probe_sources, 32, 1)[0]
+        del candidate
+    fastest = max(probe, key=probe.get)
+    print("CT2 probe (64 sentences, batch 32, greedy): " + ", ".join(f"{t} {r:,.0f} tok/s" for t, r in probe.items()))
+    print(f"CT2 compute type: {fastest}\n")
+    theirs = translator(fastest)
+    engines = {"ours fp32": run_ours(ours["fp32"]), "ours int8": run_ours(ours["int8"]), "CT2": run_theirs(theirs)}
+    ct2 = f"CT2 {fastest}"
+    print(f"| case | ours fp32 | ours int8 | {ct2} | best ours / CT2 | fp32 / CT2 | identical (best ours vs CT2) |")
+    print("|---|---|---|---|---|---|---|")
+    for batch, beam, count in BASE_SIZED_CASES if args.base_sized else CASES:
+        count = min(count, args.sentences) if args.sentences else count
+        sources = tokenizer.encode_source(texts[:count])
+        rates: dict[str, list[float]] = {name: [] for name in engines}
+        outputs = {}
+        for _ in range(args.repeats):
+            for name, run in engines.items():
+                value, outputs[name] = rate(run, sources, batch, beam)
+                rates[name].append(value)
+        med = {name: statistics.median(r) for name, r in rates.items()}
+        best = max(("ours fp32", "ours int8"), key=med.get)
+        same = np.mean([a == b for a, b in zip(outputs[best], outputs["CT2"], strict=True)])
+        name = f"batch {batch}, {'greedy' if beam == 1 else f'beam {beam}'}"
+        cells = " | ".join(f"{med[n]:,.0f}" for n in engines)
+        print(
+            f"| {name} | {cells} | {med[best] / med['CT2']:.2f} ({best}) | {med['ours fp32'] / med['CT2']:.2f} | "
+            f"{same:.1%} |",
+            flush=True,
+        )
+    return 0
