@@ -9,6 +9,7 @@ provider too (``io_binding=True``), which is how it is tested without a GPU.
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,12 @@ from model.config import ModelConfig
 from model.search import STEP_OUTPUTS, DecodeBatch, decode, pad_sources, translate_in_batches
 from model.tokenizer import Tokenizer, TokenizerError
 
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
+# Allocations over this get their own mapping, returned on free: long inputs' encoder states and the
+# caches. Below it, a decoder step's many allocations reuse the heap: a lower threshold (128 KiB) cost
+# 40% of batch-32 throughput in mmap/munmap page faults (2-core x86-64, int8, one run, alternating).
+MMAP_THRESHOLD = 4 << 20
+TRIM_THRESHOLD = 64 << 20  # heap kept before it is given back: trimming every step costs as much
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 # ONNX Runtime fusions that make our graphs slower on the CPU, disabled in every session: fused
 # SkipLayerNormalization is 3-4x slower than Add + LayerNormalization (see export/builder.py).
@@ -51,12 +58,36 @@ class RuntimeOptions:
     verify_files: bool = True
     # CPU: batches under SMALL_BATCH_ROWS rows run on sessions with this many threads (None: the same ones).
     small_batch_threads: int | None = None
+    # ONNX Runtime's CPU arena keeps the largest intermediates a session ever made (an encoder call over a
+    # long input) for good, rounded up to powers of two; without it they go back to the allocator (see
+    # bound_process_memory). No measurable speed difference (2-core x86-64, int8, batch 1 and 32).
+    memory_arena: bool = False
 
 
 # Below this many rows a step is too small to share between threads: waking a second intra-op thread
 # costs more than it saves (one-row step 1.10 ms on one thread vs 1.53 ms on two; 8 rows 2.34 vs 2.90;
 # 32 rows 8.29 vs 7.45: 2-core x86-64, see tests/benchmarks/threads.md).
 SMALL_BATCH_ROWS = 16
+
+
+def bound_process_memory() -> None:
+    """Make the process's resident memory follow what it holds, so a memory budget can be kept: numpy no
+    longer asks for transparent huge pages (a lazily zeroed cache buffer would be paged in 2 MiB at a
+    time as slots are written: 2.5x the estimate at 256 tokens), and glibc serves allocations over
+    MMAP_THRESHOLD with their own mappings, returned on free (by default it raises that threshold after
+    large frees, and then keeps freed encoder intermediates). Process-wide; the engine calls it."""
+    try:
+        from numpy._core import multiarray
+    except ImportError:  # numpy < 2
+        from numpy.core import multiarray
+    if hasattr(multiarray, "_set_madvise_hugepage"):
+        multiarray._set_madvise_hugepage(False)
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+        libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    except OSError:  # not glibc
+        pass
 
 
 @dataclass
@@ -126,6 +157,7 @@ class OrtModel:
         session_options.intra_op_num_threads = threads
         session_options.add_session_config_entry("session.intra_op.allow_spinning", "1" if options.spinning else "0")
         session_options.inter_op_num_threads = 1
+        session_options.enable_cpu_mem_arena = options.memory_arena
         files = self.manifest["variants"][self.variant]
         return tuple(
             ort.InferenceSession(

@@ -130,8 +130,9 @@ class KVCache:
             if self._spare is None:
                 self._spare = ([np.empty_like(b) for b in self.keys], [np.empty_like(b) for b in self.values])
             spare_keys, spare_values = self._spare
+            longest = int(self.live_lengths.max(initial=0))  # only live slots: the rest may not even be paged in
             for old, new in zip(self.keys + self.values, spare_keys + spare_values, strict=True):
-                np.take(old[: self.rows], rows, axis=0, out=new[:count])
+                np.take(old[: self.rows, :, :longest], rows, axis=0, out=new[:count, :, :longest], mode="clip")
             self._spare = (self.keys, self.values)
             self.keys, self.values = spare_keys, spare_values
         self.lengths[:count] = self.lengths[rows]
@@ -228,7 +229,7 @@ class SourceCache:
             reference = self.k if self.k is not None else sample
             layers, _, heads, _, d_head = reference.shape
             k = np.zeros((layers, slots, heads, length, d_head), reference.dtype)
-            v = np.zeros_like(k)
+            v = np.zeros(k.shape, k.dtype)  # not zeros_like, which writes every page: calloc pages in lazily
             if self.k is not None and live:
                 k[:, :live, :, :keep] = self.k[:, :live, :, :keep]
                 v[:, :live, :, :keep] = self.v[:, :live, :, :keep]
@@ -257,6 +258,7 @@ def _round_up(value: int, chunk: int) -> int:
 class Search(Protocol):
     rows: int  # live rows this source occupies
     top_k: int  # candidates per row it needs from a step
+    max_length: int  # tokens it may produce, eos included
 
     def advance(
         self, top_log_probs: np.ndarray, top_ids: np.ndarray, eos_log_probs: np.ndarray
@@ -452,6 +454,9 @@ class DecodeBatch:
         for key, search in zip(keys, searches, strict=True):
             assert key not in self.searches and search.rows == 1, key
             self.searches[key] = search
+        # Room for the longest output at once: the cache never grows (and copies) mid-decode. Its
+        # buffers are zeroed lazily by the OS, so slots are paged in only as they are written.
+        self.cache.reserve(self.cache.rows + len(keys), max(search.max_length for search in searches))
         self.cache.add_rows(len(keys))
         self.tokens = np.concatenate([self.tokens, np.full(len(keys), self.start_id, np.int64)])
         self._changed()

@@ -10,13 +10,21 @@ from collections.abc import Hashable, Sequence
 
 import numpy as np
 
-from export.runtime import OrtModel, RuntimeOptions
+from export.runtime import OrtModel, RuntimeOptions, bound_process_memory
 from model.search import DecodeBatch, default_max_output, new_search, pad_sources
 from server.config import ServerConfig
 from server.interface import Joined
 
-# Attention-score tensors alive at once in an encoder layer: the scores and their softmax.
-SCORE_COPIES = 2
+# An encoder call's working memory, measured as what stays resident after it (the heap keeps its
+# high-water mark below MMAP_THRESHOLD): one (B, H, S, S) attention-score tensor and up to 24 (B, S, D)
+# states besides the feed-forward hidden states (6.8 MiB at 257 tokens, 11 MiB at 1,025; estimate 7.9, 44).
+SCORE_COPIES = 1
+ENCODER_STATES = 24
+# Per row, a decoder step holds the logits, their float32 copy and the log-probabilities (V each) ...
+STEP_LOGITS_COPIES = 3
+# ... and a few (D) states besides the feed-forward hidden state.
+STEP_STATES = 8
+PAGE = 4096  # bytes: resident memory grows by pages
 
 
 class RunningBatch:
@@ -93,6 +101,7 @@ class Engine:
             verify_files=verify_files,
             small_batch_threads=small_batch_threads or None,
         )
+        bound_process_memory()
         self.model = OrtModel(config.model, options)
         self.config = self.model.config
         self.tokenizer = self.model.tokenizer
@@ -129,35 +138,40 @@ class Engine:
         return RunningBatch(self)
 
     # --- memory model ----------------------------------------------------------------
+    # What the process holds, as resident memory: caches are zeroed lazily by the OS and paged in as
+    # they are written (bound_process_memory), so they count by the page, per (layer, head) block.
 
-    @property
-    def bytes_per_token(self) -> int:
-        """Keys + values of one token in every decoder layer."""
-        return 2 * self.config.n_decoder_layers * self.config.d_model * self.itemsize
+    def _paged(self, floats: int) -> int:
+        return -(-floats * self.itemsize // PAGE) * PAGE
 
     def source_bytes(self, source_tokens: int) -> int:
         """Cross-attention keys/values of one source (eos included), shared by its beams."""
-        return self.bytes_per_token * (source_tokens + 1)
+        c = self.config
+        return 2 * c.n_decoder_layers * c.n_heads * self._paged((source_tokens + 1) * c.d_head)
 
     def target_bytes(self, target_tokens: int, beam: int) -> int:
         """Self-attention cache of one source's beams after target_tokens steps (heads padded as the graph
         keeps them, see export/decoder_step.py)."""
         c = self.config
-        return beam * target_tokens * 2 * c.n_decoder_layers * c.n_heads * self.model.d_cache * self.itemsize
+        return beam * 2 * c.n_decoder_layers * c.n_heads * self._paged(target_tokens * self.model.d_cache)
 
     def sequence_bytes(self, source_tokens: int, target_tokens: int, beam: int) -> int:
         """What one source decoding with ``beam`` rows holds at ``target_tokens`` steps: its caches (the
-        self-attention cache twice with beam search, whose row reordering gathers into a spare buffer),
-        plus what a decoder step allocates for it: the cross-attention keys/values gathered per row.
-        The step writes the self-attention cache in place and copies none of it."""
-        step_copies = beam * (source_tokens + 1) * self.bytes_per_token
+        self-attention cache twice with beam search, whose row reordering gathers into a spare buffer)
+        and what a decoder step allocates for its rows (the logits and log-probabilities, the feed-forward
+        layer's hidden states and a few model-wide states each). The step writes the self-attention
+        cache in place and reads the cross-attention keys/values where they are."""
+        c = self.config
         buffers = 1 if beam == 1 else 2
-        return self.source_bytes(source_tokens) + buffers * self.target_bytes(target_tokens, beam) + step_copies
+        step = beam * (STEP_LOGITS_COPIES * c.vocab_size + c.d_ff + STEP_STATES * c.d_model) * 4
+        return self.source_bytes(source_tokens) + buffers * self.target_bytes(target_tokens, beam) + step
 
     def encoder_scores_bytes(self, sentences: int, longest: int) -> int:
-        """Peak attention-score bytes of an encoder batch: B · H · S² floats, twice."""
-        s = longest + 1
-        return SCORE_COPIES * sentences * self.config.n_heads * s * s * 4
+        """Peak working memory of an encoder call: its attention scores (B · H · S² floats) and activations
+        (ENCODER_STATES states of S · D floats, the feed-forward layer's S · d_ff)."""
+        c, s = self.config, longest + 1
+        activations = ENCODER_STATES * s * c.d_model + s * c.d_ff
+        return sentences * (SCORE_COPIES * c.n_heads * s * s + activations) * 4
 
     def warmup(self, lengths: Sequence[int] = (8, 32, 128), beams: Sequence[int] = (1, 4)) -> None:
         """Run every length bucket once (greedy and beam) so first requests find warm allocators."""

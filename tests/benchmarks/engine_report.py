@@ -44,39 +44,39 @@ def median_time(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def step_inputs(model: OrtModel, rows: int, source_len: int, cache_len: int) -> dict[str, np.ndarray]:
+def step_seconds(model: OrtModel, length: int, repeats: int) -> float:
+    """Median time of one decoder step of one row with ``length`` cached tokens and a source of ``length``
+    tokens (a search without eos decodes up to there, then steps are timed in place)."""
+    from model.search import GreedySearch, pad_sources
+
     c = model.config
-    rng = np.random.default_rng(0)
-    cache = (c.n_decoder_layers, rows, c.n_heads, cache_len, c.d_head)
-    cross = (c.n_decoder_layers, rows, c.n_heads, source_len, c.d_head)
-    return {
-        "tokens": rng.integers(4, c.vocab_size, rows), "positions": np.full(rows, cache_len, np.int64),
-        "past_k": rng.standard_normal(cache, np.float32), "past_v": rng.standard_normal(cache, np.float32),
-        "cache_mask": np.ones((rows, cache_len), bool), "cross_k": rng.standard_normal(cross, np.float32),
-        "cross_v": rng.standard_normal(cross, np.float32), "src_mask": np.ones((rows, source_len), bool),
-        "source_index": np.arange(rows, dtype=np.int64),
-    }  # fmt: skip
+    src = np.random.default_rng(1).integers(4, c.vocab_size, length).tolist()
+    src_tokens, src_mask = pad_sources([src], c.pad_id, c.eos_id)
+    batch = model.new_batch()
+    batch.add([0], [GreedySearch(length + repeats + 3, -1)], *model.encode(src_tokens, src_mask), src_mask)
+    for _ in range(max(0, length - 1)):
+        batch.step()
+    return median_time(batch.step, repeats)
 
 
 def timing_rows(model_dir: Path, repeats: int) -> list[dict]:
     import torch
 
+    from export.parity import example_inputs
     from model.checkpoint import load_checkpoint
 
     torch_model, _ = load_checkpoint()
-    ort_model = OrtModel(model_dir, RuntimeOptions(provider="cpu"))
+    ort_model = OrtModel(model_dir, RuntimeOptions(provider="cpu", spinning=False, small_batch_threads=1))
     c = ort_model.config
     rows = []
     for length in LENGTHS:
         src = np.random.default_rng(1).integers(4, c.vocab_size, (1, length))
         mask = np.ones_like(src, dtype=bool)
         encoder = median_time(lambda: ort_model.encode(src, mask), repeats)
-        # One step at cache length T = length with a source of the same length.
-        inputs = step_inputs(ort_model, 1, length, length)
-        ort_step = median_time(lambda: ort_model.step(inputs), repeats)
-        tensors = {k: torch.from_numpy(v) for k, v in inputs.items()}
+        ort_step = step_seconds(ort_model, length, repeats)
+        inputs = example_inputs(torch_model, 1, 1, length, length)
         with torch.inference_mode():
-            torch_step = median_time(lambda: torch_model.decode_step(**tensors), repeats)
+            torch_step = median_time(lambda: torch_model.decode_step(**inputs), repeats)
             memory = torch_model.encode(torch.from_numpy(src), torch.from_numpy(mask))
             prefix = torch.from_numpy(np.random.default_rng(2).integers(4, c.vocab_size, (1, length + 1)))
             no_cache = median_time(lambda: torch_model.decode(prefix, memory, torch.from_numpy(mask)), repeats)
@@ -91,8 +91,7 @@ def timing_rows(model_dir: Path, repeats: int) -> list[dict]:
         )
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     # The step with almost nothing to attend to: what is left is projections, FFN and the output layer.
-    base = step_inputs(ort_model, 1, 1, 0)
-    floor = median_time(lambda: ort_model.step(base), repeats)
+    floor = step_seconds(ort_model, 1, repeats)
     for row in rows:
         row["attention_share"] = max(0.0, 1 - floor / row["ort_step_s"])
     return rows
@@ -101,7 +100,7 @@ def timing_rows(model_dir: Path, repeats: int) -> list[dict]:
 def batch_sweep(model_dir: Path, data: Path, repeats: int) -> list[dict]:
     from model.corpus import corpus_path, read_lines
 
-    ort_model = OrtModel(model_dir, RuntimeOptions(provider="cpu"))
+    ort_model = OrtModel(model_dir, RuntimeOptions(provider="cpu", spinning=False, small_batch_threads=1))
     texts = read_lines(corpus_path(data, "test_2016_flickr", "en"))[:128]
     ids = ort_model.tokenizer.encode_source(texts)
     result = []
@@ -120,12 +119,14 @@ def batch_sweep(model_dir: Path, data: Path, repeats: int) -> list[dict]:
 
 
 def measure_memory(model_dir: Path, length: int, beam: int) -> None:
-    """In a fresh process: peak RSS growth while encoding one source of ``length`` tokens and
-    decoding ``length`` steps with ``beam`` rows, next to the server's estimate."""
+    """In a fresh process: peak RSS growth while encoding one source of ``length`` tokens and decoding
+    ``length`` steps with ``beam`` rows (a search that never meets eos), next to the server's estimate."""
     import psutil
 
+    from model.search import BeamSearch, GreedySearch, pad_sources
+
     engine = Engine(ServerConfig(model=model_dir, provider="cpu", warmup=False))
-    engine.warmup(lengths=(8,), beams=(1,))
+    engine.warmup(lengths=(8,), beams=(beam,))
     process = psutil.Process()
     baseline, peak, running = process.memory_info().rss, [0], [True]
 
@@ -138,26 +139,19 @@ def measure_memory(model_dir: Path, length: int, beam: int) -> None:
     thread.start()
     c = engine.config
     src = np.random.default_rng(0).integers(4, c.vocab_size, length).tolist()
-    encoded = engine.encode([src])
-    batch = engine.new_batch()
-    from model.search import GreedySearch
-
-    batch.add([0], [GreedySearch(10**9, -1)], encoded.cross_k, encoded.cross_v, encoded.src_mask)
-    batch.cache.chunk = 1
-    for _ in range(beam - 1):  # extra rows decode alongside, as beams would
-        batch.cache.add_empty_rows(1)
-    for _ in range(length):
-        inputs = {"tokens": np.full(batch.cache.k.shape[1], 5, np.int64), "positions": batch.cache.lengths.copy(),
-                  "past_k": batch.cache.k, "past_v": batch.cache.v, "cache_mask": batch.cache.mask,
-                  "cross_k": batch.cross_k, "cross_v": batch.cross_v, "src_mask": batch.src_mask,
-                  "source_index": np.zeros(batch.cache.k.shape[1], np.int64)}  # fmt: skip
-        _, new_k, new_v = engine.model.step(inputs)
-        batch.cache.append(new_k, new_v)
+    src_tokens, src_mask = pad_sources([src], c.pad_id, c.eos_id)
+    batch = engine.new_batch()._batch  # the engine's own batch: a search without eos is not on its interface
+    search = GreedySearch(length + 1, -1) if beam == 1 else BeamSearch(beam, length + 1, -1)
+    batch.add([0], [search], *engine.model.encode(src_tokens, src_mask), src_mask)
+    cache_bytes = 0
+    while len(batch):
+        cache_bytes = max(cache_bytes, batch.cache.nbytes + batch.cross_nbytes)
+        batch.step()
     running[0] = False
     thread.join()
     estimate = engine.sequence_bytes(length, length, beam) + engine.encoder_scores_bytes(1, length)
     print(json.dumps({"length": length, "beam": beam, "measured_bytes": peak[0] - baseline, "estimate_bytes": estimate,
-                      "cache_bytes": batch.cache.nbytes + encoded.cross_k.nbytes * 2}))  # fmt: skip
+                      "cache_bytes": cache_bytes}))  # fmt: skip
 
 
 def memory_rows(model_dir: Path, beam: int) -> list[dict]:
@@ -191,18 +185,13 @@ def plots(timings: list[dict], memory: list[dict], out: Path) -> None:
     ax.legend()
     fig.savefig(out / "latency_vs_length.png", dpi=110, bbox_inches="tight")
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    ax.plot(
-        [r["length"] for r in memory],
-        [r["measured_bytes"] / 2**20 for r in memory],
-        marker="o",
-        label="measured peak RSS growth",
-    )
-    ax.plot(
-        [r["length"] for r in memory],
-        [r["estimate_bytes"] / 2**20 for r in memory],
-        marker="s",
-        label="server estimate",
-    )
+    for beam in sorted({r["beam"] for r in memory}):
+        rows = [r for r in memory if r["beam"] == beam]
+        lengths = [r["length"] for r in rows]
+        ax.plot(lengths, [r["measured_bytes"] / 2**20 for r in rows], marker="o", label=f"measured, beam {beam}")
+        ax.plot(
+            lengths, [r["estimate_bytes"] / 2**20 for r in rows], marker="s", ls="--", label=f"estimate, beam {beam}"
+        )
     ax.set(
         xscale="log",
         yscale="log",
@@ -221,14 +210,14 @@ def main() -> int:
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared/data/multi30k")
     parser.add_argument("--out", type=Path, default=ROOT / "tests/benchmarks")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--beam", type=int, default=4, help=argparse.SUPPRESS)
     parser.add_argument("--measure-memory", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure_memory:
         measure_memory(args.model, args.measure_memory, args.beam)
         return 0
     timings = timing_rows(args.model, args.repeats)
-    memory = memory_rows(args.model, args.beam)
+    memory = [row for beam in (1, 4) for row in memory_rows(args.model, beam)]
     sweep = batch_sweep(args.model, args.data, max(1, args.repeats // 2))
     args.out.mkdir(parents=True, exist_ok=True)
     lines = [f"command: `python tests/benchmarks/engine_report.py --model {args.model} --repeats {args.repeats}`",
@@ -238,12 +227,14 @@ def main() -> int:
     for r in timings:
         lines.append(f"| {r['length']} | {r['encoder_s'] * 1e3:.2f} | {r['ort_step_s'] * 1e3:.2f} | {r['torch_step_s'] * 1e3:.2f} | "
                      f"{r['torch_no_cache_step_s'] * 1e3:.2f} | {r['attention_share']:.0%} |")  # fmt: skip
-    lines += ["", f"Peak memory, one source decoded for as many steps as it has tokens, beam {args.beam} (fresh process each):", "",
-              "| length | measured peak RSS growth MiB | server estimate MiB | ratio | caches (exact) MiB |", "|---|---|---|---|---|"]  # fmt: skip
+    lines += ["", "Peak memory, one source decoded for as many steps as it has tokens (fresh process each):", "",
+              "| length | beam | measured peak RSS growth MiB | server estimate MiB | ratio | cache buffers allocated MiB |",
+              "|---|---|---|---|---|---|"]  # fmt: skip
     for r in memory:
         ratio = r["measured_bytes"] / r["estimate_bytes"]
         lines.append(
-            f"| {r['length']} | {r['measured_bytes'] / 2**20:.1f} | {r['estimate_bytes'] / 2**20:.1f} | {ratio:.2f} | {r['cache_bytes'] / 2**20:.1f} |"
+            f"| {r['length']} | {r['beam']} | {r['measured_bytes'] / 2**20:.1f} | {r['estimate_bytes'] / 2**20:.1f} | "
+            f"{ratio:.2f} | {r['cache_bytes'] / 2**20:.1f} |"
         )
     lines += ["", "Batch-size sweep (ONNX Runtime fp32, greedy, 128 test_2016_flickr sentences):", "",
               "| batch | output tokens/s | sentences/s |", "|---|---|---|"]  # fmt: skip
