@@ -120,17 +120,17 @@ class KVCache:
     def select(self, rows: np.ndarray) -> None:
         """Keep these rows, in this order (indices may repeat)."""
         count = len(rows)
+        longest = int(self.live_lengths.max(initial=0))  # only live slots: the rest may not even be paged in
         if count and np.all(rows[1:] > rows[:-1]):  # increasing: each row moves down or stays, in place
             moved = np.flatnonzero(rows != np.arange(count))
             for buffer in self.keys + self.values:
                 for target in moved:
-                    buffer[target] = buffer[rows[target]]
+                    buffer[target, :, :longest] = buffer[rows[target], :, :longest]
         elif count:
             self.reserve(count, self.capacity)  # a beam's first step turns one row into several
             if self._spare is None:
                 self._spare = ([np.empty_like(b) for b in self.keys], [np.empty_like(b) for b in self.values])
             spare_keys, spare_values = self._spare
-            longest = int(self.live_lengths.max(initial=0))  # only live slots: the rest may not even be paged in
             for old, new in zip(self.keys + self.values, spare_keys + spare_values, strict=True):
                 np.take(old[: self.rows, :, :longest], rows, axis=0, out=new[:count, :, :longest], mode="clip")
             self._spare = (self.keys, self.values)
