@@ -12,15 +12,17 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 
+from export.cache_ops import cache_op_path
 from export.manifest import ModelFolderError, read_manifest
 from model.config import ModelConfig
-from model.search import STEP_OUTPUTS, DecodeBatch, decode, pad_sources, translate_in_batches
+from model.search import STEP_OUTPUTS, DecodeBatch, KVCache, decode, pad_sources, translate_in_batches
 from model.tokenizer import Tokenizer, TokenizerError
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
@@ -55,6 +57,9 @@ class RuntimeOptions:
     intra_op_threads: int = 0  # 0: ONNX Runtime's default (one per physical core)
     spinning: bool = True  # intra-op threads spin between tasks: faster alone, but steals cores from others
     io_binding: bool | None = None  # None: on for CUDA, off for CPU
+    # The self-attention cache on the step's device for the whole decode (DeviceKVCache; implies
+    # io_binding). None: on for CUDA; on the CPU provider it runs the same code, for tests.
+    device_cache: bool | None = None
     verify_files: bool = True
     # CPU: batches under SMALL_BATCH_ROWS rows run on sessions with this many threads (None: the same ones).
     small_batch_threads: int | None = None
@@ -90,6 +95,74 @@ def bound_process_memory() -> None:
         pass
 
 
+@dataclass(frozen=True)
+class BufferView:
+    """The first rows of a device buffer, bound to the step by address (ONNX Runtime values cannot be sliced)."""
+
+    value: ort.OrtValue
+    shape: tuple[int, ...]
+
+
+class CacheOps:
+    """Row gathers and zero-padded copies of cache buffers, run where the buffers live (one-node graphs on
+    the step's execution provider), so a device-resident cache never visits the host."""
+
+    def __init__(self, provider: str, device: str, dtype: type) -> None:
+        self.device, self.dtype = device, dtype
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        graph = lambda op: str(cache_op_path(op, dtype))  # noqa: E731
+        self.gather = ort.InferenceSession(graph("gather"), options, providers=[provider])
+        self.pad = ort.InferenceSession(graph("pad"), options, providers=[provider])
+
+    def empty(self, shape: tuple[int, ...]) -> ort.OrtValue:
+        return ort.OrtValue.ortvalue_from_shape_and_type(list(shape), self.dtype, self.device, 0)
+
+    def run(self, session: ort.InferenceSession, source: BufferView, index: np.ndarray, target: BufferView) -> None:
+        binding = session.io_binding()
+        binding.bind_input("x", self.device, 0, self.dtype, list(source.shape), source.value.data_ptr())
+        binding.bind_cpu_input(session.get_inputs()[1].name, index)
+        binding.bind_output("y", self.device, 0, self.dtype, list(target.shape), target.value.data_ptr())
+        session.run_with_iobinding(binding)
+
+
+class DeviceKVCache(KVCache):
+    """The self-attention cache on the step's device for the whole decode (CUDA; tested on the CPU provider):
+    buffers are ONNX Runtime values, bound to the step by address; reordering rows gathers into the spare
+    buffers and growing copies with zero padding, both by ``CacheOps`` on the device. Rows are always
+    gathered (no in-place moves on a device)."""
+
+    compacts_in_place = False
+
+    def __init__(self, layers: int, heads: int, d_cache: int, dtype, ops: CacheOps) -> None:
+        self.ops = ops
+        super().__init__(layers, heads, d_cache, dtype)
+
+    def _buffer(self, rows: int, capacity: int) -> ort.OrtValue:
+        return self.ops.empty((rows, self.heads, capacity, self.d_cache))
+
+    @staticmethod
+    def _shape(buffer: ort.OrtValue) -> tuple[int, ...]:
+        return tuple(buffer.shape())
+
+    def _copy_live(self, old: ort.OrtValue, new: ort.OrtValue, longest: int) -> None:
+        """All rows of old, zero-padded to new's shape (whole rows: padding needs no strides)."""
+        shape, target = self._shape(old), self._shape(new)
+        if 0 in shape:
+            return
+        pads = np.array([0, 0, 0, 0, target[0] - shape[0], 0, target[2] - shape[2], 0], np.int64)
+        self.ops.run(self.ops.pad, BufferView(old, shape), pads, BufferView(new, target))
+
+    def _gather(self, old: ort.OrtValue, new: ort.OrtValue, rows: np.ndarray, longest: int) -> None:
+        _, heads, capacity, d = self._shape(old)
+        source = BufferView(old, (self.rows, heads, capacity, d))
+        self.ops.run(self.ops.gather, source, rows.astype(np.int64), BufferView(new, (len(rows), heads, capacity, d)))
+
+    def view(self, buffer: ort.OrtValue) -> BufferView:
+        _, heads, capacity, d = self._shape(buffer)
+        return BufferView(buffer, (self.rows, heads, capacity, d))
+
+
 @dataclass
 class _Binding:
     """A decoder session's binding to one layout of one batch, and the values it needs kept alive."""
@@ -109,6 +182,12 @@ def bind_step(
     are kept with it."""
     binding, values = decoder.io_binding(), []
     for name, value in feeds.items():
+        if isinstance(value, BufferView):  # a device cache buffer's live rows, in place
+            args = (device, 0, ORT_DTYPES[value.value.data_type()], list(value.shape), value.value.data_ptr())
+            binding.bind_input(name, *args)
+            binding.bind_output(name.replace("past_", "present_"), *args)
+            values.append(value.value)
+            continue
         if not isinstance(value, ort.OrtValue):
             assert value.flags.c_contiguous, name  # a copy would not see the caller's updates
             value = ort.OrtValue.ortvalue_from_numpy(value, device)
@@ -141,7 +220,9 @@ class OrtModel:
             raise ModelFolderError(str(e)) from e
         self.provider = resolve_provider(options.provider)
         self.device = "cuda" if self.provider == "cuda" else "cpu"
+        self.device_cache = self.provider == "cuda" if options.device_cache is None else options.device_cache
         self.io_binding = self.provider == "cuda" if options.io_binding is None else options.io_binding
+        self.io_binding = self.io_binding or self.device_cache
         self.encoder, self.decoder = self._sessions(options, options.intra_op_threads)
         self.small_encoder, self.small_decoder = self.encoder, self.decoder
         small = options.small_batch_threads
@@ -151,6 +232,9 @@ class OrtModel:
         self.cache_dtype = ORT_DTYPES[past.type]
         self.d_cache = past.shape[3]
         self._bindings: dict[int, _Binding] = {}  # by id of the decoder session
+        self._cache_ops = (
+            CacheOps(PROVIDERS[self.provider], self.device, self.cache_dtype) if self.device_cache else None
+        )
 
     def _sessions(self, options: RuntimeOptions, threads: int) -> tuple[ort.InferenceSession, ort.InferenceSession]:
         session_options = ort.SessionOptions()
@@ -203,9 +287,9 @@ class OrtModel:
         """An empty running batch over this model's decoder step."""
         c = self.config
         place = self._on_device if self.io_binding else None
-        return DecodeBatch(
-            self.step, c.n_decoder_layers, c.n_heads, self.d_cache, c.decoder_start_id, self.cache_dtype, place
-        )
+        cache_type = KVCache if self._cache_ops is None else partial(DeviceKVCache, ops=self._cache_ops)
+        layout = (c.n_decoder_layers, c.n_heads, self.d_cache, c.decoder_start_id, self.cache_dtype)
+        return DecodeBatch(self.step, *layout, place, cache_type)
 
     def _on_device(self, array: np.ndarray) -> ort.OrtValue:
         """A host array copied to the session's device, to be bound to the decoder step without further copies."""

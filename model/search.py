@@ -51,6 +51,8 @@ class KVCache:
     compacting rows in increasing order (sources leaving) moves them in place.
     """
 
+    compacts_in_place = True  # rows that only move down are moved within their buffers
+
     def __init__(self, layers: int, heads: int, d_cache: int, dtype=np.float32, chunk: int = 16) -> None:
         self.layers, self.heads, self.d_cache, self.dtype, self.chunk = layers, heads, d_cache, dtype, chunk
         self.version = 0
@@ -63,29 +65,56 @@ class KVCache:
         self.lengths, self.rows, self._spare = np.zeros(0, np.int32), 0, None
         self.version += 1
 
+    # --- storage: numpy arrays here; export.runtime.DeviceKVCache keeps them on a device instead ---
+
     def _buffer(self, rows: int, capacity: int) -> np.ndarray:
         return np.zeros((rows, self.heads, capacity, self.d_cache), self.dtype)
 
+    @staticmethod
+    def _shape(buffer) -> tuple[int, ...]:
+        return buffer.shape
+
+    def _copy_live(self, old, new, longest: int) -> None:
+        """The live rows' first ``longest`` slots of ``old`` into the same places of ``new``."""
+        new[: self.rows, :, :longest] = old[: self.rows, :, :longest]
+
+    def _gather(self, old, new, rows: np.ndarray, longest: int) -> None:
+        """new[i] = old[rows[i]] for the first ``longest`` slots."""
+        np.take(old[: self.rows, :, :longest], rows, axis=0, out=new[: len(rows), :, :longest], mode="clip")
+
+    def _compact(self, rows: np.ndarray, longest: int) -> None:
+        """Keep these rows (increasing), moving each down in place."""
+        moved = np.flatnonzero(rows != np.arange(len(rows)))
+        for buffer in self.keys + self.values:
+            for target in moved:
+                buffer[target, :, :longest] = buffer[rows[target], :, :longest]
+
+    def view(self, buffer):
+        """What the step binds for a buffer: its live rows (a contiguous view)."""
+        return buffer[: self.rows]
+
+    # --- rows and slots ---------------------------------------------------------------
+
     @property
     def capacity(self) -> int:
-        return self.keys[0].shape[2]
+        return self._shape(self.keys[0])[2]
 
     @property
     def rows_capacity(self) -> int:
-        return self.keys[0].shape[0]
+        return self._shape(self.keys[0])[0]
 
     @property
     def nbytes(self) -> int:
-        spare = 0 if self._spare is None else sum(b.nbytes for b in self._spare[0] + self._spare[1])
-        return sum(b.nbytes for b in self.keys + self.values) + spare
+        buffers = self.keys + self.values + ([] if self._spare is None else self._spare[0] + self._spare[1])
+        return sum(int(np.prod(self._shape(b))) for b in buffers) * np.dtype(self.dtype).itemsize
 
     @property
     def live_lengths(self) -> np.ndarray:
         return self.lengths[: self.rows]
 
-    def views(self) -> list[np.ndarray]:
-        """past_key_0, past_value_0, past_key_1, ...: the live rows of each buffer (contiguous views)."""
-        return [buffer[: self.rows] for pair in zip(self.keys, self.values, strict=True) for buffer in pair]
+    def views(self) -> list:
+        """past_key_0, past_value_0, past_key_1, ...: the live rows of each buffer."""
+        return [self.view(buffer) for pair in zip(self.keys, self.values, strict=True) for buffer in pair]
 
     def reserve(self, rows: int, length: int) -> None:
         """Room for ``rows`` rows of ``length`` slots; live entries are kept."""
@@ -96,13 +125,14 @@ class KVCache:
         )
         new_capacity = _round_up(length, self.chunk) if length > self.capacity else self.capacity
         longest = int(self.live_lengths.max(initial=0))
+        self._spare = None
         for buffers in (self.keys, self.values):
             for i, old in enumerate(buffers):
                 buffers[i] = self._buffer(new_rows, new_capacity)
-                buffers[i][: self.rows, :, :longest] = old[: self.rows, :, :longest]
+                self._copy_live(old, buffers[i], longest)
         lengths = np.zeros(new_rows, np.int32)
         lengths[: self.rows] = self.live_lengths
-        self.lengths, self._spare = lengths, None
+        self.lengths = lengths
         self.version += 1
 
     def add_rows(self, count: int) -> None:
@@ -121,18 +151,18 @@ class KVCache:
         """Keep these rows, in this order (indices may repeat)."""
         count = len(rows)
         longest = int(self.live_lengths.max(initial=0))  # only live slots: the rest may not even be paged in
-        if count and np.all(rows[1:] > rows[:-1]):  # increasing: each row moves down or stays, in place
-            moved = np.flatnonzero(rows != np.arange(count))
-            for buffer in self.keys + self.values:
-                for target in moved:
-                    buffer[target, :, :longest] = buffer[rows[target], :, :longest]
+        if count and self.compacts_in_place and np.all(rows[1:] > rows[:-1]):  # sources left: rows move down
+            self._compact(rows, longest)
         elif count:
             self.reserve(count, self.capacity)  # a beam's first step turns one row into several
             if self._spare is None:
-                self._spare = ([np.empty_like(b) for b in self.keys], [np.empty_like(b) for b in self.values])
+                self._spare = tuple(
+                    [self._buffer(self.rows_capacity, self.capacity) for _ in buffers]
+                    for buffers in (self.keys, self.values)
+                )
             spare_keys, spare_values = self._spare
             for old, new in zip(self.keys + self.values, spare_keys + spare_values, strict=True):
-                np.take(old[: self.rows, :, :longest], rows, axis=0, out=new[:count, :, :longest], mode="clip")
+                self._gather(old, new, rows, longest)
             self._spare = (self.keys, self.values)
             self.keys, self.values = spare_keys, spare_values
         self.lengths[:count] = self.lengths[rows]
@@ -383,7 +413,8 @@ class DecodeBatch:
     ``sources`` (kept once per source, so a request's beams share them: the step
     attends to them once for the source's group of rows, see ``row_groups``).
     ``place`` puts the cross-attention buffers where the step wants them (see
-    ``SourceCache``). ``version`` changes whenever a feed's shape or memory does,
+    ``SourceCache``); ``cache_type`` makes the self-attention cache (on a device: see
+    ``export.runtime.DeviceKVCache``). ``version`` changes whenever a feed's shape or memory does,
     so a step can keep its bindings until then.
     """
 
@@ -396,10 +427,11 @@ class DecodeBatch:
         start_id: int,
         dtype=np.float32,
         place: Callable[[np.ndarray], Any] | None = None,
+        cache_type: type[KVCache] | Callable[..., KVCache] = KVCache,
     ) -> None:
         self.step_fn = step_fn
         self.start_id = start_id
-        self.cache = KVCache(layers, heads, d_cache, dtype)
+        self.cache = cache_type(layers, heads, d_cache, dtype)
         self.sources = SourceCache(place)
         self.searches: dict[Any, Search] = {}  # live sources, in row order
         self.tokens = np.zeros(0, np.int64)

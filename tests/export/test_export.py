@@ -11,6 +11,7 @@ import onnxruntime as ort
 import pytest
 
 from export import __main__ as export_main
+from export.cache_ops import DTYPES, OPS, build, cache_op_path
 from export.manifest import ModelFolderError, read_manifest
 from export.parity import ParityReport, check_graphs
 from export.runtime import OrtModel, RuntimeOptions
@@ -59,14 +60,17 @@ def test_runtime_decoder_equals_pytorch(tiny_checkpoint: Path, tiny_export: Path
     assert runtime.translate_ids(ids, beam, max_output_tokens=20) == expected
 
 
+@pytest.mark.parametrize("device_cache", [False, True])
 @pytest.mark.parametrize("beam", [1, 3])
-def test_sources_join_a_running_batch_with_io_binding(tiny_export: Path, beam: int):
-    """The CUDA path (IOBinding, cross keys/values held as device values) run on the CPU provider:
-    sources joining mid-way get the translations they get alone."""
-    runtime = OrtModel(tiny_export, RuntimeOptions(provider="cpu", io_binding=True))
+def test_sources_join_a_running_batch_with_io_binding(tiny_export: Path, beam: int, device_cache: bool):
+    """The CUDA path run on the CPU provider (IOBinding, cross keys/values held as device values; with
+    device_cache, the self-attention cache too, reordered and grown by graphs on the device): sources
+    joining mid-way get the translations they get alone on the host path."""
+    host = OrtModel(tiny_export, RuntimeOptions(provider="cpu"))
+    runtime = OrtModel(tiny_export, RuntimeOptions(provider="cpu", io_binding=True, device_cache=device_cache))
     c = runtime.config
     ids = runtime.tokenizer.encode_source(own_sentences(6))
-    alone = [runtime.translate_ids([source], beam, max_output_tokens=20)[0] for source in ids]
+    alone = [host.translate_ids([source], beam, max_output_tokens=20)[0] for source in ids]
     batch = runtime.new_batch()
     arrivals = {0: [0, 1], 1: [2], 3: [3, 4], 5: [5]}
     results: dict[int, list[int]] = {}
@@ -80,6 +84,7 @@ def test_sources_join_a_running_batch_with_io_binding(tiny_export: Path, beam: i
             searches = [new_search(beam, default_max_output(len(s) + 1, 20), c.eos_id) for s in sources]
             batch.add(keys, searches, cross_k, cross_v, src_mask)
             assert isinstance(batch.sources.step_inputs()[0][0], ort.OrtValue)
+            assert isinstance(batch.cache.keys[0], ort.OrtValue if device_cache else np.ndarray)
         if len(batch):
             results.update(batch.step())
         step += 1
@@ -100,6 +105,10 @@ def test_fp16_variant_runs_and_stays_close(tiny_export: Path):
     runtime = OrtModel(tiny_export, RuntimeOptions(variant="fp16", provider="cpu"))
     assert runtime.cache_dtype == np.float16
     assert len(runtime.translate(["A man is walking."])) == 1
+    on_device = OrtModel(tiny_export, RuntimeOptions(variant="fp16", provider="cpu", device_cache=True))
+    sentences = own_sentences(8)
+    for beam in (1, 3):  # the CUDA layout (fp16 cache kept where the step runs) on the CPU provider
+        assert on_device.translate(sentences, beam) == runtime.translate(sentences, beam)
 
 
 def test_modified_file_refuses_to_load(tiny_export: Path, tmp_path: Path):
@@ -148,3 +157,10 @@ def test_small_batches_step_on_sessions_of_their_own(tiny_export: Path):
     for beam in (1, 2):
         assert small.translate_ids(ids, beam, max_output_tokens=20) == plain.translate_ids(ids, beam, 20)
     assert len(small._bindings) == 2
+
+
+def test_cache_op_graphs_are_the_ones_the_builder_writes():
+    """The shipped one-node graphs (the server cannot build them: no onnx package) are current."""
+    for op in OPS:
+        for dtype in DTYPES:
+            assert cache_op_path(op, dtype).read_bytes() == build(op, dtype), f"run python -m export.cache_ops ({op})"

@@ -1,0 +1,51 @@
+"""One-node graphs over a self-attention cache buffer (rows, heads, slots, d), run on the decoder's own
+device so that a device-resident cache never visits the host (export.runtime.DeviceKVCache):
+
+- ``gather``: y = Gather(x, rows) along rows (beam reordering, sources leaving);
+- ``pad``:    y = Pad(x, pads) with zeros (more rows or slots).
+
+They ship as files in export/cache_ops/ (the server has no ``onnx`` package to build them);
+``python -m export.cache_ops`` writes them, and a test checks the files against this builder.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+FOLDER = Path(__file__).resolve().parent / "cache_ops"
+OPS = {"gather": ("Gather", "rows"), "pad": ("Pad", "pads")}
+DTYPES = (np.float32, np.float16)
+
+
+def cache_op_path(op: str, dtype: type) -> Path:
+    return FOLDER / f"{op}.{np.dtype(dtype).name}.onnx"
+
+
+def build(op: str, dtype: type) -> bytes:
+    from onnx import TensorProto, helper
+
+    op_type, index = OPS[op]
+    f = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    inputs = [
+        helper.make_tensor_value_info("x", f, ["rows", "heads", "slots", "d"]),
+        helper.make_tensor_value_info(index, TensorProto.INT64, ["n"]),
+    ]
+    node = helper.make_node(op_type, ["x", index], ["y"], **({"axis": 0} if op_type == "Gather" else {}))
+    graph = helper.make_graph([node], op, inputs, [helper.make_tensor_value_info("y", f, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="translation-service")
+    return model.SerializeToString()
+
+
+def main() -> int:
+    FOLDER.mkdir(exist_ok=True)
+    for op in OPS:
+        for dtype in DTYPES:
+            cache_op_path(op, dtype).write_bytes(build(op, dtype))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
