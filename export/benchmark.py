@@ -56,6 +56,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2, help="ctranslate2: threads of each engine")
     parser.add_argument("--base-sized", action="store_true", help="ctranslate2: a random transformer-base model")
+    parser.add_argument(
+        "--ct2-compute-type",
+        choices=["float32", "int8"],
+        help="ctranslate2: CT2's compute type (default: float32, int8 with --base-sized)",
+    )
     parser.add_argument("--cap", type=int, help="ctranslate2: output cap in tokens (default 256; base-sized 40)")
     parser.add_argument(
         "--work-dir",

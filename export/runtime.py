@@ -22,7 +22,15 @@ import onnxruntime as ort
 from export.cache_ops import cache_op_path
 from export.manifest import ModelFolderError, read_manifest
 from model.config import ModelConfig
-from model.search import STEP_OUTPUTS, DecodeBatch, KVCache, decode, pad_sources, translate_in_batches
+from model.search import (
+    STEP_OUTPUTS,
+    DecodeBatch,
+    KVCache,
+    default_max_output,
+    new_search,
+    pad_sources,
+    translate_in_batches,
+)
 from model.tokenizer import Tokenizer, TokenizerError
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
@@ -73,6 +81,9 @@ class RuntimeOptions:
 # costs more than it saves (one-row step 1.10 ms on one thread vs 1.53 ms on two; 8 rows 2.34 vs 2.90;
 # 32 rows 8.29 vs 7.45: 2-core x86-64, see tests/benchmarks/threads.md).
 SMALL_BATCH_ROWS = 16
+# Sources encoded together by OrtModel.translate_ids, sorted by length: a batch of 32 test_2016_flickr
+# sentences pads less in two groups (the encoder's work is its padded tokens): beam 4 +3-8%, greedy even.
+ENCODER_GROUP = 16
 
 
 def bound_process_memory() -> None:
@@ -298,10 +309,20 @@ class OrtModel:
     def translate_ids(
         self, sources: Sequence[Sequence[int]], beam: int = 1, max_output_tokens: int = 256
     ) -> list[list[int]]:
-        c = self.config
-        src_tokens, src_mask = pad_sources(sources, c.pad_id, c.eos_id)
-        cross_k, cross_v = self.encode(src_tokens, src_mask)
-        return decode(self.new_batch(), cross_k, cross_v, src_mask, sources, beam, c.eos_id, max_output_tokens)
+        """Decode sources together to completion: token ids without start and eos. They are encoded in
+        groups of ENCODER_GROUP by length (padding is encoder work) and all decode in one batch."""
+        c, batch = self.config, self.new_batch()
+        order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+        for start in range(0, len(order), ENCODER_GROUP):
+            group = order[start : start + ENCODER_GROUP]
+            src_tokens, src_mask = pad_sources([sources[i] for i in group], c.pad_id, c.eos_id)
+            lengths = [default_max_output(len(sources[i]) + 1, max_output_tokens) for i in group]
+            searches = [new_search(beam, length, c.eos_id) for length in lengths]
+            batch.add(group, searches, *self.encode(src_tokens, src_mask), src_mask)
+        results: dict[int, list[int]] = {}
+        while len(batch):
+            results.update(batch.step())
+        return [results[i] for i in range(len(sources))]
 
     def translate(
         self, texts: Sequence[str], beam: int = 1, batch_size: int = 64, max_output_tokens: int = 256

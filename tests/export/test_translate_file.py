@@ -90,3 +90,18 @@ def test_does_not_import_torch(tiny_export: Path):
 def test_is_a_console_script():
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["translate-file"] == "export.translate_file:main"
+
+
+@pytest.mark.parametrize("beam", [1, 2])
+def test_output_equals_the_servers(tiny_export, monkeypatch, capsys, beam: int):
+    """Offline and served translations of the same sentences are the same strings."""
+    from tests.server.conftest import RunningServer, server_config
+
+    code, out, _ = translate_file(monkeypatch, capsys, SENTENCES, "--model", str(tiny_export), "--beam", str(beam))
+    assert code == 0
+    server = RunningServer(server_config(tiny_export, max_output_tokens=LIMIT))
+    try:
+        served = [t.text for t in server.translate(SENTENCES, beam=beam).translations]
+    finally:
+        server.close()
+    assert out.splitlines() == served
