@@ -143,7 +143,7 @@ class DeviceKVCache(KVCache):
     buffers and growing copies with zero padding, both by ``CacheOps`` on the device. Rows are always
     gathered (no in-place moves on a device)."""
 
-    compacts_in_place = False
+    moves_in_place = False
 
     def __init__(self, layers: int, heads: int, d_cache: int, dtype, ops: CacheOps) -> None:
         self.ops = ops
@@ -242,7 +242,7 @@ class OrtModel:
         past = next(i for i in self.decoder.get_inputs() if i.name == "past_key_0")
         self.cache_dtype = ORT_DTYPES[past.type]
         self.d_cache = past.shape[3]
-        self._bindings: dict[int, _Binding] = {}  # by id of the decoder session
+        self._bindings: dict[int, dict[Any, _Binding]] = {}  # by id of the decoder session, then batch version
         self._cache_ops = (
             CacheOps(PROVIDERS[self.provider], self.device, self.cache_dtype) if self.device_cache else None
         )
@@ -286,9 +286,12 @@ class OrtModel:
         eos_log_probs). The binding is kept while the batch's feeds keep their shapes and memory (a greedy
         batch between joins and departures), so a step costs one ``run_with_iobinding`` call."""
         decoder = self.small_decoder if batch.rows < SMALL_BATCH_ROWS else self.decoder
-        bound = self._bindings.get(id(decoder))
-        if bound is None or bound.version != batch.version:
-            bound = self._bindings[id(decoder)] = bind_step(decoder, batch.step_feeds(), batch.version)
+        version = batch.version
+        kept = self._bindings.setdefault(id(decoder), {})
+        bound = kept.get(version)
+        if bound is None:  # keep the bindings that differ only in which cache buffer set is live
+            kept = self._bindings[id(decoder)] = {v: b for v, b in kept.items() if v[:-1] == version[:-1]}
+            bound = kept[version] = bind_step(decoder, batch.step_feeds(), version)
         decoder.run_with_iobinding(bound.binding)
         return bound.outputs
 

@@ -46,17 +46,26 @@ class KVCache:
     0..lengths[r]-1 (rows may have different lengths: the lengths are the mask). The step
     writes each row's new entry at slot lengths[r] and the lengths then advance, so a step
     copies nothing. Buffers grow geometrically (rows) and in chunks (slots) when needed;
-    ``version`` changes whenever they are replaced, so a step that bound them binds anew.
-    Reordering rows (beam search) gathers into a spare set of buffers that then swaps in;
-    compacting rows in increasing order (sources leaving) moves them in place.
+    ``layout`` changes whenever they are replaced, so a step that bound them binds anew.
+    Reordering rows (beam search, sources leaving) copies the rows whose origin changed,
+    in place; a device cache (``moves_in_place`` False) gathers into a spare set of
+    buffers that then swaps in.
     """
 
-    compacts_in_place = True  # rows that only move down are moved within their buffers
+    moves_in_place = True  # reordered rows are copied within their buffers (a device cache gathers instead)
 
     def __init__(self, layers: int, heads: int, d_cache: int, dtype=np.float32, chunk: int = 16) -> None:
         self.layers, self.heads, self.d_cache, self.dtype, self.chunk = layers, heads, d_cache, dtype, chunk
         self.version = 0
+        self.generation = 0  # new buffers
+        self.parity = 0  # which of the two buffer sets (live, spare) is live
         self.clear()
+
+    @property
+    def layout(self) -> tuple[int, int]:
+        """Which buffers the live rows are in: beam search flips between two sets, so a step can keep a
+        binding for each."""
+        return self.generation, self.parity
 
     def clear(self) -> None:
         """No rows left: give the buffers back."""
@@ -64,6 +73,7 @@ class KVCache:
         self.values = [self._buffer(0, 0) for _ in range(self.layers)]
         self.lengths, self.rows, self._spare = np.zeros(0, np.int32), 0, None
         self.version += 1
+        self.generation, self.parity = self.generation + 1, 0
 
     # --- storage: numpy arrays here; export.runtime.DeviceKVCache keeps them on a device instead ---
 
@@ -83,12 +93,11 @@ class KVCache:
         np.take into the strided slots, 149 against 304 µs for 128 rows of 20 slots)."""
         new[: len(rows), :, :longest] = old[rows, :, :longest]
 
-    def _compact(self, rows: np.ndarray, longest: int) -> None:
-        """Keep these rows (increasing), moving each down in place."""
-        moved = np.flatnonzero(rows != np.arange(len(rows)))
+    def _move(self, origins: np.ndarray, targets: np.ndarray, longest: int) -> None:
+        """Row targets[i] takes row origins[i]'s first ``longest`` slots, in place: the origins are all read
+        (into a temporary) before any target is written, so rows may swap or repeat."""
         for buffer in self.keys + self.values:
-            for target in moved:
-                buffer[target, :, :longest] = buffer[rows[target], :, :longest]
+            buffer[targets, :, :longest] = buffer[origins, :, :longest]
 
     def view(self, buffer):
         """What the step binds for a buffer: its live rows (a contiguous view)."""
@@ -135,6 +144,7 @@ class KVCache:
         lengths[: self.rows] = self.live_lengths
         self.lengths = lengths
         self.version += 1
+        self.generation, self.parity = self.generation + 1, 0
 
     def add_rows(self, count: int) -> None:
         """Rows for new arrivals: nothing cached yet (their slots are garbage until written)."""
@@ -152,10 +162,13 @@ class KVCache:
         """Keep these rows, in this order (indices may repeat)."""
         count = len(rows)
         longest = int(self.live_lengths.max(initial=0))  # only live slots: the rest may not even be paged in
-        if count and self.compacts_in_place and np.all(rows[1:] > rows[:-1]):  # sources left: rows move down
-            self._compact(rows, longest)
-        elif count:
+        if count and self.moves_in_place:  # only the rows that change are copied, through a temporary
             self.reserve(count, self.capacity)  # a beam's first step turns one row into several
+            changed = np.flatnonzero(rows != np.arange(count))
+            if len(changed):
+                self._move(rows[changed], changed, longest)
+        elif count:  # gathered into the spare buffers, which then swap in
+            self.reserve(count, self.capacity)
             if self._spare is None:
                 self._spare = tuple(
                     [self._buffer(self.rows_capacity, self.capacity) for _ in buffers]
@@ -166,6 +179,7 @@ class KVCache:
                 self._gather(old, new, rows, longest)
             self._spare = (self.keys, self.values)
             self.keys, self.values = spare_keys, spare_values
+            self.parity ^= 1
         self.lengths[:count] = self.lengths[rows]
         self.rows = count
         self.version += 1
@@ -438,7 +452,8 @@ class DecodeBatch:
         self.tokens = np.zeros(0, np.int64)
         self.total_length = np.zeros((), np.int32)
         self.top_k = np.ones(1, np.int64)
-        self.groups, self.row_position, self.source_index = row_groups(np.zeros(0, np.int64))
+        self._counts = np.zeros(0, np.int64)
+        self.groups, self.row_position, self.source_index = row_groups(self._counts)
         self._version = 0
         self._serial = next(_batch_serials)
 
@@ -458,9 +473,10 @@ class DecodeBatch:
         return self.sources.mask
 
     @property
-    def version(self) -> tuple[int, int, int]:
-        """Changes whenever a feed's shape or memory does (unique across batches, unlike id())."""
-        return self._serial, self._version, self.cache.version
+    def version(self) -> tuple[int, int, int, int]:
+        """Changes whenever a feed's shape or memory does (unique across batches, unlike id()); its last
+        part alone flips while beam search alternates between the cache's two buffer sets."""
+        return self._serial, self._version, *self.cache.layout
 
     def step_feeds(self) -> dict[str, Any]:
         """The decoder step's inputs by name; the cache views are bound as outputs too."""
@@ -563,12 +579,18 @@ class DecodeBatch:
                 self._keep_sources(np.array(sources, np.int64))
             if len(rows) != self.rows or not np.array_equal(rows, np.arange(self.rows)):
                 self._select_rows(rows)
-        self.tokens = np.concatenate(tokens).astype(np.int64) if self.searches else np.zeros(0, np.int64)
-        self._changed()
+        self._changed(np.concatenate(tokens).astype(np.int64) if self.searches else np.zeros(0, np.int64))
 
-    def _changed(self) -> None:
-        """Rows, sources or their buffers changed: feeds are rebound, and each row gets the candidates it needs."""
+    def _changed(self, tokens: np.ndarray | None = None) -> None:
+        """Rows or sources changed: feeds are rebound, and each row gets the candidates it needs; or, when
+        every source kept its number of rows (beam search's usual step), only the tokens change, in place."""
         counts = np.fromiter((search.rows for search in self.searches.values()), np.int64, len(self.searches))
+        if tokens is not None and len(tokens) == len(self.tokens) and np.array_equal(counts, self._counts):
+            self.tokens[:] = tokens
+            return
+        if tokens is not None:
+            self.tokens = tokens
+        self._counts = counts
         self.groups, self.row_position, self.source_index = row_groups(counts)
         self.top_k[0] = max((search.top_k for search in self.searches.values()), default=1)
         self._version += 1

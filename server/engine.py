@@ -44,7 +44,7 @@ class RunningBatch:
 
     @property
     def cache_bytes(self) -> int:
-        """Self-attention cache held now (spare buffers included)."""
+        """Self-attention cache allocated now (paged in as it is written)."""
         return self._batch.cache.nbytes
 
     @property
@@ -156,15 +156,17 @@ class Engine:
         return beam * 2 * c.n_decoder_layers * c.n_heads * self._paged(target_tokens * self.model.d_cache)
 
     def sequence_bytes(self, source_tokens: int, target_tokens: int, beam: int) -> int:
-        """What one source decoding with ``beam`` rows holds at ``target_tokens`` steps: its caches (the
-        self-attention cache twice with beam search, whose row reordering gathers into a spare buffer)
-        and what a decoder step allocates for its rows (the logits and log-probabilities, the feed-forward
+        """What one source decoding with ``beam`` rows holds at ``target_tokens`` steps: its caches (with
+        beam search, plus the temporary its reordered rows go through) and what a decoder step allocates
+        for its rows (the logits and log-probabilities, the feed-forward
         layer's hidden states and a few model-wide states each). The step writes the self-attention
         cache in place and reads the cross-attention keys/values where they are."""
         c = self.config
-        buffers = 1 if beam == 1 else 2
+        cache = self.target_bytes(target_tokens, beam)
+        if beam > 1:  # reordering rows copies them through a temporary, one layer's keys or values at a time
+            cache += cache // (2 * c.n_decoder_layers)
         step = beam * (STEP_LOGITS_COPIES * c.vocab_size + c.d_ff + STEP_STATES * c.d_model) * 4
-        return self.source_bytes(source_tokens) + buffers * self.target_bytes(target_tokens, beam) + step
+        return self.source_bytes(source_tokens) + cache + step
 
     def encoder_scores_bytes(self, sentences: int, longest: int) -> int:
         """Peak working memory of an encoder call: its attention scores (B · H · S² floats) and activations

@@ -89,7 +89,7 @@ def test_cache_rows_of_different_lengths_write_their_own_slots():
     assert cache.keys[0][0, 0, :4, 0].tolist() == [1.0, 2.0, 3.0, 3.0]
 
 
-def test_cache_select_compacts_in_place_and_reorders_through_a_spare_buffer():
+def test_cache_select_moves_only_changed_rows_in_place():
     cache = KVCache(layers=1, heads=1, d_cache=1, chunk=4)
     cache.add_rows(4)
     for row in range(4):
@@ -100,10 +100,10 @@ def test_cache_select_compacts_in_place_and_reorders_through_a_spare_buffer():
     assert cache.keys[0] is buffer and cache.keys[0][:2, 0, 0, 0].tolist() == [1, 3]
     assert cache.live_lengths.tolist() == [2, 4]
     version = cache.version
-    cache.select(np.array([1, 1, 0]))  # beam search: rows repeat and change order
-    assert cache.keys[0] is not buffer and cache.keys[0][:3, 0, 0, 0].tolist() == [3, 3, 1]
+    cache.select(np.array([1, 1, 0]))  # beam search: rows repeat and swap (origins read before any write)
+    assert cache.keys[0] is buffer and cache.keys[0][:3, 0, 0, 0].tolist() == [3, 3, 1]
     assert cache.live_lengths.tolist() == [4, 4, 2] and cache.version != version
-    assert cache.nbytes == 2 * 2 * buffer.nbytes  # keys and values, live and spare
+    assert cache.nbytes == 2 * buffer.nbytes  # keys and values: no spare buffers
 
 
 def test_sources_join_and_leave_in_place_and_resize_only_when_out_of_room():
