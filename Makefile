@@ -19,9 +19,9 @@ install: $(STAMP)
 proto: $(STAMP)
 	$(PY) -m proto
 
-# Export the embedded default model to ONNX unless it is already there.
-$(MODEL_DIR)/manifest.json: | $(STAMP)
-	$(PY) -m export --out $(MODEL_DIR)
+# Export the embedded default model to ONNX unless it is there and newer than the code that writes it.
+$(MODEL_DIR)/manifest.json: $(wildcard export/*.py model/default/*) | $(STAMP)
+	$(PY) -m export --out $(MODEL_DIR) --force
 
 export: $(MODEL_DIR)/manifest.json
 

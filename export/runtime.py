@@ -77,6 +77,9 @@ class RuntimeOptions:
     memory_arena: bool = False
 
 
+# The decoder step's inputs besides the per-layer caches (export/decoder_step.py).
+STEP_INPUTS = {"tokens", "lengths", "total_length", "groups", "row_position", "src_mask", "top_k"}
+
 # Below this many rows a step is too small to share between threads: waking a second intra-op thread
 # costs more than it saves (one-row step 1.10 ms on one thread vs 1.53 ms on two; 8 rows 2.34 vs 2.90;
 # 32 rows 8.29 vs 7.45: 2-core x86-64, see tests/benchmarks/threads.md).
@@ -239,6 +242,12 @@ class OrtModel:
         small = options.small_batch_threads
         if self.provider == "cpu" and small is not None and small != options.intra_op_threads:
             self.small_encoder, self.small_decoder = self._sessions(options, small)
+        missing = sorted(STEP_INPUTS - {i.name for i in self.decoder.get_inputs()})
+        if missing:
+            raise ModelFolderError(
+                f"{self.folder} was exported by an older version (its decoder step lacks {', '.join(missing)}); "
+                f"export it again: python -m export --out {self.folder} --force"
+            )
         past = next(i for i in self.decoder.get_inputs() if i.name == "past_key_0")
         self.cache_dtype = ORT_DTYPES[past.type]
         self.d_cache = past.shape[3]

@@ -164,3 +164,11 @@ def test_cache_op_graphs_are_the_ones_the_builder_writes():
     for op in OPS:
         for dtype in DTYPES:
             assert cache_op_path(op, dtype).read_bytes() == build(op, dtype), f"run python -m export.cache_ops ({op})"
+
+
+def test_a_folder_from_an_older_export_says_to_export_again(tiny_export: Path, tmp_path: Path):
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_export, folder)
+    shutil.copy(folder / "encoder.onnx", folder / "decoder.onnx")  # a graph without the step's inputs
+    with pytest.raises(ModelFolderError, match=r"exported by an older version .* lacks groups, .*python -m export"):
+        OrtModel(folder, RuntimeOptions(provider="cpu", verify_files=False))
