@@ -140,7 +140,9 @@ def run_benchmark(args) -> int:
     work = args.work_dir / ("base-sized" if args.base_sized else "default")
     ours_dir, converted, to_piece, to_id = prepare(args, work)
     cap = args.cap or (40 if args.base_sized else 256)
-    options = lambda variant: RuntimeOptions(variant, "cpu", args.threads, False, small_batch_threads=1)  # noqa: E731
+    options = lambda variant: RuntimeOptions(  # noqa: E731
+        variant, "cpu", args.threads, False, decoder_spinning=True, small_batch_threads=1
+    )
     ours = {variant: OrtModel(ours_dir, options(variant)) for variant in ("fp32", "int8")}
     texts = read_lines(corpus_path(args.data, "test_2016_flickr", "en"))
     tokenizer = ours["fp32"].tokenizer

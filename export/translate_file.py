@@ -49,7 +49,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         variant=args.variant,
         provider=args.provider,
         intra_op_threads=args.threads,
-        spinning=False,  # spinning cost throughput and latency in tests/benchmarks/threads.md
+        spinning=False,  # spinning cost throughput and latency in tests/benchmarks/threads.md ...
+        decoder_spinning=True,  # ... except the decoder's alone (export/runtime.py)
         small_batch_threads=SMALL_BATCH_THREADS,
     )
     try:

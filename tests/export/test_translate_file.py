@@ -23,7 +23,8 @@ LIMIT = 12  # output tokens: the tiny model's random weights rarely stop early
 def reference(tiny_export: Path) -> OrtModel:
     """The model as translate-file loads it."""
     return OrtModel(
-        tiny_export, RuntimeOptions(provider="cpu", spinning=False, small_batch_threads=SMALL_BATCH_THREADS)
+        tiny_export,
+        RuntimeOptions(provider="cpu", spinning=False, decoder_spinning=True, small_batch_threads=SMALL_BATCH_THREADS),
     )
 
 
