@@ -1,8 +1,10 @@
 """Train the Transformer: ``python -m model.train --data DIR --out DIR``.
 
 Label-smoothed cross-entropy, Adam with the paper's warm-up / inverse square
-root schedule (section 5.3), gradient clipping, dropout; validation loss and
-BLEU every epoch; best-checkpoint keep, averaging of the last epochs, resume.
+root schedule (section 5.3), gradient clipping, dropout; optional decoupled
+weight decay (AdamW) and R-Drop consistency (Liang et al. 2021); validation
+loss and BLEU every epoch; best-checkpoint keep, averaging of the last epochs,
+resume, and a wall-clock budget (``--max-minutes``, checked between epochs).
 Several processes through ``torchrun`` (DistributedDataParallel; gloo on CPU,
 nccl on CUDA).
 """
@@ -62,9 +64,12 @@ class TrainConfig:
     max_tokens: int = 2500
     epochs: int = 20
     max_steps: int = 0
+    max_minutes: float = 0.0  # stop after the epoch that passes this much training time; 0 = no limit
     lr: float = 1e-3
     warmup: int = 1000
     label_smoothing: float = 0.1
+    weight_decay: float = 0.0  # decoupled (AdamW) when > 0
+    r_drop: float = 0.0  # weight of R-Drop's symmetric KL between two dropout passes; 0 = off
     clip_norm: float = 1.0
     average: int = 5
     valid_bleu_sentences: int = 0
@@ -104,6 +109,12 @@ def label_smoothed_nll(logits: torch.Tensor, target: torch.Tensor, epsilon: floa
     return ((1.0 - epsilon) * nll + epsilon * smooth).sum(), nll.sum()
 
 
+def symmetric_kl(logits_a: torch.Tensor, logits_b: torch.Tensor) -> torch.Tensor:
+    """Summed ½(KL(p_a‖p_b) + KL(p_b‖p_a)) over rows of logits (N, V): R-Drop's consistency term."""
+    log_a, log_b = torch.log_softmax(logits_a.float(), dim=-1), torch.log_softmax(logits_b.float(), dim=-1)
+    return 0.5 * ((log_a.exp() - log_b.exp()) * (log_a - log_b)).sum()
+
+
 class Trainer:
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = cfg
@@ -132,7 +143,13 @@ class Trainer:
         )  # fmt: skip
         self.model = Transformer(self.model_config).to(self.device)
         self.ddp = DistributedDataParallel(self.model) if self.world_size > 1 else self.model
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), eps=1e-9)
+        if cfg.weight_decay:
+            self.optimizer: torch.optim.Optimizer = torch.optim.AdamW(
+                self.model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), eps=1e-9, weight_decay=cfg.weight_decay
+            )
+        else:
+            self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), eps=1e-9)
+        self.train_seconds = 0.0
         self.step, self.epoch, self.best_bleu = 0, 0, -1.0
         if cfg.resume:
             self._load_state()
@@ -184,7 +201,8 @@ class Trainer:
                     tensors[f"{key}/{name}"] = value.contiguous()
         tensors["rng/torch"] = torch.get_rng_state()
         save_file(tensors, str(state_dir / "optimizer.safetensors"))
-        scalars = {"step": self.step, "epoch": self.epoch, "best_bleu": self.best_bleu}
+        scalars = {"step": self.step, "epoch": self.epoch, "best_bleu": self.best_bleu,
+                   "train_seconds": self.train_seconds}  # fmt: skip
         (state_dir / "trainer.json").write_text(json.dumps(scalars))
 
     def _load_state(self) -> None:
@@ -194,6 +212,7 @@ class Trainer:
         self.model.load_state_dict(load_checkpoint(state_dir, str(self.device))[0].state_dict())
         scalars = json.loads((state_dir / "trainer.json").read_text())
         self.step, self.epoch, self.best_bleu = scalars["step"], scalars["epoch"], scalars["best_bleu"]
+        self.train_seconds = scalars.get("train_seconds", 0.0)
         tensors = load_file(str(state_dir / "optimizer.safetensors"))
         torch.set_rng_state(tensors.pop("rng/torch"))
         params = dict(self.model.named_parameters())
@@ -218,8 +237,7 @@ class Trainer:
         for batch in bar:
             batch = batch.to(self.device)
             select = batch.tgt_out != self.model_config.pad_id
-            logits = self.ddp(batch.src, batch.src_mask, batch.tgt_in, select)
-            loss, _ = label_smoothed_nll(logits, batch.tgt_out[select], self.cfg.label_smoothing)
+            loss = self.loss(batch, select)
             tokens = int(select.sum())
             self.step += 1
             for group in self.optimizer.param_groups:
@@ -240,6 +258,17 @@ class Trainer:
         return {"train_loss": total_loss / max(total_tokens, 1), "train_seconds": elapsed,
                 "tokens_per_second": total_tokens * self.world_size / elapsed}  # fmt: skip
 
+    def loss(self, batch, select: torch.Tensor) -> torch.Tensor:
+        """Summed label-smoothed loss; with R-Drop, the mean over two dropout passes plus α · their symmetric KL."""
+        target = batch.tgt_out[select]
+        logits = self.ddp(batch.src, batch.src_mask, batch.tgt_in, select)
+        loss, _ = label_smoothed_nll(logits, target, self.cfg.label_smoothing)
+        if not self.cfg.r_drop:
+            return loss
+        again = self.ddp(batch.src, batch.src_mask, batch.tgt_in, select)
+        loss_again, _ = label_smoothed_nll(again, target, self.cfg.label_smoothing)
+        return 0.5 * (loss + loss_again) + self.cfg.r_drop * symmetric_kl(logits, again)
+
     @torch.no_grad()
     def validate(self, model: Transformer) -> dict[str, float]:
         model.eval()
@@ -252,8 +281,7 @@ class Trainer:
             )
             nll += float(batch_nll)
             tokens += int(select.sum())
-        hypotheses = TorchTranslator(model.cpu(), self.tokenizer).translate(self.valid_text[0], beam=1)
-        model.to(self.device)
+        hypotheses = TorchTranslator(model, self.tokenizer).translate(self.valid_text[0], beam=1)
         bleu = sacrebleu.corpus_bleu(hypotheses, [self.valid_text[1]]).score
         return {"valid_nll": nll / tokens, "valid_bleu": bleu}
 
@@ -269,7 +297,10 @@ class Trainer:
             n = self.model.num_parameters()
             print(f"{n / 1e6:.2f}M parameters, {len(self.train_set)} training pairs", file=sys.stderr)
         while self.epoch < self.cfg.epochs and not (self.cfg.max_steps and self.step >= self.cfg.max_steps):
+            if self._out_of_time():
+                break
             record = self.train_epoch()
+            self.train_seconds += record["train_seconds"]
             self.epoch += 1
             if not self.is_main:
                 continue
@@ -287,14 +318,21 @@ class Trainer:
         if self.world_size > 1:
             dist.destroy_process_group()
 
+    def _out_of_time(self) -> bool:
+        """Whether the training-time budget is spent; every rank follows rank 0's clock."""
+        spent = torch.tensor(float(self.cfg.max_minutes and self.train_seconds >= 60 * self.cfg.max_minutes))
+        if self.world_size > 1:
+            dist.broadcast(spent := spent.to(self.device), src=0)
+        return bool(spent)
+
     def finish(self, last_epochs: list[Path]) -> None:
         """Average the last epochs; keep whichever of average and best validates better."""
-        averaged = Transformer(self.model_config)
+        averaged = Transformer(self.model_config).to(self.device)
         averaged.load_state_dict(average_weights(last_epochs), strict=False)
         scores = self.validate(averaged)
         choice, source = (averaged, "average") if scores["valid_bleu"] >= self.best_bleu else (None, "best")
         if choice is None:
-            choice = load_checkpoint(self.work / "best")[0]
+            choice = load_checkpoint(self.work / "best", str(self.device))[0]
         summary = {"selected": source, "averaged_epochs": [p.name for p in last_epochs], "averaged_valid_bleu": scores["valid_bleu"],
                    "best_valid_bleu": self.best_bleu, "steps": self.step, "epochs": self.epoch}  # fmt: skip
         self.log({"final": summary})

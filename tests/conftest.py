@@ -25,6 +25,22 @@ OWN_SENTENCES = [
 ]
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--provider",
+        default="cpu",
+        choices=["cpu", "cuda"],
+        help="execution provider of the engine's device-path tests (IOBinding, device cache, fp16): cpu runs "
+        "the CUDA code paths on the CPU provider; cuda runs them on a GPU (onnxruntime-gpu)",
+    )
+
+
+@pytest.fixture(scope="session")
+def provider(request: pytest.FixtureRequest) -> str:
+    """The provider the device-path tests run on (``pytest --provider cuda`` on a GPU machine)."""
+    return request.config.getoption("--provider")
+
+
 @pytest.fixture(scope="session")
 def multi30k() -> Path:
     if not (MULTI30K / "test_2016_flickr.en.gz").exists():

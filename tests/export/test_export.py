@@ -51,10 +51,12 @@ def test_parity_with_rows_of_different_cache_lengths(tiny_checkpoint: Path, tiny
 
 @pytest.mark.parametrize("io_binding", [False, True])
 @pytest.mark.parametrize("beam", [1, 4])
-def test_runtime_decoder_equals_pytorch(tiny_checkpoint: Path, tiny_export: Path, beam: int, io_binding: bool):
+def test_runtime_decoder_equals_pytorch(
+    tiny_checkpoint: Path, tiny_export: Path, beam: int, io_binding: bool, provider: str
+):
     model, tokenizer = load_checkpoint(tiny_checkpoint)
     sentences = own_sentences(40)
-    runtime = OrtModel(tiny_export, RuntimeOptions(provider="cpu", io_binding=io_binding))
+    runtime = OrtModel(tiny_export, RuntimeOptions(provider=provider, io_binding=io_binding, device_cache=False))
     ids = tokenizer.encode_source(sentences)
     expected = TorchTranslator(model, tokenizer, max_output_tokens=20).translate_ids(ids, beam)
     assert runtime.translate_ids(ids, beam, max_output_tokens=20) == expected
@@ -62,12 +64,12 @@ def test_runtime_decoder_equals_pytorch(tiny_checkpoint: Path, tiny_export: Path
 
 @pytest.mark.parametrize("device_cache", [False, True])
 @pytest.mark.parametrize("beam", [1, 3])
-def test_sources_join_a_running_batch_with_io_binding(tiny_export: Path, beam: int, device_cache: bool):
-    """The CUDA path run on the CPU provider (IOBinding, cross keys/values held as device values; with
-    device_cache, the self-attention cache too, reordered and grown by graphs on the device): sources
-    joining mid-way get the translations they get alone on the host path."""
+def test_sources_join_a_running_batch_with_io_binding(tiny_export: Path, beam: int, device_cache: bool, provider: str):
+    """The CUDA path (IOBinding, cross keys/values held as device values; with device_cache, the
+    self-attention cache too, reordered and grown by graphs on the device), on the CPU provider unless
+    ``--provider cuda``: sources joining mid-way get the translations they get alone on the host path."""
     host = OrtModel(tiny_export, RuntimeOptions(provider="cpu"))
-    runtime = OrtModel(tiny_export, RuntimeOptions(provider="cpu", io_binding=True, device_cache=device_cache))
+    runtime = OrtModel(tiny_export, RuntimeOptions(provider=provider, io_binding=True, device_cache=device_cache))
     c = runtime.config
     ids = runtime.tokenizer.encode_source(own_sentences(6))
     alone = [host.translate_ids([source], beam, max_output_tokens=20)[0] for source in ids]
@@ -99,13 +101,13 @@ def test_spinning_of_intra_op_threads_is_configurable(tiny_export: Path, spinnin
         assert entry == ("1" if spinning else "0")
 
 
-def test_fp16_variant_runs_and_stays_close(tiny_export: Path):
+def test_fp16_variant_runs_and_stays_close(tiny_export: Path, provider: str):
     parity = read_manifest(tiny_export)["variants"]["fp16"]["parity"]
     assert parity["passed"], parity
-    runtime = OrtModel(tiny_export, RuntimeOptions(variant="fp16", provider="cpu"))
+    runtime = OrtModel(tiny_export, RuntimeOptions(variant="fp16", provider=provider, device_cache=False))
     assert runtime.cache_dtype == np.float16
     assert len(runtime.translate(["A man is walking."])) == 1
-    on_device = OrtModel(tiny_export, RuntimeOptions(variant="fp16", provider="cpu", device_cache=True))
+    on_device = OrtModel(tiny_export, RuntimeOptions(variant="fp16", provider=provider, device_cache=True))
     sentences = own_sentences(8)
     for beam in (1, 3):  # the CUDA layout (fp16 cache kept where the step runs) on the CPU provider
         assert on_device.translate(sentences, beam) == runtime.translate(sentences, beam)

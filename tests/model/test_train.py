@@ -9,9 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from model.checkpoint import load_checkpoint
-from model.train import learning_rate, main
+from model.train import learning_rate, main, symmetric_kl
 from model.translate import TorchTranslator
 
 LETTERS = "abcdefghij"
@@ -33,6 +34,30 @@ def test_schedule_warms_up_then_decays():
     assert learning_rate(50, 1e-3, 100) == pytest.approx(5e-4)
     assert learning_rate(100, 1e-3, 100) == pytest.approx(1e-3)
     assert learning_rate(400, 1e-3, 100) == pytest.approx(5e-4)
+
+
+def test_r_drop_term_is_the_symmetric_kl_of_two_passes():
+    a, b = torch.randn(5, 7), torch.randn(5, 7)
+    log_a, log_b = a.log_softmax(-1), b.log_softmax(-1)
+    kl_ab = torch.nn.functional.kl_div(log_b, log_a, log_target=True, reduction="sum")  # KL(p_a || p_b)
+    kl_ba = torch.nn.functional.kl_div(log_a, log_b, log_target=True, reduction="sum")
+    assert symmetric_kl(a, b) == pytest.approx(float(0.5 * (kl_ab + kl_ba)), rel=1e-5)
+    assert float(symmetric_kl(a, a)) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_r_drop_weight_decay_and_a_time_budget(tmp_path: Path):
+    """R-Drop and AdamW train; a spent time budget ends training after the epoch that spent it, with a model."""
+    write_reverse_task(tmp_path)
+    out = tmp_path / "out"
+    options = ["--r-drop", "1.0", "--weight-decay", "0.01", "--dropout", "0.1", "--max-minutes", "1e-6"]
+    main(["--data", str(tmp_path), "--out", str(out), "--epochs", "5", "--average", "1", *TINY, *options])
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in log[:-1]] == [1] and log[-1]["final"]["epochs"] == 1
+    assert log[0]["train_loss"] > 0 and log[0]["valid_nll"] > 0
+    config = json.loads((out / "config.json").read_text())["training"]["config"]
+    assert (config["r_drop"], config["weight_decay"]) == ("1.0", "0.01")
+    state = json.loads((out / "work" / "last" / "trainer.json").read_text())
+    assert state["train_seconds"] > 0
 
 
 def test_tiny_model_learns_to_reverse(tmp_path: Path):
