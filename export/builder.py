@@ -16,6 +16,10 @@ from model.config import ModelConfig
 from model.positional import sinusoidal_encoding
 
 OPSET = 17
+# The IR version opset 17 needs. onnx writes its own latest by default (14 with onnx 1.23), which an older
+# onnxruntime refuses to load ("Unsupported model IR version: 14, max supported IR version: 13" from
+# onnxruntime-gpu 1.31), so the graphs name the oldest that holds them.
+IR_VERSION = 8
 MS_DOMAIN = "com.microsoft"
 # Positions the tables cover: the longest source and output the engine allows (the server's limits are lower).
 MAX_POSITIONS = 4096

@@ -27,6 +27,8 @@ def cache_op_path(op: str, dtype: type) -> Path:
 def build(op: str, dtype: type) -> bytes:
     from onnx import TensorProto, helper
 
+    from export.builder import IR_VERSION, OPSET
+
     op_type, index = OPS[op]
     f = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
     inputs = [
@@ -35,7 +37,8 @@ def build(op: str, dtype: type) -> bytes:
     ]
     node = helper.make_node(op_type, ["x", index], ["y"], **({"axis": 0} if op_type == "Gather" else {}))
     graph = helper.make_graph([node], op, inputs, [helper.make_tensor_value_info("y", f, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="translation-service")
+    opsets = [helper.make_opsetid("", OPSET)]
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=IR_VERSION, producer_name="translation-service")
     return model.SerializeToString()
 
 

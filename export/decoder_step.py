@@ -39,7 +39,16 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from export.builder import MS_DOMAIN, OPSET, GraphBuilder, feed_forward, layer_norm, position_table, residual
+from export.builder import (
+    IR_VERSION,
+    MS_DOMAIN,
+    OPSET,
+    GraphBuilder,
+    feed_forward,
+    layer_norm,
+    position_table,
+    residual,
+)
 from model.search import STEP_OUTPUTS, layer_names
 from model.transformer import Transformer
 
@@ -163,4 +172,4 @@ def _model(b: GraphBuilder, layers: int, heads: int, d_head: int, d_cache: int) 
     outputs += [value(n, f, ["rows", heads, "cache_len", d_cache]) for n in layer_names("present", layers)]
     graph = helper.make_graph(b.nodes, "decoder_step", inputs, outputs, b.initializers)
     opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)]
-    return helper.make_model(graph, opset_imports=opsets, producer_name="translation-service")
+    return helper.make_model(graph, opset_imports=opsets, ir_version=IR_VERSION, producer_name="translation-service")

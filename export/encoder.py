@@ -17,7 +17,16 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from export.builder import MS_DOMAIN, OPSET, GraphBuilder, feed_forward, layer_norm, position_table, residual
+from export.builder import (
+    IR_VERSION,
+    MS_DOMAIN,
+    OPSET,
+    GraphBuilder,
+    feed_forward,
+    layer_norm,
+    position_table,
+    residual,
+)
 from model.transformer import Transformer
 
 
@@ -81,4 +90,4 @@ def build_encoder(model: Transformer, dtype: type[np.floating] = np.float32) -> 
     ]
     graph = helper.make_graph(b.nodes, "encoder", inputs, outputs, b.initializers)
     opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)]
-    return helper.make_model(graph, opset_imports=opsets, producer_name="translation-service")
+    return helper.make_model(graph, opset_imports=opsets, ir_version=IR_VERSION, producer_name="translation-service")

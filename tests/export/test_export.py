@@ -174,3 +174,15 @@ def test_a_folder_from_an_older_export_says_to_export_again(tiny_export: Path, t
     shutil.copy(folder / "encoder.onnx", folder / "decoder.onnx")  # a graph without the step's inputs
     with pytest.raises(ModelFolderError, match=r"exported by an older version .* lacks groups, .*python -m export"):
         OrtModel(folder, RuntimeOptions(provider="cpu", verify_files=False))
+
+
+def test_graphs_name_the_ir_version_of_their_opset(tiny_export: Path):
+    """An onnx newer than the onnxruntime that loads the graphs must not stamp its own latest IR version
+    (onnx 1.23 writes 14; onnxruntime-gpu 1.31 reads up to 13 and refused our export on a GPU machine)."""
+    import onnx
+
+    from export.builder import IR_VERSION
+
+    graphs = sorted(tiny_export.glob("*.onnx")) + [cache_op_path(op, dtype) for op in OPS for dtype in DTYPES]
+    versions = {path.name: onnx.load(str(path), load_external_data=False).ir_version for path in graphs}
+    assert len(versions) >= 7 and set(versions.values()) == {IR_VERSION}, versions
