@@ -33,7 +33,14 @@ from export.marian import export_marian
 from export.optimize import optimize, quantize_int8
 from export.parity import FP32_TOLERANCE, check_graphs
 from export.runtime import NO_FUSIONS, OrtModel, RuntimeOptions
-from model.checkpoint import DEFAULT_CHECKPOINT, WEIGHTS_FILE, load_checkpoint, read_config, tokenizer_spec
+from model.checkpoint import (
+    DEFAULT_CHECKPOINT,
+    WEIGHTS_FILE,
+    length_penalty,
+    load_checkpoint,
+    read_config,
+    tokenizer_spec,
+)
 from model.corpus import corpus_path, read_lines
 from model.marian import DEFAULT_LAYOUT, LAYOUTS, MarianError
 from model.translate import TorchTranslator
@@ -164,6 +171,7 @@ def run(cfg: ExportConfig) -> Path:
             "source_language": checkpoint_config.get("source_language", "en"),
             "target_language": checkpoint_config.get("target_language", "de"),
             "model_config": model.config.to_dict(),
+            "decoding": {"length_penalty": length_penalty(cfg.checkpoint)},
             "special_ids": vars(tokenizer.special_ids),
             "tokenizer": tokenizer_files,
             "graphs": signature,

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from export.runtime import OrtModel, RuntimeOptions
-from model.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
+from model.checkpoint import DEFAULT_CHECKPOINT, length_penalty, load_checkpoint
 from model.corpus import corpus_path, read_lines
 from model.translate import TorchTranslator
 
@@ -79,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     model, tokenizer = load_checkpoint(args.checkpoint)
     texts = read_lines(corpus_path(args.data, "test_2016_flickr", "en"))[: args.sentences]
     sources = tokenizer.encode_source(texts)
-    torch_translator = TorchTranslator(model, tokenizer)
+    torch_translator = TorchTranslator(model, tokenizer, length_penalty=length_penalty(args.checkpoint))
     # The engine's best CPU settings: only the decoder spins, small batches on one thread (export/runtime.py).
     fp32, int8 = (
         OrtModel(args.model, RuntimeOptions(v, "cpu", 0, False, decoder_spinning=True, small_batch_threads=1))

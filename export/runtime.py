@@ -23,6 +23,7 @@ from export.cache_ops import cache_op_path
 from export.manifest import ModelFolderError, read_manifest
 from model.config import ModelConfig
 from model.search import (
+    LENGTH_PENALTY,
     STEP_OUTPUTS,
     DecodeBatch,
     KVCache,
@@ -233,6 +234,7 @@ class OrtModel:
             raise ModelFolderError(f"{self.folder} has no {options.variant!r} variant (has {sorted(variants)})")
         self.variant = options.variant
         self.config = ModelConfig.from_dict(self.manifest["model_config"])
+        self.length_penalty = float(self.manifest.get("decoding", {}).get("length_penalty", LENGTH_PENALTY))
         try:  # a file name (older manifests) or {"kind", "files"}
             self.tokenizer = Tokenizer.load(self.folder, self.manifest["tokenizer"])
         except TokenizerError as e:
@@ -331,7 +333,7 @@ class OrtModel:
             group = order[start : start + ENCODER_GROUP]
             src_tokens, src_mask = pad_sources([sources[i] for i in group], c.pad_id, c.eos_id)
             lengths = [default_max_output(len(sources[i]) + 1, max_output_tokens) for i in group]
-            searches = [new_search(beam, length, c.eos_id) for length in lengths]
+            searches = [new_search(beam, length, c.eos_id, self.length_penalty) for length in lengths]
             batch.add(group, searches, *self.encode(src_tokens, src_mask), src_mask)
         results: dict[int, list[int]] = {}
         while len(batch):

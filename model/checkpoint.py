@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file, save_model
 
 from model.config import ModelConfig
+from model.search import LENGTH_PENALTY
 from model.tokenizer import TOKENIZER_FILES, Tokenizer, TokenizerError, kind_spec
 from model.transformer import Transformer
 
@@ -63,6 +64,11 @@ def read_config(directory: str | Path) -> dict[str, Any]:
     if revision != FORMAT_REVISION:
         raise CheckpointError(f"{path} has format_revision {revision}; this code reads revision {FORMAT_REVISION}")
     return config
+
+
+def length_penalty(directory: str | Path) -> float:
+    """The beam search length penalty α the checkpoint was tuned with (model.search.LENGTH_PENALTY if none)."""
+    return float(read_config(directory).get("decoding", {}).get("length_penalty", LENGTH_PENALTY))
 
 
 def tokenizer_spec(directory: str | Path) -> dict[str, Any]:

@@ -340,6 +340,11 @@ _NO_ROWS = np.zeros(0, np.int64)
 _ROW_ZERO = np.zeros(1, np.int64)
 
 
+# GNMT's length penalty α for beam search; a checkpoint may name its own, tuned on validation data
+# ("decoding": {"length_penalty": α} in config.json, carried into the export's manifest).
+LENGTH_PENALTY = 0.6
+
+
 def length_normalized(score: float, length: int, alpha: float) -> float:
     """GNMT length penalty: score / ((5 + length) / 6)^alpha."""
     return score / (((5.0 + length) / 6.0) ** alpha)
@@ -358,7 +363,7 @@ class BeamSearch:
     beam: int
     max_length: int
     eos_id: int
-    alpha: float = 0.6
+    alpha: float = LENGTH_PENALTY
     scores: np.ndarray = field(default_factory=lambda: np.zeros(1))
     history: np.ndarray = field(default_factory=lambda: np.zeros((1, 0), np.int64))
     finished: list[tuple[float, list[int]]] = field(default_factory=list)
@@ -408,8 +413,8 @@ class BeamSearch:
         return max(self.finished, key=lambda f: f[0])[1]
 
 
-def new_search(beam: int, max_length: int, eos_id: int) -> Search:
-    return GreedySearch(max_length, eos_id) if beam == 1 else BeamSearch(beam, max_length, eos_id)
+def new_search(beam: int, max_length: int, eos_id: int, alpha: float = LENGTH_PENALTY) -> Search:
+    return GreedySearch(max_length, eos_id) if beam == 1 else BeamSearch(beam, max_length, eos_id, alpha)
 
 
 STEP_OUTPUTS = ["top_log_probs", "top_ids", "eos_log_probs"]
@@ -610,9 +615,10 @@ def decode(
     beam: int,
     eos_id: int,
     max_output_tokens: int,
+    alpha: float = LENGTH_PENALTY,
 ) -> list[list[int]]:
     """Decode sources (already encoded together) to completion: token ids without start and eos."""
-    searches = [new_search(beam, default_max_output(len(s) + 1, max_output_tokens), eos_id) for s in sources]
+    searches = [new_search(beam, default_max_output(len(s) + 1, max_output_tokens), eos_id, alpha) for s in sources]
     batch.add(list(range(len(sources))), searches, cross_k, cross_v, src_mask)
     results: dict[int, list[int]] = {}
     while len(batch):

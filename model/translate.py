@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from model.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
-from model.search import DecodeBatch, decode, pad_sources, translate_in_batches
+from model.checkpoint import DEFAULT_CHECKPOINT, length_penalty, load_checkpoint
+from model.search import LENGTH_PENALTY, DecodeBatch, decode, pad_sources, translate_in_batches
 from model.tokenizer import Tokenizer
 from model.transformer import Transformer
 
@@ -61,8 +61,15 @@ class PrefixDecodeBatch(DecodeBatch):
 class TorchTranslator:
     """Batched greedy / beam translation with the PyTorch model, with or without the KV cache."""
 
-    def __init__(self, model: Transformer, tokenizer: Tokenizer, max_output_tokens: int = 256) -> None:
+    def __init__(
+        self,
+        model: Transformer,
+        tokenizer: Tokenizer,
+        max_output_tokens: int = 256,
+        length_penalty: float = LENGTH_PENALTY,
+    ) -> None:
         self.model = model.eval()
+        self.length_penalty = length_penalty
         self.tokenizer = tokenizer
         self.max_output_tokens = max_output_tokens
         self.device = next(model.parameters()).device
@@ -106,7 +113,9 @@ class TorchTranslator:
         else:
             cross_k = cross_v = None
             batch = PrefixDecodeBatch(self.model, memory)
-        return decode(batch, cross_k, cross_v, mask, sources, beam, c.eos_id, self.max_output_tokens)
+        return decode(
+            batch, cross_k, cross_v, mask, sources, beam, c.eos_id, self.max_output_tokens, self.length_penalty
+        )
 
     def translate(self, texts: Sequence[str], beam: int = 1, batch_size: int = 64, use_cache: bool = True) -> list[str]:
         return translate_in_batches(
@@ -121,11 +130,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=64, help="sentences per batch")
     parser.add_argument("--max-output-tokens", type=int, default=256)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--length-penalty", type=float, help="beam search's α (default: the checkpoint's)")
     args = parser.parse_args(argv)
     if args.beam < 1:
         parser.error("--beam must be at least 1")
     model, tokenizer = load_checkpoint(args.checkpoint, args.device)
-    translator = TorchTranslator(model, tokenizer, args.max_output_tokens)
+    alpha = length_penalty(args.checkpoint) if args.length_penalty is None else args.length_penalty
+    translator = TorchTranslator(model, tokenizer, args.max_output_tokens, alpha)
     lines = [line.rstrip("\n") for line in sys.stdin]
     for out in translator.translate(lines, args.beam, args.batch_size):
         print(out)

@@ -65,7 +65,8 @@ class RunningBatch:
         c = engine.config
         src_tokens, src_mask = pad_sources(sources, c.pad_id, c.eos_id)
         cross_k, cross_v = engine.model.encode(src_tokens, src_mask)
-        searches = [new_search(beam, length, c.eos_id) for beam, length in zip(beams, max_lengths, strict=True)]
+        alpha = engine.model.length_penalty
+        searches = [new_search(beam, n, c.eos_id, alpha) for beam, n in zip(beams, max_lengths, strict=True)]
         self._batch.add(keys, searches, cross_k, cross_v, src_mask)
         return Joined(time.perf_counter() - start, src_mask.size, int(src_mask.sum()))
 

@@ -9,7 +9,7 @@ import sacrebleu
 
 from export.__main__ import main as export
 from export.runtime import OrtModel, RuntimeOptions
-from model.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
+from model.checkpoint import DEFAULT_CHECKPOINT, length_penalty, load_checkpoint
 from model.corpus import corpus_path, read_lines
 from model.translate import TorchTranslator
 from tests.conftest import MULTI30K, own_sentences
@@ -34,7 +34,9 @@ def test_onnx_translations_identical_to_pytorch(default_export: Path, beam: int)
     model, tokenizer = load_checkpoint(DEFAULT_CHECKPOINT)
     sentences = parity_sentences()
     assert len(sentences) >= 200
-    expected = TorchTranslator(model, tokenizer).translate(sentences, beam=beam)
+    expected = TorchTranslator(model, tokenizer, length_penalty=length_penalty(DEFAULT_CHECKPOINT)).translate(
+        sentences, beam=beam
+    )
     actual = OrtModel(default_export, RuntimeOptions(provider="cpu")).translate(sentences, beam=beam)
     mismatches = [(s, e, a) for s, e, a in zip(sentences, expected, actual, strict=True) if e != a]
     assert not mismatches, mismatches[:5]

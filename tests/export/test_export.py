@@ -11,6 +11,7 @@ import onnxruntime as ort
 import pytest
 
 from export import __main__ as export_main
+from export import runtime as runtime_module
 from export.cache_ops import DTYPES, OPS, build, cache_op_path
 from export.manifest import ModelFolderError, read_manifest
 from export.parity import ParityReport, check_graphs
@@ -186,3 +187,24 @@ def test_graphs_name_the_ir_version_of_their_opset(tiny_export: Path):
     graphs = sorted(tiny_export.glob("*.onnx")) + [cache_op_path(op, dtype) for op in OPS for dtype in DTYPES]
     versions = {path.name: onnx.load(str(path), load_external_data=False).ir_version for path in graphs}
     assert len(versions) >= 7 and set(versions.values()) == {IR_VERSION}, versions
+
+
+def test_a_checkpoints_length_penalty_reaches_the_engine(tiny_checkpoint: Path, tmp_path: Path, monkeypatch):
+    """The α a checkpoint was tuned with goes into the manifest; the engine's beam searches are made with
+    it and translate as PyTorch does with the same α."""
+    checkpoint = tmp_path / "checkpoint"
+    shutil.copytree(tiny_checkpoint, checkpoint)
+    config = json.loads((checkpoint / "config.json").read_text())
+    config["decoding"] = {"length_penalty": 2.0}
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    assert export_main.main(["--checkpoint", str(checkpoint), "--out", str(tmp_path / "model")]) == 0
+    assert read_manifest(tmp_path / "model")["decoding"] == {"length_penalty": 2.0}
+    runtime = OrtModel(tmp_path / "model", RuntimeOptions(provider="cpu"))
+    assert runtime.length_penalty == 2.0
+    model, tokenizer = load_checkpoint(checkpoint)
+    ids = tokenizer.encode_source(own_sentences(40))
+    tuned = TorchTranslator(model, tokenizer, max_output_tokens=20, length_penalty=2.0).translate_ids(ids, 3)
+    alphas: list[float] = []
+    monkeypatch.setattr(runtime_module, "new_search", lambda *a: alphas.append(a[-1]) or new_search(*a))
+    assert runtime.translate_ids(ids, 3, max_output_tokens=20) == tuned
+    assert set(alphas) == {2.0}
