@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from export.manifest import sha256
 from export.runtime import OrtModel, RuntimeOptions
 from model.corpus import corpus_path, read_lines
 from model.search import default_max_output
@@ -97,7 +98,7 @@ def prepare(args, work: Path) -> tuple[Path, Path, Callable[[int], int], Callabl
     import ctranslate2
 
     from export.__main__ import main as export_main
-    from model.checkpoint import DEFAULT_CHECKPOINT
+    from model.checkpoint import DEFAULT_CHECKPOINT, WEIGHTS_FILE
     from model.marian import import_marian, opus_mt_order
 
     work.mkdir(parents=True, exist_ok=True)
@@ -109,16 +110,24 @@ def prepare(args, work: Path) -> tuple[Path, Path, Callable[[int], int], Callabl
             import_marian(marian, checkpoint)
     else:
         checkpoint, marian = args.checkpoint, work / "marian"
-        if not (marian / "config.json").exists() and export_main(
-            ["--format", "marian", "--checkpoint", str(checkpoint), "--out", str(marian), "--force"]
-        ):
-            raise SystemExit(f"the Marian export of {checkpoint} failed (see above)")
+    # What the work folder was made from: a checkpoint whose weights changed since makes everything again.
+    weights, stamp = sha256(checkpoint / WEIGHTS_FILE), work / "checkpoint.sha256"
+    if not stamp.exists() or stamp.read_text() != weights:
+        for folder in (ours, converted) if args.base_sized else (ours, converted, marian):
+            shutil.rmtree(folder, ignore_errors=True)
+    if (
+        not args.base_sized
+        and not (marian / "config.json").exists()
+        and export_main(["--format", "marian", "--checkpoint", str(checkpoint), "--out", str(marian), "--force"])
+    ):
+        raise SystemExit(f"the Marian export of {checkpoint} failed (see above)")
     if not (ours / "manifest.json").exists() and export_main(
         ["--checkpoint", str(checkpoint), "--out", str(ours), "--int8", "--force"]
     ):
         raise SystemExit(f"the ONNX export of {checkpoint} failed (see above)")
     if not (converted / "model.bin").exists():
         ctranslate2.converters.TransformersConverter(str(marian)).convert(str(converted), force=True)
+    stamp.write_text(weights)
     vocab = json.loads((marian / "vocab.json").read_text())
     piece = {i: p for p, i in vocab.items()}
     if args.base_sized:  # imported: our ids are the Marian ids

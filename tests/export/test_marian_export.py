@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from export import __main__ as export_main
-from export.manifest import read_manifest
+from export.manifest import read_manifest, sha256
 from export.runtime import OrtModel, RuntimeOptions
 from model.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint, save_checkpoint
 from model.config import ModelConfig
@@ -256,3 +257,15 @@ def test_benchmark_against_ctranslate2_times_both_engines_on_the_same_ids(
     assert all(float(cell.replace(",", "")) > 0 for row in rows for cell in row[1:4])  # ours fp32, int8, CT2
     # A wrong mapping between our ids and CT2's pieces would make no output identical.
     assert max(float(row[6].strip().rstrip("%")) for row in rows) > 50
+
+    # The work folder is made again for a checkpoint whose weights changed, not reused.
+    changed = tmp_path / "changed"
+    shutil.copytree(tiny_checkpoint, changed)
+    model, tokenizer = load_checkpoint(changed)
+    with torch.no_grad():
+        model.output.weight.mul_(1.5)
+    save_checkpoint(changed, model, tokenizer)
+    flags[flags.index(str(tiny_checkpoint))] = str(changed)
+    assert benchmark_main(flags) == 0
+    manifest = json.loads((tmp_path / "default" / "onnx" / "manifest.json").read_text())
+    assert manifest["checkpoint"]["weights_sha256"] == sha256(changed / "model.safetensors")
