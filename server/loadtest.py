@@ -14,6 +14,11 @@ Generated texts are made of short filler sentences; append ``:run-on`` to a
 fixed/uniform/mix profile for texts that are one sentence each (no sentence
 breaks, so the server cannot split a long text into short sentences).
 
+``--api http`` drives the LibreTranslate HTTP API (``--target localhost:5000``, ``POST /translate``
+with ``--languages en:de``) instead of gRPC, so both front ends are measured the same way; HTTP statuses
+are reported under their gRPC twins' names (server/errors.py) and output tokens are the translation
+re-tokenized (HTTP does not return the count).
+
 Reports throughput, latency percentiles overall and per length bucket, errors
 by status code, and the server's metric deltas (scraped from ``--metrics``),
 as JSON and Markdown, with PNG plots when ``--out`` is given.
@@ -28,10 +33,12 @@ import random
 import sys
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AsyncExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import aiohttp
 import grpc
 import sentencepiece as spm
 from prometheus_client.parser import text_string_to_metric_families
@@ -141,15 +148,51 @@ def scrape(url: str | None) -> dict[str, float]:
     return values
 
 
-async def one_request(stub, profile: Profile, args, run: Run, progress) -> None:
+# HTTP statuses under their gRPC twins' names (server/errors.py), so both APIs report alike.
+HTTP_CODES = {200: "OK", 400: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED", 499: "CANCELLED", 500: "INTERNAL",
+              503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}  # fmt: skip
+Send = Callable[[str], Awaitable[tuple[str, int]]]  # text -> (status code name, output tokens)
+
+
+def grpc_sender(channel: grpc.aio.Channel, args) -> Send:
+    stub = translate_pb2_grpc.TranslatorStub(channel)
+    options = translate_pb2.TranslateOptions(beam_size=args.beam)
+
+    async def send(text: str) -> tuple[str, int]:
+        try:
+            request = translate_pb2.TranslateRequest(texts=[text], options=options)
+            response = await stub.Translate(request, timeout=args.deadline)
+            return "OK", response.translations[0].output_tokens
+        except grpc.aio.AioRpcError as error:
+            return error.code().name, 0
+
+    return send
+
+
+def http_sender(session: aiohttp.ClientSession, args, tokenizer: spm.SentencePieceProcessor) -> Send:
+    source, _, target = args.languages.partition(":")
+    url = f"http://{args.target}/translate"
+
+    async def send(text: str) -> tuple[str, int]:
+        try:
+            async with session.post(url, json={"q": text, "source": source, "target": target}) as response:
+                body = await response.json(content_type=None)
+                if response.status != 200:
+                    return HTTP_CODES.get(response.status, f"HTTP_{response.status}"), 0
+                return "OK", len(tokenizer.encode(body["translatedText"]))
+        except asyncio.TimeoutError:
+            return "DEADLINE_EXCEEDED", 0
+        except aiohttp.ClientError:
+            return "UNAVAILABLE", 0
+
+    return send
+
+
+async def one_request(send: Send, profile: Profile, run: Run, progress) -> None:
     text, tokens = profile.next()
-    request = translate_pb2.TranslateRequest(texts=[text], options=translate_pb2.TranslateOptions(beam_size=args.beam))
     start = time.perf_counter()
-    try:
-        response = await stub.Translate(request, timeout=args.deadline)
-        result = Result(tokens, time.perf_counter() - start, "OK", response.translations[0].output_tokens)
-    except grpc.aio.AioRpcError as error:
-        result = Result(tokens, time.perf_counter() - start, error.code().name)
+    code, output_tokens = await send(text)
+    result = Result(tokens, time.perf_counter() - start, code, output_tokens)
     result.started = start
     run.results.append(result)
     progress()
@@ -183,15 +226,21 @@ async def drive(args, profile: Profile, concurrency: int, rate: float) -> Run:
     before = scrape(args.metrics)
     sampler = asyncio.create_task(sample_peaks()) if args.metrics else None
     end_by = time.monotonic() + args.duration
-    async with grpc.aio.insecure_channel(args.target) as channel:
-        stub = translate_pb2_grpc.TranslatorStub(channel)
+    async with AsyncExitStack() as stack:
+        if args.api == "http":
+            timeout = aiohttp.ClientTimeout(total=args.deadline)
+            connector = aiohttp.TCPConnector(limit=0)  # one connection per client, as gRPC multiplexes its one
+            session = await stack.enter_async_context(aiohttp.ClientSession(timeout=timeout, connector=connector))
+            send = http_sender(session, args, profile.tokenizer)
+        else:
+            send = grpc_sender(await stack.enter_async_context(grpc.aio.insecure_channel(args.target)), args)
         start = time.perf_counter()
         if rate:  # open loop: Poisson arrivals, answered or not
             tasks = []
             for _ in range(args.requests):
                 if time.monotonic() > end_by:
                     break
-                tasks.append(asyncio.create_task(one_request(stub, profile, args, run, progress)))
+                tasks.append(asyncio.create_task(one_request(send, profile, run, progress)))
                 await asyncio.sleep(profile.rng.expovariate(rate))
             await asyncio.gather(*tasks)
         else:  # closed loop: each client sends its next request when the last is answered
@@ -200,7 +249,7 @@ async def drive(args, profile: Profile, concurrency: int, rate: float) -> Run:
             async def client() -> None:
                 while remaining["n"] > 0 and time.monotonic() < end_by:
                     remaining["n"] -= 1
-                    await one_request(stub, profile, args, run, progress)
+                    await one_request(send, profile, run, progress)
 
             await asyncio.gather(*(client() for _ in range(concurrency)))
         run.seconds = time.perf_counter() - start
@@ -298,7 +347,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="translate-loadtest", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--target", default="localhost:50051")
+    parser.add_argument("--api", choices=["grpc", "http"], default="grpc", help="the front end to drive")
+    parser.add_argument("--target", help="host:port (default localhost:50051 for grpc, localhost:5000 for http)")
+    parser.add_argument("--languages", default="en:de", help="http: source:target of each request")
     parser.add_argument("--metrics", default="http://localhost:9464/metrics", help="server metrics URL ('' to skip)")
     parser.add_argument("--tokenizer", type=Path, default=DEFAULT_MODEL_DIR / "sentencepiece.model")
     parser.add_argument("--profile", default="uniform:8-40")
@@ -313,6 +364,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="folder for report.json, report.md and the plots")
     args = parser.parse_args(argv)
+    args.target = args.target or ("localhost:5000" if args.api == "http" else "localhost:50051")
+    if args.api == "http" and args.beam:
+        parser.error("--beam applies to grpc only: the HTTP API decodes with the server's default beam")
     tokenizer = spm.SentencePieceProcessor(model_file=str(args.tokenizer))
     profile = Profile(args.profile, tokenizer, args.seed)
     loads = [(0, args.rate)] if args.rate else [(int(c), 0.0) for c in args.concurrency.split(",")]
