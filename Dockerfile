@@ -49,7 +49,7 @@ COPY deploy/docker/healthcheck.py /app/healthcheck.py
 WORKDIR /app
 # Numeric uid so that Kubernetes' runAsNonRoot can check it without reading /etc/passwd.
 USER 10001:10001
-EXPOSE 50051 9464
+EXPOSE 50051 5000 9464
 # Start period covers loading and warm-up, during which the health service is not yet SERVING.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 CMD ["python", "/app/healthcheck.py"]
 CMD ["python", "-m", "server", "--model", "/model"]
@@ -71,7 +71,7 @@ WORKDIR /app
 USER 10001:10001
 # Environment, not flags, so that TRANSLATE_* overrides (compose, the Kubernetes ConfigMap) still apply.
 ENV TRANSLATE_PROVIDER=cuda TRANSLATE_VARIANT=fp16
-EXPOSE 50051 9464
+EXPOSE 50051 5000 9464
 HEALTHCHECK --interval=10s --timeout=5s --start-period=120s --retries=3 CMD ["python", "/app/healthcheck.py"]
 CMD ["python", "-m", "server", "--model", "/model"]
 

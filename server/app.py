@@ -1,5 +1,5 @@
 """Assembling and running the server: gRPC (translation, health, reflection),
-the metrics HTTP port, warm-up, and graceful shutdown."""
+the LibreTranslate HTTP API, the metrics HTTP port, warm-up, and graceful shutdown."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import signal
 from dataclasses import dataclass
 
 import grpc
+from aiohttp import web
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
@@ -17,9 +18,11 @@ from prometheus_client import start_http_server
 from proto import translate_pb2
 from server.config import ServerConfig
 from server.engine import Engine
+from server.http import HttpApi
 from server.metrics import Metrics
 from server.scheduler import Scheduler
 from server.service import MALFORMED, TranslatorService
+from server.translations import Translations
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = translate_pb2.DESCRIPTOR.services_by_name["Translator"].full_name
@@ -36,16 +39,27 @@ class Server:
     engine: Engine
     config: ServerConfig
     _metrics_http: object = None
+    translations: Translations | None = None  # the core both front ends share
+    http_runner: web.AppRunner | None = None
+    http_port: int = 0  # the bound HTTP API port once started; 0 when disabled
 
     async def start(self) -> None:
         await self.grpc_server.start()
+        if self.http_runner is not None:
+            await self.http_runner.setup()
+            site = web.TCPSite(self.http_runner, self.config.host.strip("[]"), self.config.http_port)
+            await site.start()
+            self.http_port = self.config.http_port
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.scheduler.start)  # continuous: longer lanes load their sessions
         if self.config.warmup:
             await loop.run_in_executor(None, self.engine.warmup)
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        log.info("serving %s on port %d, metrics on %d", self.engine.name, self.port, self.metrics_port)
+        log.info(
+            "serving %s on port %d (HTTP API %s), metrics on %d",
+            self.engine.name, self.port, self.http_port or "off", self.metrics_port,
+        )  # fmt: skip
 
     async def drain(self) -> None:
         """Graceful shutdown: NOT_SERVING, refuse new work (UNAVAILABLE), let in-flight requests
@@ -53,6 +67,9 @@ class Server:
         await self.health.enter_graceful_shutdown()
         self.scheduler.stop_accepting()
         await self.grpc_server.stop(self.config.grace_seconds)
+        if self.http_runner is not None:  # new HTTP requests were answered 503 since stop_accepting
+            await self.http_runner.shutdown()
+            await self.http_runner.cleanup()
         await asyncio.get_running_loop().run_in_executor(None, self.scheduler.stop, 5.0)
         if self._metrics_http is not None:
             self._metrics_http.shutdown()
@@ -121,7 +138,9 @@ def create_server(config: ServerConfig, engine: Engine | None = None, metrics: M
     ]
     # RPCs over the limit are refused by gRPC itself (RESOURCE_EXHAUSTED) before they queue up unseen.
     server = grpc.aio.server(options=options, maximum_concurrent_rpcs=config.max_concurrent_rpcs)
-    server.add_generic_rpc_handlers((_translator_handlers(TranslatorService(engine, scheduler, config, metrics)),))
+    translations = Translations(engine, scheduler, config, metrics)
+    service = TranslatorService(engine, scheduler, config, metrics, translations)
+    server.add_generic_rpc_handlers((_translator_handlers(service),))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection([SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
@@ -129,9 +148,13 @@ def create_server(config: ServerConfig, engine: Engine | None = None, metrics: M
     credentials = _credentials(config)
     port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     metrics_http, _ = start_http_server(config.metrics_port, registry=metrics.registry)
+    # A client that goes away cancels its handler, and so its job (as a cancelled RPC does).
+    http_api = HttpApi(engine, translations, config, metrics).application()
+    http_runner = web.AppRunner(http_api, handler_cancellation=True, access_log=None) if config.http_port else None
     return Server(
-        server, port, metrics_http.server_port, health_servicer, scheduler, metrics, engine, config, metrics_http
-    )
+        server, port, metrics_http.server_port, health_servicer, scheduler, metrics, engine, config, metrics_http,
+        translations, http_runner,
+    )  # fmt: skip
 
 
 async def serve(config: ServerConfig) -> None:

@@ -23,6 +23,8 @@ class ServerConfig:
     host: str = "[::]"
     port: int = 50051
     metrics_port: int = 9464
+    http_port: int = 5000  # the LibreTranslate-compatible HTTP API (server/http.py); 0 disables it
+    http_timeout_s: float = 60.0  # HTTP has no deadline header: a request's deadline, as gRPC's (504 after it)
     intra_op_threads: int = 0
     short_lane_threads: int = 1  # continuous, CPU: the first lane's threads for small batches (0 = intra_op_threads)
     intra_op_spinning: bool = False  # spinning ORT threads steal the cores the event loop needs (README)
@@ -68,6 +70,10 @@ class ServerConfig:
                      "max_source_tokens", "long_input_tokens", "max_beam_size", "max_output_tokens"):  # fmt: skip
             if getattr(self, name) < 1:
                 problems.append(f"{name}={getattr(self, name)} must be at least 1")
+        if not 0 <= self.http_port <= 65535:
+            problems.append(f"http_port={self.http_port} must be a port number, or 0 to disable the HTTP API")
+        if self.http_timeout_s <= 0:
+            problems.append(f"http_timeout_s={self.http_timeout_s} must be positive")
         if self.short_lane_threads < 0:
             problems.append(f"short_lane_threads={self.short_lane_threads} must be 0 (as intra_op_threads) or more")
         if not 0 <= self.lane_niceness <= 19:
@@ -114,7 +120,9 @@ def _parse_bool(value: str) -> bool:
 def parse_config(argv: Sequence[str] | None = None, environ: dict[str, str] | None = None) -> ServerConfig:
     """Flags first, then TRANSLATE_* environment variables, then the defaults."""
     environ = os.environ if environ is None else environ
-    parser = argparse.ArgumentParser(prog="python -m server", description="The translation gRPC server.")
+    parser = argparse.ArgumentParser(
+        prog="python -m server", description="The translation server: gRPC, and the LibreTranslate HTTP API."
+    )
     for field in dataclasses.fields(ServerConfig):
         kind = _field_type(field)
         flag = "--" + field.name.replace("_", "-")

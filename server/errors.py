@@ -1,13 +1,13 @@
-"""Typed errors and the one place they map to gRPC status codes.
+"""Typed errors and the one place they map to gRPC status codes and HTTP statuses.
 
-| error                | gRPC code            | when                                                   |
-|----------------------|----------------------|--------------------------------------------------------|
-| InvalidRequest       | INVALID_ARGUMENT     | empty/too many texts, too long input, bad options      |
-| Overloaded           | RESOURCE_EXHAUSTED   | queue full, or the request needs more memory than the budget |
-| ShuttingDown         | UNAVAILABLE          | the server is draining (SIGTERM)                       |
-| DeadlineExceeded     | DEADLINE_EXCEEDED    | the caller's deadline passed while queued or decoding  |
-| Cancelled            | CANCELLED            | the caller went away                                   |
-| InferenceFailed      | INTERNAL             | the model failed on the batch holding this request     |
+| error                | gRPC code            | HTTP | when                                                   |
+|----------------------|----------------------|------|--------------------------------------------------------|
+| InvalidRequest       | INVALID_ARGUMENT     | 400  | empty/too many texts, too long input, bad options or languages |
+| Overloaded           | RESOURCE_EXHAUSTED   | 429  | queue full, or the request needs more memory than the budget (HTTP adds Retry-After) |
+| ShuttingDown         | UNAVAILABLE          | 503  | the server is draining (SIGTERM)                       |
+| DeadlineExceeded     | DEADLINE_EXCEEDED    | 504  | the caller's deadline (HTTP: http_timeout_s) passed while queued or decoding |
+| Cancelled            | CANCELLED            | 499  | the caller went away (nobody reads the answer)         |
+| InferenceFailed      | INTERNAL             | 500  | the model failed on the batch holding this request     |
 """
 
 from __future__ import annotations
@@ -17,30 +17,47 @@ import grpc
 
 class ServiceError(Exception):
     code = grpc.StatusCode.INTERNAL
+    http_status = 500
 
 
 class InvalidRequest(ServiceError):
     code = grpc.StatusCode.INVALID_ARGUMENT
+    http_status = 400
 
 
 class Overloaded(ServiceError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    http_status = 429
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s  # the caller's wait before a retry may succeed (HTTP Retry-After)
 
 
 class ShuttingDown(ServiceError):
     code = grpc.StatusCode.UNAVAILABLE
+    http_status = 503
 
 
 class DeadlineExceeded(ServiceError):
     code = grpc.StatusCode.DEADLINE_EXCEEDED
+    http_status = 504
 
 
 class Cancelled(ServiceError):
     code = grpc.StatusCode.CANCELLED
+    http_status = 499
 
 
 class InferenceFailed(ServiceError):
     code = grpc.StatusCode.INTERNAL
+    http_status = 500
+
+
+def http_status_of(error: BaseException) -> tuple[int, str]:
+    """The HTTP status and caller-facing message of any error, mirroring ``status_of``."""
+    _, message = status_of(error)
+    return (error.http_status if isinstance(error, ServiceError) else 500), message
 
 
 def status_of(error: BaseException) -> tuple[grpc.StatusCode, str]:

@@ -31,7 +31,10 @@ class Metrics:
         r = self.registry
         ProcessCollector(registry=r)  # process_resident_memory_bytes, process_cpu_seconds_total, ...
         self.requests = Counter(
-            "translate_requests_total", "Finished RPCs by method and gRPC status code.", ["method", "code"], registry=r
+            "translate_requests_total",
+            "Finished requests by method (gRPC method, or 'HTTP /path') and gRPC status code (HTTP mirrors them).",
+            ["method", "code"],
+            registry=r,
         )
         self.request_latency = Histogram(
             "translate_request_duration_seconds", "Time from arrival to answer of each text, by input length (source tokens).",

@@ -194,9 +194,11 @@ class Scheduler:
             waiting = self.waiting
             if waiting + len(segments) > self.config.max_queue_size:
                 self.metrics.rejected.labels("queue_full").inc()
+                backlog = self._backlog_seconds()
                 raise Overloaded(
                     f"the queue is full ({waiting} of {self.config.max_queue_size} sentences waiting); "
-                    f"retry in about {self._backlog_seconds():.1f} s"
+                    f"retry in about {backlog:.1f} s",
+                    retry_after_s=backlog,
                 )
             job.segments, job.remaining = segments, len(segments)
             self.lanes[lane].waiting.extend(segments)

@@ -1,11 +1,10 @@
-"""gRPC handlers: protobuf in, plain jobs to the scheduler, protobuf out. Nothing else."""
+"""gRPC handlers: protobuf in, texts to the shared translation core, protobuf out. Nothing else."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
 
 import grpc
 
@@ -13,9 +12,9 @@ from proto import translate_pb2, translate_pb2_grpc
 from server.config import ServerConfig
 from server.errors import InvalidRequest, ServiceError, status_of
 from server.interface import Engine
-from server.metrics import Metrics, length_bucket
-from server.scheduler import Job, Scheduler, Segment
-from server.text import SegmentSpec, TextLimits, segment_texts
+from server.metrics import Metrics
+from server.scheduler import Scheduler
+from server.translations import Translations
 
 log = logging.getLogger(__name__)
 MALFORMED = object()  # what the tolerant deserializer returns for bytes that are no valid message
@@ -27,14 +26,19 @@ def _check_parsed(request) -> None:
 
 
 class TranslatorService(translate_pb2_grpc.TranslatorServicer):
-    def __init__(self, engine: Engine, scheduler: Scheduler, config: ServerConfig, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        scheduler: Scheduler,
+        config: ServerConfig,
+        metrics: Metrics,
+        translations: Translations | None = None,
+    ) -> None:
         self.engine = engine
         self.scheduler = scheduler
         self.config = config
         self.metrics = metrics
-        self.limits = TextLimits(
-            config.max_texts, config.max_source_tokens, config.long_input_tokens, config.long_input
-        )
+        self.translations = translations or Translations(engine, scheduler, config, metrics)
 
     # --- request -> job ---------------------------------------------------------------
 
@@ -51,54 +55,12 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
             )
         return beam, max_output
 
-    def _specs(self, request: translate_pb2.TranslateRequest) -> list[list[SegmentSpec]]:
-        long_inputs = self.metrics.long_inputs
-        return segment_texts(
-            list(request.texts), self.engine.tokenize, self.limits, lambda p: long_inputs.labels(p).inc()
-        )
-
-    async def _run(
-        self, request: translate_pb2.TranslateRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[Segment]:
-        """Submit the request and yield its segments in order as they finish."""
+    def _job(self, request, context: grpc.aio.ServicerContext) -> tuple[list[str], int, int, float | None]:
+        """The request's texts, beam, output limit and deadline (a ``time.monotonic()`` instant, or None)."""
         _check_parsed(request)
         beam, max_output = self._options(request)
-        specs = [spec for text in self._specs(request) for spec in text]
-        loop = asyncio.get_running_loop()
-        finished: asyncio.Queue[Segment | ServiceError | None] = asyncio.Queue()
         remaining = context.time_remaining()
-        job = Job(
-            specs, beam, max_output,
-            on_segment=lambda segment: loop.call_soon_threadsafe(finished.put_nowait, segment),
-            on_done=lambda error: loop.call_soon_threadsafe(finished.put_nowait, error),
-            deadline=time.monotonic() + remaining if remaining is not None else None,
-        )  # fmt: skip
-        self.scheduler.submit(job)
-        ready: dict[int, Segment] = {}
-        order = {id(spec): i for i, spec in enumerate(specs)}
-        next_index = 0
-        try:
-            while next_index < len(specs):
-                item = await finished.get()
-                if isinstance(item, ServiceError):
-                    raise item
-                if item is None:
-                    continue
-                ready[order[id(item.spec)]] = item
-                while next_index in ready:
-                    yield ready.pop(next_index)
-                    next_index += 1
-        except asyncio.CancelledError:
-            self.scheduler.cancel(job)
-            raise
-
-    def _observe_texts(self, segments: list[Segment], started: float) -> None:
-        per_text: dict[int, int] = {}
-        for s in segments:
-            per_text[s.spec.text_index] = per_text.get(s.spec.text_index, 0) + s.source_tokens
-        elapsed = time.monotonic() - started
-        for tokens in per_text.values():
-            self.metrics.request_latency.labels(length_bucket(tokens)).observe(elapsed)
+        return list(request.texts), beam, max_output, time.monotonic() + remaining if remaining is not None else None
 
     async def _fail(self, method: str, error: BaseException, context: grpc.aio.ServicerContext) -> None:
         code, message = status_of(error)
@@ -110,33 +72,17 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
     # --- RPCs -------------------------------------------------------------------------
 
     async def Translate(self, request, context):  # noqa: N802 (gRPC's method names)
-        started = time.monotonic()
         try:
-            segments = [s async for s in self._run(request, context)]
+            results = await self.translations.translate(*self._job(request, context))
         except asyncio.CancelledError:
             self.metrics.requests.labels("Translate", "CANCELLED").inc()
             raise
         except Exception as error:
             await self._fail("Translate", error, context)
-        self._observe_texts(segments, started)
-        texts: dict[int, list[Segment]] = {}
-        for segment in segments:
-            texts.setdefault(segment.spec.text_index, []).append(segment)
-        outputs = self.engine.detokenize([s.output for s in segments])
-        by_segment = dict(zip(map(id, segments), outputs, strict=True))
-        translations = [
-            translate_pb2.Translation(
-                text=" ".join(by_segment[id(s)] for s in parts),
-                input_tokens=sum(s.source_tokens for s in parts),
-                output_tokens=sum(len(s.output) for s in parts),
-                segments=len(parts),
-                truncated=any(s.spec.truncated for s in parts),
-            )
-            for _, parts in sorted(texts.items())
-        ]
         self.metrics.requests.labels("Translate", "OK").inc()
         return translate_pb2.TranslateResponse(
-            translations=translations, model=f"{self.engine.name}@{self.engine.version}"
+            translations=[translate_pb2.Translation(**vars(result)) for result in results],
+            model=f"{self.engine.name}@{self.engine.version}",
         )
 
     async def TranslateStream(self, request, context):  # noqa: N802
@@ -144,7 +90,7 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
         segments = []
         last_of_text: dict[int, int] = {}
         try:
-            async for segment in self._run(request, context):
+            async for segment in self.translations.segments(*self._job(request, context)):
                 if not last_of_text:
                     for s in segment.job.specs:
                         last_of_text[s.text_index] = max(last_of_text.get(s.text_index, 0), s.segment_index)
@@ -160,7 +106,7 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
             raise
         except Exception as error:
             await self._fail("TranslateStream", error, context)
-        self._observe_texts(segments, started)
+        self.translations.observe(segments, started)
         self.metrics.requests.labels("TranslateStream", "OK").inc()
 
     async def GetModelInfo(self, request, context):  # noqa: N802

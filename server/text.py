@@ -43,6 +43,8 @@ def segment_texts(
     tokenize: Callable[[list[str]], list[list[int]]],
     limits: TextLimits,
     on_long_input: Callable[[str], None] = lambda policy: None,
+    field: str = "texts",
+    keep_empty: bool = False,
 ) -> list[list[SegmentSpec]]:
     """The sentences of every text, in order, as segments. Raises InvalidRequest naming the field.
 
@@ -53,26 +55,29 @@ def segment_texts(
     all), or ``reject``.
     """
     if not texts:
-        raise InvalidRequest("texts: at least one text is required")
+        raise InvalidRequest(f"{field}: at least one text is required")
     if len(texts) > limits.max_texts:
         raise InvalidRequest(
-            f"texts: {len(texts)} texts, the limit is {limits.max_texts} (max_texts); send several requests"
+            f"{field}: {len(texts)} texts, the limit is {limits.max_texts} (max_texts); send several requests"
         )
     for i, text in enumerate(texts):
-        if not text.strip():
-            raise InvalidRequest(f"texts[{i}] is empty")
-    result = []
+        if not text.strip() and not keep_empty:
+            raise InvalidRequest(f"{field}[{i}] is empty")
+    result: list[list[SegmentSpec]] = []
     for i, (text, ids) in enumerate(zip(texts, tokenize(list(texts)), strict=True)):
+        if not text.strip():
+            result.append([])
+            continue
         if len(ids) > limits.max_source_tokens:
             raise InvalidRequest(
-                f"texts[{i}] has {len(ids)} tokens; the limit is {limits.max_source_tokens} (max_source_tokens)"
+                f"{field}[{i}] has {len(ids)} tokens; the limit is {limits.max_source_tokens} (max_source_tokens)"
             )
         long = len(ids) > limits.long_input_tokens
         if long:
             on_long_input(limits.long_input)
             if limits.long_input == "reject":
                 raise InvalidRequest(
-                    f"texts[{i}] has {len(ids)} tokens, over long_input_tokens={limits.long_input_tokens}, and the "
+                    f"{field}[{i}] has {len(ids)} tokens, over long_input_tokens={limits.long_input_tokens}, and the "
                     "long-input policy is reject; split the text or ask for the split policy"
                 )
         sentences = split_sentences(text) or [text]
@@ -87,7 +92,7 @@ def segment_texts(
                 break
         if not pieces:
             raise InvalidRequest(
-                f"texts[{i}] has nothing to translate: it tokenizes to no tokens (e.g. only zero-width characters)"
+                f"{field}[{i}] has nothing to translate: it tokenizes to no tokens (e.g. only zero-width characters)"
             )
         result.append(
             [SegmentSpec(i, j, source, chunk, truncated=budget is not None) for j, (source, chunk) in enumerate(pieces)]

@@ -59,8 +59,9 @@ class RunningServer:
 
 def server_config(model: Path, **overrides) -> ServerConfig:
     base = ServerConfig(
-        model=model, provider="cpu", host="127.0.0.1", port=0, metrics_port=0, warmup=False, grace_seconds=5.0
-    )
+        model=model, provider="cpu", host="127.0.0.1", port=0, metrics_port=0, http_port=0, warmup=False,
+        grace_seconds=5.0,
+    )  # fmt: skip
     return dataclasses.replace(base, **overrides)
 
 

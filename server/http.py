@@ -1,0 +1,154 @@
+"""The LibreTranslate-compatible HTTP API (aiohttp), on the same scheduler as gRPC.
+
+    POST /translate   JSON or form: q (a string, or a list of strings in JSON), source, target,
+                      format ("text"); answers {"translatedText": str | [str]}
+    GET  /languages   [{"code", "name", "targets"}]
+
+Errors are JSON ``{"error": message}`` with the status of ``server.errors`` (400, 429 with Retry-After,
+503, 504, 500), and 404/405/413 for unknown paths, wrong methods and bodies over max_message_bytes.
+LibreTranslate's ``api_key`` and ``alternatives`` are accepted and ignored; ``source: "auto"`` is refused
+(no language detection). Every response names the model that answered in ``X-Translation-Model``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from server.config import ServerConfig
+from server.errors import InvalidRequest, Overloaded, ServiceError, http_status_of, status_of
+from server.interface import Engine
+from server.metrics import Metrics
+from server.translations import Translations
+
+log = logging.getLogger(__name__)
+
+# ISO 639-1 names for /languages (LibreTranslate's "name"); a code not listed is its own name.
+LANGUAGE_NAMES = {
+    "ar": "Arabic", "cs": "Czech", "da": "Danish", "de": "German", "el": "Greek", "en": "English",
+    "es": "Spanish", "fi": "Finnish", "fr": "French", "hu": "Hungarian", "it": "Italian", "ja": "Japanese",
+    "ko": "Korean", "nl": "Dutch", "pl": "Polish", "pt": "Portuguese", "ro": "Romanian", "ru": "Russian",
+    "sv": "Swedish", "tr": "Turkish", "uk": "Ukrainian", "zh": "Chinese",
+}  # fmt: skip
+FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"error": message}, status=status, headers=headers)
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """aiohttp's own refusals (unknown path, wrong method, body too large) as JSON errors too."""
+    try:
+        return await handler(request)
+    except web.HTTPException as error:
+        if error.status < 400:
+            raise
+        return error_response(error.status, error.reason)
+
+
+class HttpApi:
+    def __init__(self, engine: Engine, translations: Translations, config: ServerConfig, metrics: Metrics) -> None:
+        self.engine = engine
+        self.translations = translations
+        self.config = config
+        self.metrics = metrics
+        self.model = f"{engine.name}@{engine.version}"
+
+    def application(self) -> web.Application:
+        app = web.Application(middlewares=[json_errors], client_max_size=self.config.max_message_bytes)
+        app.router.add_post("/translate", self.translate)
+        app.router.add_get("/languages", self.languages)
+        return app
+
+    # --- requests -------------------------------------------------------------------------
+
+    async def _fields(self, request: web.Request) -> dict[str, Any]:
+        """The request's fields from a JSON object or a form (a form's repeated q is a list)."""
+        if request.content_type in FORM_TYPES:
+            form = await request.post()
+            fields: dict[str, Any] = dict(form)
+            if len(qs := form.getall("q", [])) > 1:
+                fields["q"] = list(qs)
+            return fields
+        body = await request.text()
+        if not body.strip():
+            return {}
+        try:
+            fields = json.loads(body)
+        except json.JSONDecodeError as e:
+            raise InvalidRequest(
+                f"the body is not valid JSON ({e.msg} at character {e.pos}); send a JSON object"
+            ) from e
+        if not isinstance(fields, dict):
+            raise InvalidRequest("the body must be a JSON object with q, source and target")
+        return fields
+
+    def _texts(self, fields: dict[str, Any]) -> tuple[list[str], bool]:
+        """q as a list of texts, and whether it came as a list."""
+        q = fields.get("q")
+        if q is None or q == "" or q == []:
+            raise InvalidRequest("Invalid request: missing q parameter")
+        if isinstance(q, str):
+            return [q], False
+        if isinstance(q, list) and all(isinstance(text, str) for text in q):
+            return q, True
+        raise InvalidRequest("q must be a string or a list of strings")
+
+    def _check_languages(self, fields: dict[str, Any]) -> None:
+        source, target = fields.get("source"), fields.get("target")
+        pair = f"{self.engine.source_language}→{self.engine.target_language}"
+        for name, value in (("source", source), ("target", target)):
+            if not value:
+                raise InvalidRequest(f"Invalid request: missing {name} parameter (this server translates {pair})")
+        if source == "auto":
+            raise InvalidRequest(
+                f"source=auto: this server does not detect languages; give the source language ({pair})"
+            )
+        if (source, target) != (self.engine.source_language, self.engine.target_language):
+            raise InvalidRequest(f"no model here translates {source}→{target}; this server translates {pair}")
+
+    # --- routes ---------------------------------------------------------------------------
+
+    async def translate(self, request: web.Request) -> web.Response:
+        try:
+            fields = await self._fields(request)
+            texts, as_list = self._texts(fields)
+            self._check_languages(fields)
+            if fields.get("format", "text") != "text":
+                raise InvalidRequest(f"format={fields['format']!r} is not supported; use text")
+            deadline = time.monotonic() + self.config.http_timeout_s
+            beam, max_output = self.config.default_beam_size, self.config.max_output_tokens
+            results = await self.translations.translate(texts, beam, max_output, deadline, "q", keep_empty=True)
+        except web.HTTPException:  # aiohttp's own (a body over client_max_size): json_errors answers it
+            raise
+        except Exception as error:
+            return self._fail("/translate", error)
+        self.metrics.requests.labels("HTTP /translate", "OK").inc()
+        translated = [result.text for result in results]
+        body = {"translatedText": translated if as_list else translated[0]}
+        return web.json_response(body, headers={"X-Translation-Model": self.model})
+
+    async def languages(self, request: web.Request) -> web.Response:
+        source, target = self.engine.source_language, self.engine.target_language
+        self.metrics.requests.labels("HTTP /languages", "OK").inc()
+        body = [{"code": source, "name": LANGUAGE_NAMES.get(source, source), "targets": [target]}]
+        return web.json_response(body, headers={"X-Translation-Model": self.model})
+
+    def _fail(self, path: str, error: BaseException) -> web.Response:
+        status, message = http_status_of(error)
+        if not isinstance(error, ServiceError):
+            log.exception("unexpected error in HTTP %s", path, exc_info=error)
+        self.metrics.requests.labels(f"HTTP {path}", status_of(error)[0].name).inc()
+        headers = {"X-Translation-Model": self.model}
+        if isinstance(error, Overloaded):
+            headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_s)))
+        return error_response(status, message, headers)

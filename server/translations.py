@@ -1,0 +1,122 @@
+"""Texts in, translations out, through the scheduler: what every front end (gRPC, HTTP) shares.
+
+A front end turns its request into texts and options, and its errors into its own status codes
+(``server.errors``); everything between (segmentation, the job, waiting for its segments in order,
+cancellation, latency metrics) is here once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from server.config import ServerConfig
+from server.errors import ServiceError
+from server.interface import Engine
+from server.metrics import Metrics, length_bucket
+from server.scheduler import Job, Scheduler, Segment
+from server.text import TextLimits, segment_texts
+
+
+@dataclass(frozen=True)
+class TextTranslation:
+    text: str
+    input_tokens: int  # source tokens as the model saw them (after truncation, if any)
+    output_tokens: int  # generated tokens, eos excluded
+    segments: int  # sentences (or pieces) the text was translated as
+    truncated: bool
+
+
+class Translations:
+    def __init__(self, engine: Engine, scheduler: Scheduler, config: ServerConfig, metrics: Metrics) -> None:
+        self.engine = engine
+        self.scheduler = scheduler
+        self.metrics = metrics
+        self.limits = TextLimits(
+            config.max_texts, config.max_source_tokens, config.long_input_tokens, config.long_input
+        )
+
+    async def segments(
+        self,
+        texts: Sequence[str],
+        beam: int,
+        max_output: int,
+        deadline: float | None,
+        field: str = "texts",
+        keep_empty: bool = False,
+    ) -> AsyncIterator[Segment]:
+        """Submit the texts as one job and yield its segments in order as they finish; ``deadline`` is a
+        ``time.monotonic()`` instant. Raises the ServiceError that ended the job; cancelling the caller's
+        task cancels the job. ``field`` names the texts in errors; ``keep_empty``: see segment_texts."""
+        long_inputs = self.metrics.long_inputs
+        on_long = lambda policy: long_inputs.labels(policy).inc()
+        by_text = segment_texts(texts, self.engine.tokenize, self.limits, on_long, field, keep_empty)
+        specs = [spec for text in by_text for spec in text]
+        if not specs:
+            return
+        loop = asyncio.get_running_loop()
+        finished: asyncio.Queue[Segment | ServiceError | None] = asyncio.Queue()
+        job = Job(
+            specs, beam, max_output,
+            on_segment=lambda segment: loop.call_soon_threadsafe(finished.put_nowait, segment),
+            on_done=lambda error: loop.call_soon_threadsafe(finished.put_nowait, error),
+            deadline=deadline,
+        )  # fmt: skip
+        self.scheduler.submit(job)
+        ready: dict[int, Segment] = {}
+        order = {id(spec): i for i, spec in enumerate(specs)}
+        next_index = 0
+        try:
+            while next_index < len(specs):
+                item = await finished.get()
+                if isinstance(item, ServiceError):
+                    raise item
+                if item is None:
+                    continue
+                ready[order[id(item.spec)]] = item
+                while next_index in ready:
+                    yield ready.pop(next_index)
+                    next_index += 1
+        except asyncio.CancelledError:
+            self.scheduler.cancel(job)
+            raise
+
+    async def translate(
+        self,
+        texts: Sequence[str],
+        beam: int,
+        max_output: int,
+        deadline: float | None,
+        field: str = "texts",
+        keep_empty: bool = False,
+    ) -> list[TextTranslation]:
+        """One translation per text, in order (a text's sentences joined by a space; an empty text kept
+        with ``keep_empty`` translates to an empty text)."""
+        started = time.monotonic()
+        segments = [s async for s in self.segments(texts, beam, max_output, deadline, field, keep_empty)]
+        self.observe(segments, started)
+        by_text: dict[int, list[Segment]] = {}
+        for segment in segments:
+            by_text.setdefault(segment.spec.text_index, []).append(segment)
+        outputs = dict(zip(map(id, segments), self.engine.detokenize([s.output for s in segments]), strict=True))
+        return [
+            TextTranslation(
+                text=" ".join(outputs[id(s)] for s in parts),
+                input_tokens=sum(s.source_tokens for s in parts),
+                output_tokens=sum(len(s.output) for s in parts),
+                segments=len(parts),
+                truncated=any(s.spec.truncated for s in parts),
+            )
+            for parts in (by_text.get(i, []) for i in range(len(texts)))
+        ]
+
+    def observe(self, segments: list[Segment], started: float) -> None:
+        """Request latency per text, by the text's length bucket."""
+        per_text: dict[int, int] = {}
+        for s in segments:
+            per_text[s.spec.text_index] = per_text.get(s.spec.text_index, 0) + s.source_tokens
+        elapsed = time.monotonic() - started
+        for tokens in per_text.values():
+            self.metrics.request_latency.labels(length_bucket(tokens)).observe(elapsed)

@@ -1,0 +1,136 @@
+"""The LibreTranslate-compatible HTTP API against a running server: a real client's flow (libretranslatepy's
+form posts), JSON with list q, /languages, and every error status."""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import own_sentences
+from tests.server.conftest import RunningServer, server_config
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http(server: RunningServer, path: str, body: object = None, form: dict | None = None, method: str | None = None):
+    """(status, headers, parsed JSON body) of one request to the server's HTTP API."""
+    url = f"http://127.0.0.1:{server.server.http_port}{path}"
+    data, headers = None, {}
+    if form is not None:
+        data = urllib.parse.urlencode(form, doseq=True).encode()
+    elif body is not None:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
+    request = urllib.request.Request(url, data=data, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, response.headers, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers, json.loads(error.read())
+
+
+def start(tiny_export: Path, **overrides) -> RunningServer:
+    config = server_config(tiny_export, http_port=free_port(), max_batch_delay_ms=5.0, max_output_tokens=16)
+    return RunningServer(config.__class__(**{**vars(config), **overrides}))
+
+
+@pytest.fixture(scope="module")
+def server(tiny_export: Path) -> Iterator[RunningServer]:
+    running = start(tiny_export)
+    yield running
+    running.close()
+
+
+def test_a_libretranslate_client_translates_as_grpc_does(server: RunningServer):
+    libretranslatepy = pytest.importorskip("libretranslatepy")
+    client = libretranslatepy.LibreTranslateAPI(f"http://127.0.0.1:{server.server.http_port}")
+    languages = client.languages()
+    assert languages == [{"code": "en", "name": "English", "targets": ["de"]}]
+    sentences = own_sentences(3)
+    expected = [t.text for t in server.translate(sentences).translations]
+    assert [client.translate(s, "en", "de") for s in sentences] == expected  # form posts
+
+
+def test_json_with_a_list_keeps_order_and_empty_texts(server: RunningServer):
+    sentences = own_sentences(4)
+    expected = [t.text for t in server.translate(sentences).translations]
+    status, headers, body = http(server, "/translate", {"q": [sentences[0], "", *sentences[1:]], "source": "en",
+                                                        "target": "de", "format": "text", "api_key": ""})  # fmt: skip
+    assert status == 200 and body == {"translatedText": [expected[0], "", *expected[1:]]}
+    assert headers["X-Translation-Model"] == server.translate(["x"]).model
+    status, _, body = http(server, "/translate", {"q": sentences[0], "source": "en", "target": "de"})
+    assert (status, body) == (200, {"translatedText": expected[0]})
+    status, _, body = http(server, "/translate", form={"q": sentences[:2], "source": "en", "target": "de"})
+    assert (status, body) == (200, {"translatedText": expected[:2]})  # a form's repeated q is a list
+    assert server.metric("translate_requests_total", {"method": "HTTP /translate", "code": "OK"}) >= 3
+
+
+@pytest.mark.parametrize(
+    ("request_body", "message"),
+    [
+        ({"source": "en", "target": "de"}, "missing q parameter"),
+        ({"q": "Hi.", "target": "de"}, "missing source parameter"),
+        ({"q": "Hi.", "source": "auto", "target": "de"}, "does not detect languages"),
+        ({"q": "Hi.", "source": "de", "target": "en"}, "no model here translates de→en; this server translates en→de"),
+        ({"q": "Hi.", "source": "en", "target": "de", "format": "html"}, "format='html' is not supported"),
+        ({"q": [1, 2], "source": "en", "target": "de"}, "q must be a string or a list of strings"),
+        (b"{not json", "the body is not valid JSON"),
+        ({"q": ["Hi."] * 100, "source": "en", "target": "de"}, "q: 100 texts, the limit is 64"),
+    ],
+)
+def test_bad_requests_are_400_with_a_message(server: RunningServer, request_body, message: str):
+    status, _, body = http(server, "/translate", request_body)
+    assert status == 400 and message in body["error"], body
+    assert server.metric("translate_requests_total", {"method": "HTTP /translate", "code": "INVALID_ARGUMENT"}) >= 1
+
+
+def test_unknown_paths_methods_and_large_bodies_answer_json(server: RunningServer):
+    assert http(server, "/nowhere")[0] == 404 and "error" in http(server, "/nowhere")[2]
+    status, _, body = http(server, "/translate", method="GET")
+    assert status == 405 and body == {"error": "Method Not Allowed"}
+    status, _, body = http(server, "/translate", {"q": "x" * (5 << 20), "source": "en", "target": "de"})
+    assert status == 413 and "error" in body
+
+
+def test_overload_is_429_with_retry_after(tiny_export: Path):
+    server = start(tiny_export, memory_budget_mib=1, default_beam_size=8, max_output_tokens=256)
+    try:  # too small for a long text's segments in beam 8
+        status, headers, body = http(
+            server, "/translate", {"q": "walking " * 1000 + ".", "source": "en", "target": "de"}
+        )
+        assert status == 429 and "memory budget" in body["error"]
+        assert int(headers["Retry-After"]) >= 1
+    finally:
+        server.close()
+
+
+def test_deadline_is_504_and_draining_is_503(tiny_export: Path):
+    server = start(tiny_export, http_timeout_s=1e-6)
+    try:
+        status, _, body = http(server, "/translate", {"q": "A man is walking.", "source": "en", "target": "de"})
+        assert status == 504 and "deadline" in body["error"]
+        server.server.scheduler.stop_accepting()
+        status, _, body = http(server, "/translate", {"q": "A man is walking.", "source": "en", "target": "de"})
+        assert status == 503 and "shutting down" in body["error"]
+    finally:
+        server.close()
+
+
+def test_an_unexpected_failure_is_500_without_details(server: RunningServer, monkeypatch):
+    async def broken(*args, **kwargs):
+        raise RuntimeError("secret internals")
+
+    monkeypatch.setattr(server.server.translations, "translate", broken)
+    status, _, body = http(server, "/translate", {"q": "Hi.", "source": "en", "target": "de"})
+    assert status == 500 and "secret" not in body["error"] and "the server logged the details" in body["error"]
