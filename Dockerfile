@@ -1,7 +1,7 @@
 # The translation service image, built in stages (docker compose and deploy/README.md show the commands):
 #
 #   build          python + torch (CPU) + the `train` extra and the project source
-#   export         the default model exported to ONNX (fp32 + int8) in /model
+#   export         the default models exported to ONNX (fp32 + int8) in /model/en-de and /model/de-en
 #   export-cuda    the same plus the fp16 variant, for the CUDA image
 #   wheel          the project as a wheel, without the training checkpoint
 #   runtime        serving deps only: ONNX Runtime, gRPC, Prometheus client; no torch
@@ -26,14 +26,16 @@ COPY . .
 RUN pip install '.[train]'
 
 FROM build AS export
-RUN python -m export --out /model --int8
+RUN python -m export --out /model/en-de --int8 && \
+    python -m export --checkpoint model/default-de-en --out /model/de-en --int8
 
 FROM build AS export-cuda
-RUN python -m export --out /model --int8 --fp16
+RUN python -m export --out /model/en-de --int8 --fp16 && \
+    python -m export --checkpoint model/default-de-en --out /model/de-en --int8 --fp16
 
 FROM build AS wheel
-# The training checkpoint (model/default) is package data; the server needs only the export.
-RUN rm -rf model/default build ./*.egg-info && pip wheel --no-deps --wheel-dir /wheels .
+# The training checkpoints (model/default*) are package data; the server needs only the exports.
+RUN rm -rf model/default model/default-de-en build ./*.egg-info && pip wheel --no-deps --wheel-dir /wheels .
 
 FROM ${PYTHON_IMAGE} AS runtime
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
@@ -52,7 +54,7 @@ USER 10001:10001
 EXPOSE 50051 5000 9464
 # Start period covers loading and warm-up, during which the health service is not yet SERVING.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 CMD ["python", "/app/healthcheck.py"]
-CMD ["python", "-m", "server", "--model", "/model"]
+CMD ["python", "-m", "server", "--model", "/model/en-de", "--model", "/model/de-en"]
 
 FROM ${CUDA_IMAGE} AS runtime-cuda
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
@@ -73,7 +75,7 @@ USER 10001:10001
 ENV TRANSLATE_PROVIDER=cuda TRANSLATE_VARIANT=fp16
 EXPOSE 50051 5000 9464
 HEALTHCHECK --interval=10s --timeout=5s --start-period=120s --retries=3 CMD ["python", "/app/healthcheck.py"]
-CMD ["python", "-m", "server", "--model", "/model"]
+CMD ["python", "-m", "server", "--model", "/model/en-de", "--model", "/model/de-en"]
 
 FROM runtime AS loadgen
 USER root

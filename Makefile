@@ -19,14 +19,20 @@ install: $(STAMP)
 proto: $(STAMP)
 	$(PY) -m proto
 
-# Export the embedded default model to ONNX unless it is there and newer than the code that writes it.
+DE_EN_DIR ?= exported/default-de-en
+
+# Export the embedded default models (English→German, German→English) to ONNX, fp32 and int8, unless they
+# are there and newer than the code that writes them.
 $(MODEL_DIR)/manifest.json: $(wildcard export/*.py model/default/*) | $(STAMP)
-	$(PY) -m export --out $(MODEL_DIR) --force
+	$(PY) -m export --out $(MODEL_DIR) --int8 --force
 
-export: $(MODEL_DIR)/manifest.json
+$(DE_EN_DIR)/manifest.json: $(wildcard export/*.py model/default-de-en/*) | $(STAMP)
+	$(PY) -m export --checkpoint model/default-de-en --out $(DE_EN_DIR) --int8 --force
 
-serve: $(STAMP) $(MODEL_DIR)/manifest.json
-	$(PY) -m server --model $(MODEL_DIR)
+export: $(MODEL_DIR)/manifest.json $(DE_EN_DIR)/manifest.json
+
+serve: $(STAMP) $(MODEL_DIR)/manifest.json $(DE_EN_DIR)/manifest.json
+	$(PY) -m server --model $(MODEL_DIR) --model $(DE_EN_DIR)
 
 test: $(STAMP)
 	$(PY) -m pytest -q

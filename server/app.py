@@ -20,6 +20,7 @@ from server.config import ServerConfig
 from server.engine import Engine
 from server.http import HttpApi
 from server.metrics import Metrics
+from server.models import Models
 from server.scheduler import Scheduler
 from server.service import MALFORMED, TranslatorService
 from server.translations import Translations
@@ -36,10 +37,10 @@ class Server:
     health: health.aio.HealthServicer
     scheduler: Scheduler
     metrics: Metrics
-    engine: Engine
+    models: Models
     config: ServerConfig
+    translations: Translations  # the core both front ends share
     _metrics_http: object = None
-    translations: Translations | None = None  # the core both front ends share
     http_runner: web.AppRunner | None = None
     http_port: int = 0  # the bound HTTP API port once started; 0 when disabled
 
@@ -53,12 +54,13 @@ class Server:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.scheduler.start)  # continuous: longer lanes load their sessions
         if self.config.warmup:
-            await loop.run_in_executor(None, self.engine.warmup)
+            for engine in self.models:
+                await loop.run_in_executor(None, engine.warmup)
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info(
-            "serving %s on port %d (HTTP API %s), metrics on %d",
-            self.engine.name, self.port, self.http_port or "off", self.metrics_port,
+            "serving %s on port %d, metrics on %d, HTTP API %s",
+            self.models.describe(), self.port, self.metrics_port, self.http_port or "off",
         )  # fmt: skip
 
     async def drain(self) -> None:
@@ -107,6 +109,11 @@ def _translator_handlers(servicer: TranslatorService) -> grpc.GenericRpcHandler:
             request_deserializer=_tolerant(translate_pb2.GetModelInfoRequest.FromString),
             response_serializer=translate_pb2.ModelInfo.SerializeToString,
         ),
+        "ListModels": grpc.unary_unary_rpc_method_handler(
+            servicer.ListModels,
+            request_deserializer=_tolerant(translate_pb2.ListModelsRequest.FromString),
+            response_serializer=translate_pb2.ListModelsResponse.SerializeToString,
+        ),
     }
     return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
 
@@ -121,14 +128,17 @@ def _credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
     )
 
 
-def create_server(config: ServerConfig, engine: Engine | None = None, metrics: Metrics | None = None) -> Server:
+def create_server(config: ServerConfig, metrics: Metrics | None = None) -> Server:
     """Build (not start) the server; port 0 in config picks free ports, read back from the result."""
-    engine = engine or Engine(config, small_batch_threads=config.first_lane_small_batch_threads)
+    threads = config.first_lane_small_batch_threads
+    models = Models([Engine(config, folder, small_batch_threads=threads) for folder in config.model])
     metrics = metrics or Metrics()
-    metrics.model_info.info(
-        {"name": engine.name, "version": engine.version, "provider": engine.provider, "variant": engine.variant}
-    )
-    scheduler = Scheduler(engine, config, metrics)
+    for engine in models:
+        metrics.model_info.labels(engine.name).info({
+            "version": engine.version, "provider": engine.provider, "variant": engine.variant,
+            "source_language": engine.source_language, "target_language": engine.target_language,
+        })  # fmt: skip
+    scheduler = Scheduler(models.engines, config, metrics)
     options = [
         ("grpc.max_receive_message_length", config.max_message_bytes),
         ("grpc.max_send_message_length", config.max_message_bytes),
@@ -138,8 +148,8 @@ def create_server(config: ServerConfig, engine: Engine | None = None, metrics: M
     ]
     # RPCs over the limit are refused by gRPC itself (RESOURCE_EXHAUSTED) before they queue up unseen.
     server = grpc.aio.server(options=options, maximum_concurrent_rpcs=config.max_concurrent_rpcs)
-    translations = Translations(engine, scheduler, config, metrics)
-    service = TranslatorService(engine, scheduler, config, metrics, translations)
+    translations = Translations(scheduler, config, metrics)
+    service = TranslatorService(models, translations, config, metrics)
     server.add_generic_rpc_handlers((_translator_handlers(service),))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -149,11 +159,11 @@ def create_server(config: ServerConfig, engine: Engine | None = None, metrics: M
     port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     metrics_http, _ = start_http_server(config.metrics_port, registry=metrics.registry)
     # A client that goes away cancels its handler, and so its job (as a cancelled RPC does).
-    http_api = HttpApi(engine, translations, config, metrics).application()
+    http_api = HttpApi(models, translations, config, metrics).application()
     http_runner = web.AppRunner(http_api, handler_cancellation=True, access_log=None) if config.http_port else None
     return Server(
-        server, port, metrics_http.server_port, health_servicer, scheduler, metrics, engine, config, metrics_http,
-        translations, http_runner,
+        server, port, metrics_http.server_port, health_servicer, scheduler, metrics, models, config, translations,
+        metrics_http, http_runner,
     )  # fmt: skip
 
 

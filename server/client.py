@@ -1,4 +1,4 @@
-"""A command-line client: ``python -m server.client [--target HOST:PORT] [--beam N]``.
+"""A command-line client: ``python -m server.client [--target HOST:PORT] [--from de --to en] [--beam N]``.
 
 Reads source lines on stdin and prints one translation per line. On error it
 prints the gRPC status code and message and exits non-zero.
@@ -18,6 +18,11 @@ from proto import translate_pb2, translate_pb2_grpc
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default="localhost:50051")
+    parser.add_argument(
+        "--from", dest="source", default="", help="source language (default: the server's default model)"
+    )
+    parser.add_argument("--to", dest="target_language", default="", help="target language")
+    parser.add_argument("--model", default="", help="a model's name (or name@version) instead of, or with, languages")
     parser.add_argument("--beam", type=int, default=0, help="beam size (0: the server's default)")
     parser.add_argument("--max-output-tokens", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=60.0, help="deadline per request, in seconds")
@@ -28,7 +33,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     with grpc.insecure_channel(args.target) as channel:
         stub = translate_pb2_grpc.TranslatorStub(channel)
         for start in range(0, len(lines), args.batch):
-            request = translate_pb2.TranslateRequest(texts=lines[start : start + args.batch], options=options)
+            request = translate_pb2.TranslateRequest(
+                texts=lines[start : start + args.batch], options=options, model=args.model,
+                source_language=args.source, target_language=args.target_language,
+            )  # fmt: skip
             try:
                 response = stub.Translate(request, timeout=args.timeout)
             except grpc.RpcError as error:

@@ -10,14 +10,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "exported" / "default"
+ROOT = Path(__file__).resolve().parent.parent
+# The default models, each exported folder with the checkpoint it is exported from: English→German, German→English.
+DEFAULT_MODELS = {
+    ROOT / "exported" / "default": ROOT / "model" / "default",
+    ROOT / "exported" / "default-de-en": ROOT / "model" / "default-de-en",
+}
+DEFAULT_MODEL_DIR = next(iter(DEFAULT_MODELS))
 ENV_PREFIX = "TRANSLATE_"
 MIB = 1 << 20
 
 
 @dataclass(frozen=True)
 class ServerConfig:
-    model: Path = DEFAULT_MODEL_DIR
+    # Exported model folders (--model DIR, repeated; TRANSLATE_MODEL=DIR,DIR); the first is the default model of
+    # requests that name none. One Path is taken as a one-model tuple.
+    model: tuple[Path, ...] = tuple(DEFAULT_MODELS)
     variant: str = "fp32"
     provider: str = "auto"
     host: str = "[::]"
@@ -59,7 +67,13 @@ class ServerConfig:
         return self.short_lane_threads if self.scheduler == "continuous" and self.lane_bounds else None
 
     def __post_init__(self) -> None:
+        if isinstance(self.model, (str, Path)):
+            object.__setattr__(self, "model", (Path(self.model),))
         problems = []
+        if not self.model:
+            problems.append("model: give at least one exported model folder")
+        elif len(set(self.model)) < len(self.model):
+            problems.append(f"model: a folder is given twice ({', '.join(map(str, self.model))})")
         if self.scheduler not in ("continuous", "static"):
             problems.append(f"scheduler={self.scheduler!r}: use continuous or static")
         if self.long_input not in ("split", "truncate", "reject"):
@@ -104,6 +118,8 @@ class ServerConfig:
 
 def _field_type(field: dataclasses.Field) -> type:
     text = str(field.type)
+    if text.startswith("tuple[Path"):
+        return tuple
     if "Path" in text:
         return Path
     return {"int": int, "float": float, "str": str, "bool": bool}[text]
@@ -123,19 +139,29 @@ def parse_config(argv: Sequence[str] | None = None, environ: dict[str, str] | No
     parser = argparse.ArgumentParser(
         prog="python -m server", description="The translation server: gRPC, and the LibreTranslate HTTP API."
     )
+    lists: dict[str, tuple] = {}
     for field in dataclasses.fields(ServerConfig):
         kind = _field_type(field)
         flag = "--" + field.name.replace("_", "-")
         env = ENV_PREFIX + field.name.upper()
         default = field.default
+        if kind is tuple:  # a list: the flag repeated, or the variable's comma-separated items
+            if env in environ:
+                default = tuple(Path(item.strip()) for item in environ[env].split(",") if item.strip())
+            shown = ",".join(map(str, default))
+            parser.add_argument(flag, type=Path, action="append", help=f"repeatable (env {env}, default {shown})")
+            lists[field.name] = default
+            continue
         if env in environ:
             default = _parse_bool(environ[env]) if kind is bool else kind(environ[env])
         parser.add_argument(
             flag, type=_parse_bool if kind is bool else kind, default=default, help=f"(env {env}, default {default})"
         )
-    args = parser.parse_args(argv)
+    args = vars(parser.parse_args(argv))
+    for name, default in lists.items():  # append extends its default, so a given flag replaces it here
+        args[name] = tuple(args[name]) if args[name] else default
     try:
-        return ServerConfig(**vars(args))
+        return ServerConfig(**args)
     except ValueError as e:
         parser.error(str(e))
         raise

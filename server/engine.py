@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Hashable, Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -85,13 +86,16 @@ class Engine:
     def __init__(
         self,
         config: ServerConfig,
+        model_dir: Path | None = None,
         verify_files: bool = True,
         intra_op_threads: int | None = None,
         small_batch_threads: int | None = None,
     ) -> None:
-        """``small_batch_threads``: CPU batches of fewer than export.runtime.SMALL_BATCH_ROWS rows run on
-        sessions of this many threads (None or 0: the same sessions)."""
+        """``model_dir``: an exported folder (default: the config's first model). ``small_batch_threads``:
+        CPU batches of fewer than export.runtime.SMALL_BATCH_ROWS rows run on sessions of this many threads
+        (None or 0: the same sessions)."""
         self.server_config = config
+        self.model_dir = model_dir or config.model[0]
         if intra_op_threads is None:
             intra_op_threads = config.intra_op_threads
         options = RuntimeOptions(
@@ -103,7 +107,7 @@ class Engine:
             small_batch_threads=small_batch_threads or None,
         )
         bound_process_memory()
-        self.model = OrtModel(config.model, options)
+        self.model = OrtModel(self.model_dir, options)
         self.config = self.model.config
         self.tokenizer = self.model.tokenizer
         manifest = self.model.manifest
@@ -118,7 +122,7 @@ class Engine:
     def replica(self, intra_op_threads: int | None = None) -> Engine:
         """Another engine on the same model files, with its own sessions (and their threads): created on the
         thread that will use it, they inherit that thread's priority. The files were verified by this one."""
-        return Engine(self.server_config, verify_files=False, intra_op_threads=intra_op_threads)
+        return Engine(self.server_config, self.model_dir, verify_files=False, intra_op_threads=intra_op_threads)
 
     # --- text ----------------------------------------------------------------------
 

@@ -6,8 +6,9 @@
 
 Errors are JSON ``{"error": message}`` with the status of ``server.errors`` (400, 429 with Retry-After,
 503, 504, 500), and 404/405/413 for unknown paths, wrong methods and bodies over max_message_bytes.
-LibreTranslate's ``api_key`` and ``alternatives`` are accepted and ignored; ``source: "auto"`` is refused
-(no language detection). Every response names the model that answered in ``X-Translation-Model``.
+``source`` and ``target`` choose among the server's models (``server.models``); LibreTranslate's ``api_key``
+and ``alternatives`` are accepted and ignored; ``source: "auto"`` is refused (no language detection). A
+translation names the model that answered in ``X-Translation-Model`` (``name@version``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from server.config import ServerConfig
 from server.errors import InvalidRequest, Overloaded, ServiceError, http_status_of, status_of
 from server.interface import Engine
 from server.metrics import Metrics
+from server.models import Models
+from server.service import model_name
 from server.translations import Translations
 
 log = logging.getLogger(__name__)
@@ -56,12 +59,11 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
 
 
 class HttpApi:
-    def __init__(self, engine: Engine, translations: Translations, config: ServerConfig, metrics: Metrics) -> None:
-        self.engine = engine
+    def __init__(self, models: Models, translations: Translations, config: ServerConfig, metrics: Metrics) -> None:
+        self.models = models
         self.translations = translations
         self.config = config
         self.metrics = metrics
-        self.model = f"{engine.name}@{engine.version}"
 
     def application(self) -> web.Application:
         app = web.Application(middlewares=[json_errors], client_max_size=self.config.max_message_bytes)
@@ -103,52 +105,60 @@ class HttpApi:
             return q, True
         raise InvalidRequest("q must be a string or a list of strings")
 
-    def _check_languages(self, fields: dict[str, Any]) -> None:
+    def _model(self, fields: dict[str, Any]) -> Engine:
+        """The model of the request's source and target languages (both required, as in LibreTranslate)."""
         source, target = fields.get("source"), fields.get("target")
-        pair = f"{self.engine.source_language}→{self.engine.target_language}"
+        pairs = self.models.describe()
         for name, value in (("source", source), ("target", target)):
             if not value:
-                raise InvalidRequest(f"Invalid request: missing {name} parameter (this server translates {pair})")
+                raise InvalidRequest(f"Invalid request: missing {name} parameter (this server translates {pairs})")
+            if not isinstance(value, str):
+                raise InvalidRequest(f"{name} must be a language code, e.g. {self.models.default.source_language!r}")
         if source == "auto":
             raise InvalidRequest(
-                f"source=auto: this server does not detect languages; give the source language ({pair})"
+                f"source=auto: this server does not detect languages; give the source language ({pairs})"
             )
-        if (source, target) != (self.engine.source_language, self.engine.target_language):
-            raise InvalidRequest(f"no model here translates {source}→{target}; this server translates {pair}")
+        return self.models.resolve(source=source, target=target)
 
     # --- routes ---------------------------------------------------------------------------
 
     async def translate(self, request: web.Request) -> web.Response:
+        engine = None
         try:
             fields = await self._fields(request)
             texts, as_list = self._texts(fields)
-            self._check_languages(fields)
+            engine = self._model(fields)
             if fields.get("format", "text") != "text":
                 raise InvalidRequest(f"format={fields['format']!r} is not supported; use text")
             deadline = time.monotonic() + self.config.http_timeout_s
             beam, max_output = self.config.default_beam_size, self.config.max_output_tokens
-            results = await self.translations.translate(texts, beam, max_output, deadline, "q", keep_empty=True)
+            results = await self.translations.translate(engine, texts, beam, max_output, deadline, "q", keep_empty=True)
         except web.HTTPException:  # aiohttp's own (a body over client_max_size): json_errors answers it
             raise
         except Exception as error:
-            return self._fail("/translate", error)
-        self.metrics.requests.labels("HTTP /translate", "OK").inc()
+            return self._fail("/translate", error, engine)
+        self.metrics.requests.labels("HTTP /translate", "OK", engine.name).inc()
         translated = [result.text for result in results]
         body = {"translatedText": translated if as_list else translated[0]}
-        return web.json_response(body, headers={"X-Translation-Model": self.model})
+        return web.json_response(body, headers={"X-Translation-Model": model_name(engine)})
 
     async def languages(self, request: web.Request) -> web.Response:
-        source, target = self.engine.source_language, self.engine.target_language
-        self.metrics.requests.labels("HTTP /languages", "OK").inc()
-        body = [{"code": source, "name": LANGUAGE_NAMES.get(source, source), "targets": [target]}]
-        return web.json_response(body, headers={"X-Translation-Model": self.model})
+        """Each source language with the targets the server translates it into, in model order."""
+        targets: dict[str, list[str]] = {}
+        for engine in self.models:
+            targets.setdefault(engine.source_language, []).append(engine.target_language)
+        self.metrics.requests.labels("HTTP /languages", "OK", "").inc()
+        body = [
+            {"code": code, "name": LANGUAGE_NAMES.get(code, code), "targets": codes} for code, codes in targets.items()
+        ]
+        return web.json_response(body)
 
-    def _fail(self, path: str, error: BaseException) -> web.Response:
+    def _fail(self, path: str, error: BaseException, engine: Engine | None) -> web.Response:
         status, message = http_status_of(error)
         if not isinstance(error, ServiceError):
             log.exception("unexpected error in HTTP %s", path, exc_info=error)
-        self.metrics.requests.labels(f"HTTP {path}", status_of(error)[0].name).inc()
-        headers = {"X-Translation-Model": self.model}
+        self.metrics.requests.labels(f"HTTP {path}", status_of(error)[0].name, engine.name if engine else "").inc()
+        headers = {"X-Translation-Model": model_name(engine)} if engine is not None else {}
         if isinstance(error, Overloaded):
             headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_s)))
         return error_response(status, message, headers)

@@ -157,10 +157,13 @@ Send = Callable[[str], Awaitable[tuple[str, int]]]  # text -> (status code name,
 def grpc_sender(channel: grpc.aio.Channel, args) -> Send:
     stub = translate_pb2_grpc.TranslatorStub(channel)
     options = translate_pb2.TranslateOptions(beam_size=args.beam)
+    source, _, target = args.languages.partition(":")
 
     async def send(text: str) -> tuple[str, int]:
         try:
-            request = translate_pb2.TranslateRequest(texts=[text], options=options)
+            request = translate_pb2.TranslateRequest(
+                texts=[text], options=options, source_language=source, target_language=target
+            )
             response = await stub.Translate(request, timeout=args.deadline)
             return "OK", response.translations[0].output_tokens
         except grpc.aio.AioRpcError as error:
@@ -349,7 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--api", choices=["grpc", "http"], default="grpc", help="the front end to drive")
     parser.add_argument("--target", help="host:port (default localhost:50051 for grpc, localhost:5000 for http)")
-    parser.add_argument("--languages", default="en:de", help="http: source:target of each request")
+    parser.add_argument("--languages", default="en:de", help="source:target of each request (the model it goes to)")
     parser.add_argument("--metrics", default="http://localhost:9464/metrics", help="server metrics URL ('' to skip)")
     parser.add_argument("--tokenizer", type=Path, default=DEFAULT_MODEL_DIR / "sentencepiece.model")
     parser.add_argument("--profile", default="uniform:8-40")

@@ -1,5 +1,6 @@
-"""Prometheus metrics, declared once. Labels are bounded: status codes, methods,
-and the fixed input-length buckets below."""
+"""Prometheus metrics, declared once. Labels are bounded: status codes, methods, the served models' names
+(fixed at start; "" where a request named no model the server has), lanes, and the fixed input-length
+buckets below."""
 
 from __future__ import annotations
 
@@ -32,13 +33,14 @@ class Metrics:
         ProcessCollector(registry=r)  # process_resident_memory_bytes, process_cpu_seconds_total, ...
         self.requests = Counter(
             "translate_requests_total",
-            "Finished requests by method (gRPC method, or 'HTTP /path') and gRPC status code (HTTP mirrors them).",
-            ["method", "code"],
+            "Finished requests by method (gRPC method, or 'HTTP /path'), gRPC status code (HTTP mirrors them) and "
+            "model ('' when the request named none the server has).",
+            ["method", "code", "model"],
             registry=r,
         )
         self.request_latency = Histogram(
-            "translate_request_duration_seconds", "Time from arrival to answer of each text, by input length (source tokens).",
-            ["length_bucket"], buckets=LATENCY_BUCKETS, registry=r,
+            "translate_request_duration_seconds", "Time from arrival to answer of each text, by model and input length (source tokens).",
+            ["model", "length_bucket"], buckets=LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
         self.queue_wait = Histogram(
             "translate_queue_wait_seconds",
@@ -52,7 +54,8 @@ class Metrics:
         )  # fmt: skip
         self.decoder_step = Histogram(
             "translate_decoder_step_duration_seconds",
-            "Time of one decoder step over the running batch.",
+            "Time of one decoder step over a running batch, by model.",
+            ["model"],
             buckets=STEP_BUCKETS,
             registry=r,
         )
@@ -77,8 +80,12 @@ class Metrics:
         self.padding_ratio = Histogram(
             "translate_batch_padding_ratio", "Share of padding in an encoder batch.", buckets=RATIO_BUCKETS, registry=r
         )
-        self.input_tokens = Counter("translate_input_tokens_total", "Source tokens translated.", registry=r)
-        self.output_tokens = Counter("translate_output_tokens_total", "Target tokens generated.", registry=r)
+        self.input_tokens = Counter(
+            "translate_input_tokens_total", "Source tokens translated, by model.", ["model"], registry=r
+        )
+        self.output_tokens = Counter(
+            "translate_output_tokens_total", "Target tokens generated, by model.", ["model"], registry=r
+        )
         self.long_inputs = Counter(
             "translate_long_inputs_total",
             "Texts over long_input_tokens, by the policy applied.",
@@ -92,8 +99,8 @@ class Metrics:
         self.inflight = Gauge("translate_inflight_sequences", "Sentences being decoded.", registry=r)
         self.lane_rows = Gauge(
             "translate_lane_rows",
-            "Decoder rows (hypotheses) in each lane of the running batch; lanes split it by source length.",
-            ["lane"],
+            "Decoder rows (hypotheses) in each model's lanes; lanes split a model's running work by source length.",
+            ["model", "lane"],
             registry=r,
         )
         self.kv_cache_bytes = Gauge(
@@ -113,4 +120,4 @@ class Metrics:
             "Attention-score bytes of the largest encoder batch so far (B·H·S² floats).",
             registry=r,
         )
-        self.model_info = Info("translate_model", "The served model.", registry=r)
+        self.model_info = Info("translate_model", "Each served model.", ["model"], registry=r)

@@ -16,8 +16,13 @@ queue; inference threads admit them into their engine's running batches:
   waiting at most max_batch_delay_ms) only when the previous one has fully
   finished.
 
+A server holding several models gives each its own lanes (with the same
+bounds), running batches and inference threads; a job names its model. Threads
+of equal lanes run at equal priority, so the kernel shares the CPU between the
+models' work, and neither starves the other.
+
 Both respect max_batch_size (per lane), max_batch_tokens and one memory budget
-shared by all lanes: the cross-attention keys/values (fixed per source) plus
+shared by all lanes of all models: the cross-attention keys/values (fixed per source) plus
 the self-attention cache reserved by a predicted output length (a measured
 target/source ratio) plus the encoder's attention scores. A segment that does
 not fit waits; none is evicted mid-way; a segment that has waited
@@ -33,7 +38,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from server.config import ServerConfig
@@ -44,6 +49,7 @@ from server.text import SegmentSpec
 
 log = logging.getLogger(__name__)
 STARVATION_SECONDS = 1.0  # continuous: after this, a segment waiting for room lets nobody pass
+INITIAL_TARGET_RATIO = 1.3  # output/input tokens before any segment finished (Multi30k en→de: about 1.1-1.2)
 _ids = itertools.count()
 
 
@@ -77,6 +83,7 @@ class Job:
     on_segment: Callable[[Segment], None]
     on_done: Callable[[ServiceError | None], None]
     deadline: float | None = None  # time.monotonic() value
+    model: str = ""  # the name of the engine that translates it; "" is the scheduler's first (default) model
     id: int = field(default_factory=lambda: next(_ids))
     cancelled: bool = False
     segments: list[Segment] = field(default_factory=list)
@@ -101,7 +108,8 @@ class Lane:
     """A share of the running work: its queue, running batch, engine and inference thread."""
 
     index: int
-    name: str
+    name: str  # by its source-token bounds, e.g. "1-64"
+    model: str  # the name of the engine whose work it runs
     niceness: int  # added to the thread's OS niceness (Linux), for it and its ONNX Runtime threads
     waiting: collections.deque[Segment] = field(default_factory=collections.deque)
     running: dict[Segment, None] = field(default_factory=dict)  # segments in the batch, in join order
@@ -125,8 +133,11 @@ def lower_thread_priority(niceness: int) -> None:
 
 
 class Scheduler:
-    def __init__(self, engine: Engine, config: ServerConfig, metrics: Metrics) -> None:
-        self.engine = engine
+    def __init__(self, engines: Sequence[Engine], config: ServerConfig, metrics: Metrics) -> None:
+        """``engines``: one per model (distinct names), the first the default; each is its first lane's
+        engine (other lanes load replicas in their threads)."""
+        self.engines = {engine.name: engine for engine in engines}
+        self.default_model = engines[0].name
         self.config = config
         self.metrics = metrics
         self.continuous = config.scheduler == "continuous"
@@ -134,14 +145,20 @@ class Scheduler:
         self.bounds = config.lane_bounds if self.continuous else ()
         lows = [1] + [bound + 1 for bound in self.bounds]
         names = [f"{low}-{high}" for low, high in zip(lows[:-1], self.bounds, strict=True)] + [f"{lows[-1]}+"]
-        self.lanes = [Lane(i, name, config.lane_niceness * i) for i, name in enumerate(names)]
-        self.lanes[0].engine = engine  # the others load theirs in their thread
+        self.lanes: list[Lane] = []
+        self.lanes_of: dict[str, list[Lane]] = {}  # a model's lanes, shortest first
+        for model, engine in self.engines.items():
+            lanes = [Lane(len(self.lanes) + i, name, model, config.lane_niceness * i) for i, name in enumerate(names)]
+            lanes[0].engine = engine
+            self.lanes_of[model] = lanes
+            self.lanes.extend(lanes)
         self.lock = threading.Condition()
         self.accepting = True
         self.stopped = False
         self.reserved_bytes = 0
         self.starving: Segment | None = None  # waited too long for room: other lanes admit nobody meanwhile
-        self.target_ratio = 1.3  # output/input tokens, updated from finished segments
+        # Output/input tokens per model, updated from finished segments.
+        self.target_ratio = {model: INITIAL_TARGET_RATIO for model in self.engines}
         self.largest_scores_bytes = 0
         self.recently_finished: collections.deque[tuple[float, int]] = collections.deque()  # (time, source tokens)
         metrics.budget_bytes.set(self.budget)
@@ -166,22 +183,24 @@ class Scheduler:
             if lane.error is not None:
                 raise RuntimeError(f"lane {lane.name} could not start its engine") from lane.error
 
-    def estimate(self, source_tokens: int, beam: int, max_output: int) -> tuple[int, int]:
-        """(bytes reserved while decoding, predicted output tokens) of one segment."""
-        predicted = min(max_output, int(self.target_ratio * source_tokens * 1.25) + 8)
-        reserved = self.engine.sequence_bytes(source_tokens, predicted, beam)
+    def estimate(self, model: str, source_tokens: int, beam: int, max_output: int) -> tuple[int, int]:
+        """(bytes reserved while decoding, predicted output tokens) of one segment on ``model``."""
+        predicted = min(max_output, int(self.target_ratio[model] * source_tokens * 1.25) + 8)
+        reserved = self.engines[model].sequence_bytes(source_tokens, predicted, beam)
         return reserved, predicted
 
     def submit(self, job: Job) -> None:
         """Queue a job, or refuse it at once (Overloaded, ShuttingDown)."""
+        job.model = job.model or self.default_model
+        engine = self.engines[job.model]
         segments = []
-        lane = self._lane(sum(len(spec.ids) for spec in job.specs))
+        lane = self._lane(job.model, sum(len(spec.ids) for spec in job.specs))
         for spec in job.specs:
-            max_length = self.engine.max_length(len(spec.ids), job.max_output_tokens)
-            reserved, predicted = self.estimate(len(spec.ids), job.beam, max_length)
+            max_length = engine.max_length(len(spec.ids), job.max_output_tokens)
+            reserved, predicted = self.estimate(job.model, len(spec.ids), job.beam, max_length)
             segments.append(Segment(job, spec, max_length, reserved, predicted, lane))
-        largest = max(segments, key=lambda s: s.reserved_bytes + self.engine.encoder_scores_bytes(1, s.source_tokens))
-        need = largest.reserved_bytes + self.engine.encoder_scores_bytes(1, largest.source_tokens)
+        largest = max(segments, key=lambda s: s.reserved_bytes + engine.encoder_scores_bytes(1, s.source_tokens))
+        need = largest.reserved_bytes + engine.encoder_scores_bytes(1, largest.source_tokens)
         if need > self.budget:
             self.metrics.rejected.labels("memory").inc()
             raise Overloaded(
@@ -241,7 +260,7 @@ class Scheduler:
         try:
             lower_thread_priority(lane.niceness)
             if lane.engine is None:
-                lane.engine = self.engine.replica()
+                lane.engine = self.engines[lane.model].replica()
                 if self.config.warmup:
                     lane.engine.warmup()
             lane.batch = lane.engine.new_batch()
@@ -342,7 +361,7 @@ class Scheduler:
         if len(group) * longest > self.config.max_batch_tokens and len(group) > 1:
             return False
         need = self.reserved_bytes + sum(s.reserved_bytes for s in group)
-        need += self.engine.encoder_scores_bytes(len(group), longest - 1)
+        need += self.engines[lane.model].encoder_scores_bytes(len(group), longest - 1)
         return need <= self.budget
 
     def _encode_and_join(self, lane: Lane, admitted: list[Segment]) -> None:
@@ -364,14 +383,16 @@ class Scheduler:
             self.metrics.batch_sentences.observe(len(group))
             self.metrics.batch_tokens.observe(joined.padded_tokens)
             self.metrics.padding_ratio.observe(1 - joined.real_tokens / joined.padded_tokens)
-            scores = self.engine.encoder_scores_bytes(len(group), longest)
+            scores = self.engines[lane.model].encoder_scores_bytes(len(group), longest)
             if scores > self.largest_scores_bytes:
                 self.largest_scores_bytes = scores
                 self.metrics.attention_scores_bytes.set(scores)
 
-    def _lane(self, request_tokens: int) -> int:
-        """Lanes go by the size of the whole request: the sentences of a long document are long work."""
-        return next((i for i, bound in enumerate(self.bounds) if request_tokens <= bound), len(self.bounds))
+    def _lane(self, model: str, request_tokens: int) -> int:
+        """The index of the model's lane for a request: lanes go by the size of the whole request (the
+        sentences of a long document are long work)."""
+        i = next((i for i, bound in enumerate(self.bounds) if request_tokens <= bound), len(self.bounds))
+        return self.lanes_of[model][i].index
 
     @staticmethod
     def _length_groups(segments: list[Segment]) -> list[list[Segment]]:
@@ -389,22 +410,24 @@ class Scheduler:
         start = time.perf_counter()
         rows = lane.batch.rows
         finished = lane.batch.step()
-        self.metrics.decoder_step.observe(time.perf_counter() - start)
+        self.metrics.decoder_step.labels(lane.model).observe(time.perf_counter() - start)
         self.metrics.decode_rows.observe(rows)
         for segment, tokens in finished:
             self._finish(segment, tokens)
 
     def _finish(self, segment: Segment, tokens: list[int]) -> None:
         self._leave(segment)
+        model = segment.job.model
         with self.lock:  # read by other lanes' threads and by submit
-            self.target_ratio = 0.98 * self.target_ratio + 0.02 * (len(tokens) + 1) / (segment.source_tokens + 1)
+            ratio = (len(tokens) + 1) / (segment.source_tokens + 1)
+            self.target_ratio[model] = 0.98 * self.target_ratio[model] + 0.02 * ratio
             now = time.monotonic()
             self.recently_finished.append((now, segment.source_tokens))
             while self.recently_finished and self.recently_finished[0][0] < now - 10.0:
                 self.recently_finished.popleft()
         segment.output = tokens
-        self.metrics.input_tokens.inc(segment.source_tokens)
-        self.metrics.output_tokens.inc(len(tokens))
+        self.metrics.input_tokens.labels(model).inc(segment.source_tokens)
+        self.metrics.output_tokens.labels(model).inc(len(tokens))
         job = segment.job
         if job.finished:
             return
@@ -471,7 +494,7 @@ class Scheduler:
         m.inflight.set(self.running)
         batches = [lane.batch for lane in self.lanes if lane.batch is not None]
         for lane in self.lanes:
-            m.lane_rows.labels(lane.name).set(lane.batch.rows if lane.batch is not None else 0)
+            m.lane_rows.labels(lane.model, lane.name).set(lane.batch.rows if lane.batch is not None else 0)
         m.kv_cache_bytes.set(sum(batch.cache_bytes for batch in batches))
         m.cross_cache_bytes.set(sum(batch.cross_bytes for batch in batches))
         m.reserved_bytes.set(self.reserved_bytes)

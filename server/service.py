@@ -13,7 +13,7 @@ from server.config import ServerConfig
 from server.errors import InvalidRequest, ServiceError, status_of
 from server.interface import Engine
 from server.metrics import Metrics
-from server.scheduler import Scheduler
+from server.models import Models
 from server.translations import Translations
 
 log = logging.getLogger(__name__)
@@ -25,20 +25,17 @@ def _check_parsed(request) -> None:
         raise InvalidRequest("the request is not a valid translation.v1 message (is every text valid UTF-8?)")
 
 
+def model_name(engine: Engine | None) -> str:
+    """An engine's ``name@version`` as responses give it; "" before a request's model is known."""
+    return f"{engine.name}@{engine.version}" if engine is not None else ""
+
+
 class TranslatorService(translate_pb2_grpc.TranslatorServicer):
-    def __init__(
-        self,
-        engine: Engine,
-        scheduler: Scheduler,
-        config: ServerConfig,
-        metrics: Metrics,
-        translations: Translations | None = None,
-    ) -> None:
-        self.engine = engine
-        self.scheduler = scheduler
+    def __init__(self, models: Models, translations: Translations, config: ServerConfig, metrics: Metrics) -> None:
+        self.models = models
+        self.translations = translations
         self.config = config
         self.metrics = metrics
-        self.translations = translations or Translations(engine, scheduler, config, metrics)
 
     # --- request -> job ---------------------------------------------------------------
 
@@ -55,42 +52,54 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
             )
         return beam, max_output
 
+    def _model(self, request) -> Engine:
+        """The model a (parsed) request chooses."""
+        _check_parsed(request)
+        return self.models.resolve(request.model, request.source_language, request.target_language)
+
     def _job(self, request, context: grpc.aio.ServicerContext) -> tuple[list[str], int, int, float | None]:
         """The request's texts, beam, output limit and deadline (a ``time.monotonic()`` instant, or None)."""
-        _check_parsed(request)
         beam, max_output = self._options(request)
         remaining = context.time_remaining()
         return list(request.texts), beam, max_output, time.monotonic() + remaining if remaining is not None else None
 
-    async def _fail(self, method: str, error: BaseException, context: grpc.aio.ServicerContext) -> None:
+    def _count(self, method: str, code: str, engine: Engine | None) -> None:
+        self.metrics.requests.labels(method, code, engine.name if engine is not None else "").inc()
+
+    async def _fail(
+        self, method: str, error: BaseException, context: grpc.aio.ServicerContext, engine: Engine | None
+    ) -> None:
         code, message = status_of(error)
         if not isinstance(error, ServiceError):
             log.exception("unexpected error in %s", method, exc_info=error)
-        self.metrics.requests.labels(method, code.name).inc()
+        self._count(method, code.name, engine)
         await context.abort(code, message)
 
     # --- RPCs -------------------------------------------------------------------------
 
     async def Translate(self, request, context):  # noqa: N802 (gRPC's method names)
+        engine = None
         try:
-            results = await self.translations.translate(*self._job(request, context))
+            engine = self._model(request)
+            results = await self.translations.translate(engine, *self._job(request, context))
         except asyncio.CancelledError:
-            self.metrics.requests.labels("Translate", "CANCELLED").inc()
+            self._count("Translate", "CANCELLED", engine)
             raise
         except Exception as error:
-            await self._fail("Translate", error, context)
-        self.metrics.requests.labels("Translate", "OK").inc()
+            await self._fail("Translate", error, context, engine)
+        self._count("Translate", "OK", engine)
         return translate_pb2.TranslateResponse(
-            translations=[translate_pb2.Translation(**vars(result)) for result in results],
-            model=f"{self.engine.name}@{self.engine.version}",
+            translations=[translate_pb2.Translation(**vars(result)) for result in results], model=model_name(engine)
         )
 
     async def TranslateStream(self, request, context):  # noqa: N802
         started = time.monotonic()
+        engine = None
         segments = []
         last_of_text: dict[int, int] = {}
         try:
-            async for segment in self.translations.segments(*self._job(request, context)):
+            engine = self._model(request)
+            async for segment in self.translations.segments(engine, *self._job(request, context)):
                 if not last_of_text:
                     for s in segment.job.specs:
                         last_of_text[s.text_index] = max(last_of_text.get(s.text_index, 0), s.segment_index)
@@ -98,28 +107,43 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
                 spec = segment.spec
                 yield translate_pb2.TranslationSegment(
                     text_index=spec.text_index, segment_index=spec.segment_index, source=spec.source,
-                    translation=self.engine.detokenize([segment.output])[0], input_tokens=segment.source_tokens,
+                    translation=engine.detokenize([segment.output])[0], input_tokens=segment.source_tokens,
                     output_tokens=len(segment.output), last_in_text=spec.segment_index == last_of_text[spec.text_index],
+                    model=model_name(engine),
                 )  # fmt: skip
         except asyncio.CancelledError:
-            self.metrics.requests.labels("TranslateStream", "CANCELLED").inc()
+            self._count("TranslateStream", "CANCELLED", engine)
             raise
         except Exception as error:
-            await self._fail("TranslateStream", error, context)
-        self.translations.observe(segments, started)
-        self.metrics.requests.labels("TranslateStream", "OK").inc()
+            await self._fail("TranslateStream", error, context, engine)
+        self.translations.observe(engine, segments, started)
+        self._count("TranslateStream", "OK", engine)
 
-    async def GetModelInfo(self, request, context):  # noqa: N802
-        if request is MALFORMED:
-            await self._fail("GetModelInfo", InvalidRequest("the request is not a valid GetModelInfoRequest"), context)
+    def _info(self, engine: Engine) -> translate_pb2.ModelInfo:
         c = self.config
-        self.metrics.requests.labels("GetModelInfo", "OK").inc()
         return translate_pb2.ModelInfo(
-            name=self.engine.name, source_language=self.engine.source_language, target_language=self.engine.target_language,
-            version=self.engine.version, provider=self.engine.provider, variant=self.engine.variant,
+            name=engine.name, source_language=engine.source_language, target_language=engine.target_language,
+            version=engine.version, provider=engine.provider, variant=engine.variant,
             limits=translate_pb2.Limits(
                 max_texts=c.max_texts, max_source_tokens=c.max_source_tokens, long_input_tokens=c.long_input_tokens,
                 max_beam_size=c.max_beam_size, max_output_tokens=c.max_output_tokens,
                 max_message_bytes=c.max_message_bytes, long_input_policy=c.long_input,
             ),
         )  # fmt: skip
+
+    async def GetModelInfo(self, request, context):  # noqa: N802
+        engine = None
+        try:
+            engine = self._model(request)
+        except ServiceError as error:
+            await self._fail("GetModelInfo", error, context, engine)
+        self._count("GetModelInfo", "OK", engine)
+        return self._info(engine)
+
+    async def ListModels(self, request, context):  # noqa: N802
+        if request is MALFORMED:
+            await self._fail(
+                "ListModels", InvalidRequest("the request is not a valid ListModelsRequest"), context, None
+            )
+        self._count("ListModels", "OK", None)
+        return translate_pb2.ListModelsResponse(models=[self._info(engine) for engine in self.models])

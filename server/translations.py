@@ -1,8 +1,8 @@
 """Texts in, translations out, through the scheduler: what every front end (gRPC, HTTP) shares.
 
-A front end turns its request into texts and options, and its errors into its own status codes
-(``server.errors``); everything between (segmentation, the job, waiting for its segments in order,
-cancellation, latency metrics) is here once.
+A front end turns its request into a model (``server.models``), texts and options, and its errors into
+its own status codes (``server.errors``); everything between (segmentation, the job, waiting for its
+segments in order, cancellation, latency metrics) is here once.
 """
 
 from __future__ import annotations
@@ -30,8 +30,7 @@ class TextTranslation:
 
 
 class Translations:
-    def __init__(self, engine: Engine, scheduler: Scheduler, config: ServerConfig, metrics: Metrics) -> None:
-        self.engine = engine
+    def __init__(self, scheduler: Scheduler, config: ServerConfig, metrics: Metrics) -> None:
         self.scheduler = scheduler
         self.metrics = metrics
         self.limits = TextLimits(
@@ -40,6 +39,7 @@ class Translations:
 
     async def segments(
         self,
+        engine: Engine,
         texts: Sequence[str],
         beam: int,
         max_output: int,
@@ -47,12 +47,12 @@ class Translations:
         field: str = "texts",
         keep_empty: bool = False,
     ) -> AsyncIterator[Segment]:
-        """Submit the texts as one job and yield its segments in order as they finish; ``deadline`` is a
+        """Submit the texts as one job for ``engine``'s model and yield its segments in order as they finish; ``deadline`` is a
         ``time.monotonic()`` instant. Raises the ServiceError that ended the job; cancelling the caller's
         task cancels the job. ``field`` names the texts in errors; ``keep_empty``: see segment_texts."""
         long_inputs = self.metrics.long_inputs
         on_long = lambda policy: long_inputs.labels(policy).inc()
-        by_text = segment_texts(texts, self.engine.tokenize, self.limits, on_long, field, keep_empty)
+        by_text = segment_texts(texts, engine.tokenize, self.limits, on_long, field, keep_empty)
         specs = [spec for text in by_text for spec in text]
         if not specs:
             return
@@ -62,7 +62,7 @@ class Translations:
             specs, beam, max_output,
             on_segment=lambda segment: loop.call_soon_threadsafe(finished.put_nowait, segment),
             on_done=lambda error: loop.call_soon_threadsafe(finished.put_nowait, error),
-            deadline=deadline,
+            deadline=deadline, model=engine.name,
         )  # fmt: skip
         self.scheduler.submit(job)
         ready: dict[int, Segment] = {}
@@ -85,6 +85,7 @@ class Translations:
 
     async def translate(
         self,
+        engine: Engine,
         texts: Sequence[str],
         beam: int,
         max_output: int,
@@ -95,12 +96,12 @@ class Translations:
         """One translation per text, in order (a text's sentences joined by a space; an empty text kept
         with ``keep_empty`` translates to an empty text)."""
         started = time.monotonic()
-        segments = [s async for s in self.segments(texts, beam, max_output, deadline, field, keep_empty)]
-        self.observe(segments, started)
+        segments = [s async for s in self.segments(engine, texts, beam, max_output, deadline, field, keep_empty)]
+        self.observe(engine, segments, started)
         by_text: dict[int, list[Segment]] = {}
         for segment in segments:
             by_text.setdefault(segment.spec.text_index, []).append(segment)
-        outputs = dict(zip(map(id, segments), self.engine.detokenize([s.output for s in segments]), strict=True))
+        outputs = dict(zip(map(id, segments), engine.detokenize([s.output for s in segments]), strict=True))
         return [
             TextTranslation(
                 text=" ".join(outputs[id(s)] for s in parts),
@@ -112,11 +113,11 @@ class Translations:
             for parts in (by_text.get(i, []) for i in range(len(texts)))
         ]
 
-    def observe(self, segments: list[Segment], started: float) -> None:
-        """Request latency per text, by the text's length bucket."""
+    def observe(self, engine: Engine, segments: list[Segment], started: float) -> None:
+        """Request latency per text, by model and the text's length bucket."""
         per_text: dict[int, int] = {}
         for s in segments:
             per_text[s.spec.text_index] = per_text.get(s.spec.text_index, 0) + s.source_tokens
         elapsed = time.monotonic() - started
         for tokens in per_text.values():
-            self.metrics.request_latency.labels(length_bucket(tokens)).observe(elapsed)
+            self.metrics.request_latency.labels(engine.name, length_bucket(tokens)).observe(elapsed)

@@ -66,9 +66,8 @@ def own_sentences(n: int) -> list[str]:
     return sentences[:n]
 
 
-@pytest.fixture(scope="session")
-def tiny_checkpoint(tmp_path_factory) -> Path:
-    """A random-weight model with a real (small) sentencepiece tokenizer, saved as a checkpoint."""
+def make_tiny_checkpoint(directory: Path, seed: int, metadata: dict) -> Path:
+    """A random-weight model (``seed``) with a real (small) sentencepiece tokenizer, saved as a checkpoint."""
     import torch
 
     from model.checkpoint import save_checkpoint
@@ -87,10 +86,15 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
         d_ff=64,
         dropout=0.0,
     )
-    torch.manual_seed(0)
-    directory = tmp_path_factory.mktemp("tiny_checkpoint")
-    save_checkpoint(directory, Transformer(config), blob, {"name": "tiny-test"})
+    torch.manual_seed(seed)
+    save_checkpoint(directory, Transformer(config), blob, metadata)
     return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    """A random-weight model with a real (small) sentencepiece tokenizer, saved as a checkpoint."""
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny_checkpoint"), 0, {"name": "tiny-test"})
 
 
 @pytest.fixture(scope="session")
@@ -100,4 +104,17 @@ def tiny_export(tiny_checkpoint: Path, tmp_path_factory) -> Path:
 
     out = tmp_path_factory.mktemp("tiny_export") / "model"
     assert main(["--checkpoint", str(tiny_checkpoint), "--out", str(out), "--int8", "--fp16"]) == 0
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_reverse_export(tmp_path_factory) -> Path:
+    """A second tiny model (other random weights) named as German→English, exported (fp32 only): the other
+    half of a two-model server."""
+    from export.__main__ import main
+
+    metadata = {"name": "tiny-de-en", "source_language": "de", "target_language": "en"}
+    checkpoint = make_tiny_checkpoint(tmp_path_factory.mktemp("tiny_reverse_checkpoint"), 1, metadata)
+    out = tmp_path_factory.mktemp("tiny_reverse_export") / "model"
+    assert main(["--checkpoint", str(checkpoint), "--out", str(out)]) == 0
     return out

@@ -59,7 +59,8 @@ def test_the_wheel_leaves_the_training_checkpoint_out(dockerfile_stages):
 def test_runtime_serves_the_exported_model_as_uid_10001(dockerfile_stages, stage, export):
     image = dockerfile_stages[stage]
     assert [c.value for c in image.all("USER")] == [("10001:10001",)]
-    assert [c.value for c in image.all("CMD")] == [("python", "-m", "server", "--model", "/model")]
+    serve = ("python", "-m", "server", "--model", "/model/en-de", "--model", "/model/de-en")
+    assert [c.value for c in image.all("CMD")] == [serve]
     assert [(c.flags, c.value) for c in image.all("COPY") if c.flags] == [((f"--from={export}",), ("/model", "/model"))]
     (install,) = [c.value[0] for c in image.all("RUN") if "pip install /tmp/wheels/" in c.value[0]]
     assert install.endswith("python -m proto"), "stubs are generated at build time"

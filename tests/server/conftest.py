@@ -41,7 +41,15 @@ class RunningServer:
         return self.stub.Translate(translate_pb2.TranslateRequest(texts=texts, options=options), **kwargs)
 
     def metric(self, name: str, labels: dict[str, str] | None = None) -> float | None:
-        return self.server.metrics.registry.get_sample_value(name, labels or {})
+        """The sum of the samples named ``name`` whose labels include ``labels`` (None when there are none)."""
+        wanted = (labels or {}).items()
+        values = [
+            sample.value
+            for family in self.server.metrics.registry.collect()
+            for sample in family.samples
+            if sample.name == name and wanted <= sample.labels.items()
+        ]
+        return sum(values) if values else None
 
     def wait_for_metric(self, name: str, value: float, timeout: float = 5.0) -> float | None:
         """The metric once it equals value (gauges update right after the answer goes out)."""

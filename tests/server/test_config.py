@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from server.config import ServerConfig, parse_config
+from server.config import DEFAULT_MODELS, ServerConfig, parse_config
 
 
 def test_flags_win_over_the_environment_which_wins_over_defaults():
@@ -45,3 +47,18 @@ def test_invalid_flag_exits_with_usage(capsys):
     with pytest.raises(SystemExit):
         parse_config(["--lanes", "x"], {})
     assert "lanes='x'" in capsys.readouterr().err
+
+
+def test_models_are_a_repeated_flag_or_a_comma_separated_variable():
+    assert ServerConfig().model == tuple(DEFAULT_MODELS)
+    assert parse_config(["--model", "a", "--model", "b"], {}).model == (Path("a"), Path("b"))
+    environ = {"TRANSLATE_MODEL": "/m/en-de, /m/de-en"}
+    assert parse_config([], environ).model == (Path("/m/en-de"), Path("/m/de-en"))
+    assert parse_config(["--model", "c"], environ).model == (Path("c"),)  # the flag replaces the list
+    assert ServerConfig(model=Path("one")).model == (Path("one"),)
+
+
+@pytest.mark.parametrize(("model", "message"), [((), "give at least one"), ((Path("a"), Path("a")), "given twice")])
+def test_a_model_list_that_cannot_be_served_is_refused(model, message: str):
+    with pytest.raises(ValueError, match=message):
+        ServerConfig(model=model)

@@ -82,7 +82,10 @@ def test_json_with_a_list_keeps_order_and_empty_texts(server: RunningServer):
         ({"source": "en", "target": "de"}, "missing q parameter"),
         ({"q": "Hi.", "target": "de"}, "missing source parameter"),
         ({"q": "Hi.", "source": "auto", "target": "de"}, "does not detect languages"),
-        ({"q": "Hi.", "source": "de", "target": "en"}, "no model here translates de→en; this server translates en→de"),
+        (
+            {"q": "Hi.", "source": "de", "target": "en"},
+            "no model here matches source='de' target='en'; this server translates en→de (tiny-test)",
+        ),
         ({"q": "Hi.", "source": "en", "target": "de", "format": "html"}, "format='html' is not supported"),
         ({"q": [1, 2], "source": "en", "target": "de"}, "q must be a string or a list of strings"),
         (b"{not json", "the body is not valid JSON"),

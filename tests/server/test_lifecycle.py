@@ -120,7 +120,7 @@ def test_inference_failure_answers_its_batch_with_internal(running: RunningServe
 def test_full_queue_refuses_at_once_with_a_retry_hint(tiny_export: Path):
     config = server_config(tiny_export, max_queue_size=2)
     metrics = Metrics()
-    scheduler = Scheduler(FakeEngine(), config, metrics)  # not started: nothing drains the queue
+    scheduler = Scheduler([FakeEngine()], config, metrics)  # not started: nothing drains the queue
     spec = SegmentSpec(0, 0, "x", [5, 6, 7])
     job = lambda: Job([spec], 1, 16, on_segment=lambda s: None, on_done=lambda e: None)  # noqa: E731
     scheduler.submit(job())

@@ -118,7 +118,7 @@ def test_cache_never_exceeds_the_budget(scheduled):
 
 def _unstarted(config) -> tuple[FakeEngine, Scheduler]:
     engine = FakeEngine()
-    return engine, Scheduler(engine, config, Metrics())  # not started: the test drives admission itself
+    return engine, Scheduler([engine], config, Metrics())  # not started: the test drives admission itself
 
 
 def _job(engine, sentences: list[str], beam: int = 1, on_segment=lambda s: None, on_done=lambda e: None) -> Job:
@@ -133,7 +133,7 @@ def test_every_request_gets_its_own_answer_once(policy: str):
     several sizes and beams, arriving while others decode, each get exactly their own outputs, once."""
     engine = FakeEngine(step_seconds=0.001)
     config = server_config(Path("unused"), scheduler=policy, lanes="16", max_batch_size=8, warmup=False)
-    scheduler = Scheduler(engine, config, Metrics())
+    scheduler = Scheduler([engine], config, Metrics())
     scheduler.start()
     answers: dict[int, list] = {}
     done = threading.Semaphore(0)

@@ -1,0 +1,73 @@
+"""The models one server holds, and which of them a request means.
+
+A request names a model by name (``name`` or ``name@version``), by its languages, or both; a request that
+names nothing gets the default model (the first ``--model``), so the clients of a one-model server need not
+change. Exactly one model must match what the request names; otherwise the caller hears which pairs the
+server has (``InvalidRequest``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from server.errors import InvalidRequest
+from server.interface import Engine
+
+
+def pair(engine: Engine) -> str:
+    return f"{engine.source_language}→{engine.target_language}"
+
+
+class Models:
+    def __init__(self, engines: Sequence[Engine]) -> None:
+        if not engines:
+            raise ValueError("a server needs at least one model")
+        names = [engine.name for engine in engines]
+        if duplicated := sorted({name for name in names if names.count(name) > 1}):
+            raise ValueError(
+                f"several model folders are named {', '.join(duplicated)}; each model needs its own name (the "
+                "\"name\" in its checkpoint's config.json, carried into the export's manifest)"
+            )
+        self.engines = list(engines)
+
+    def __iter__(self):
+        return iter(self.engines)
+
+    def __len__(self) -> int:
+        return len(self.engines)
+
+    @property
+    def default(self) -> Engine:
+        return self.engines[0]
+
+    @property
+    def names(self) -> list[str]:
+        return [engine.name for engine in self.engines]
+
+    def describe(self) -> str:
+        """'en→de (en-de-transformer), de→en (de-en-transformer)'."""
+        return ", ".join(f"{pair(engine)} ({engine.name})" for engine in self.engines)
+
+    def resolve(self, model: str = "", source: str = "", target: str = "") -> Engine:
+        """The one model that matches every field given (empty fields match any), or the default when none
+        is given. Raises InvalidRequest naming the server's pairs when none or several match."""
+        if not (model or source or target):
+            return self.default
+        matches = [
+            engine
+            for engine in self.engines
+            if model in ("", engine.name, f"{engine.name}@{engine.version}")
+            and source in ("", engine.source_language)
+            and target in ("", engine.target_language)
+        ]
+        if len(matches) == 1:
+            return matches[0]
+        asked = " ".join(
+            f"{field}={value!r}" for field, value in (("model", model), ("source", source), ("target", target)) if value
+        )
+        if not matches:
+            raise InvalidRequest(f"no model here matches {asked}; this server translates {self.describe()}")
+        raise InvalidRequest(
+            f"{asked} matches several models ({', '.join(e.name for e in matches)}); give both languages or the "
+            "model's name"
+        )
