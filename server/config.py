@@ -53,6 +53,7 @@ class ServerConfig:
     default_beam_size: int = 1
     max_output_tokens: int = 256
     max_message_bytes: int = 4 * MIB
+    cache_mib: int = 64  # the translation cache (server/cache.py): its bound in MiB; 0 turns it off
     grace_seconds: float = 20.0
     max_connection_age_s: float = 300.0
     warmup: bool = True
@@ -88,6 +89,8 @@ class ServerConfig:
             problems.append(f"http_port={self.http_port} must be a port number, or 0 to disable the HTTP API")
         if self.http_timeout_s <= 0:
             problems.append(f"http_timeout_s={self.http_timeout_s} must be positive")
+        if self.cache_mib < 0:
+            problems.append(f"cache_mib={self.cache_mib} must be 0 (no cache) or more")
         if self.short_lane_threads < 0:
             problems.append(f"short_lane_threads={self.short_lane_threads} must be 0 (as intra_op_threads) or more")
         if not 0 <= self.lane_niceness <= 19:
@@ -110,6 +113,10 @@ class ServerConfig:
     @property
     def lane_bounds(self) -> tuple[int, ...]:
         return tuple(int(bound) for bound in self.lanes.split(",") if bound.strip())
+
+    @property
+    def cache_bytes(self) -> int:
+        return self.cache_mib * MIB
 
     @property
     def memory_budget_bytes(self) -> int:

@@ -120,4 +120,14 @@ class Metrics:
             "Attention-score bytes of the largest encoder batch so far (B·H·S² floats).",
             registry=r,
         )
+        self.cache_lookups = Counter(
+            "translate_cache_lookups_total",
+            "Sentences looked up in the translation cache, by model and result (hit: answered without the engine).",
+            ["model", "result"],
+            registry=r,
+        )
+        self.cache_bytes = Gauge(
+            "translate_cache_bytes", "Bytes held by the translation cache (keys, outputs, overhead).", registry=r
+        )
+        self.cache_entries = Gauge("translate_cache_entries", "Sentences held by the translation cache.", registry=r)
         self.model_info = Info("translate_model", "Each served model.", ["model"], registry=r)

@@ -96,20 +96,15 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
         started = time.monotonic()
         engine = None
         segments = []
-        last_of_text: dict[int, int] = {}
         try:
             engine = self._model(request)
             async for segment in self.translations.segments(engine, *self._job(request, context)):
-                if not last_of_text:
-                    for s in segment.job.specs:
-                        last_of_text[s.text_index] = max(last_of_text.get(s.text_index, 0), s.segment_index)
                 segments.append(segment)
                 spec = segment.spec
                 yield translate_pb2.TranslationSegment(
                     text_index=spec.text_index, segment_index=spec.segment_index, source=spec.source,
                     translation=engine.detokenize([segment.output])[0], input_tokens=segment.source_tokens,
-                    output_tokens=len(segment.output), last_in_text=spec.segment_index == last_of_text[spec.text_index],
-                    model=model_name(engine),
+                    output_tokens=len(segment.output), last_in_text=segment.last_in_text, model=model_name(engine),
                 )  # fmt: skip
         except asyncio.CancelledError:
             self._count("TranslateStream", "CANCELLED", engine)

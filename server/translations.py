@@ -2,7 +2,7 @@
 
 A front end turns its request into a model (``server.models``), texts and options, and its errors into
 its own status codes (``server.errors``); everything between (segmentation, the job, waiting for its
-segments in order, cancellation, latency metrics) is here once.
+segments in order, the translation cache, cancellation, latency metrics) is here once.
 """
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
+from server.cache import TranslationCache
 from server.config import ServerConfig
 from server.errors import ServiceError
 from server.interface import Engine
 from server.metrics import Metrics, length_bucket
 from server.scheduler import Job, Scheduler, Segment
-from server.text import TextLimits, segment_texts
+from server.text import SegmentSpec, TextLimits, segment_texts
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,20 @@ class TextTranslation:
     truncated: bool
 
 
+@dataclass(frozen=True)
+class Sentence:
+    """One segment's translation, as output token ids (eos excluded)."""
+
+    spec: SegmentSpec
+    output: list[int]
+    last_in_text: bool  # the text's last segment
+    cached: bool  # answered from the translation cache, without the engine
+
+    @property
+    def source_tokens(self) -> int:
+        return len(self.spec.ids)
+
+
 class Translations:
     def __init__(self, scheduler: Scheduler, config: ServerConfig, metrics: Metrics) -> None:
         self.scheduler = scheduler
@@ -36,6 +51,23 @@ class Translations:
         self.limits = TextLimits(
             config.max_texts, config.max_source_tokens, config.long_input_tokens, config.long_input
         )
+        self.cache = TranslationCache(config.cache_bytes) if config.cache_bytes else None
+
+    def _cached(self, engine: Engine, keys: list[bytes]) -> dict[int, list[int]]:
+        """The outputs the cache holds, by segment index; counts hits and misses."""
+        if self.cache is None:
+            return {}
+        outputs = {i: output for i, key in enumerate(keys) if (output := self.cache.get(key)) is not None}
+        lookups = self.metrics.cache_lookups
+        lookups.labels(engine.name, "hit").inc(len(outputs))
+        lookups.labels(engine.name, "miss").inc(len(keys) - len(outputs))
+        return outputs
+
+    def _keep(self, key: bytes, output: list[int]) -> None:
+        if self.cache is not None:
+            self.cache.put(key, output)
+            self.metrics.cache_bytes.set(self.cache.bytes)
+            self.metrics.cache_entries.set(len(self.cache))
 
     async def segments(
         self,
@@ -46,41 +78,54 @@ class Translations:
         deadline: float | None,
         field: str = "texts",
         keep_empty: bool = False,
-    ) -> AsyncIterator[Segment]:
-        """Submit the texts as one job for ``engine``'s model and yield its segments in order as they finish; ``deadline`` is a
-        ``time.monotonic()`` instant. Raises the ServiceError that ended the job; cancelling the caller's
-        task cancels the job. ``field`` names the texts in errors; ``keep_empty``: see segment_texts."""
+    ) -> AsyncIterator[Sentence]:
+        """The texts' segments for ``engine``'s model, yielded in order as they are translated: those the
+        cache holds at once, the others submitted as one job. ``deadline`` is a ``time.monotonic()``
+        instant. Raises the ServiceError that ended the job; cancelling the caller's task cancels the job.
+        ``field`` names the texts in errors; ``keep_empty``: see segment_texts."""
         long_inputs = self.metrics.long_inputs
         on_long = lambda policy: long_inputs.labels(policy).inc()
         by_text = segment_texts(texts, engine.tokenize, self.limits, on_long, field, keep_empty)
         specs = [spec for text in by_text for spec in text]
         if not specs:
             return
-        loop = asyncio.get_running_loop()
-        finished: asyncio.Queue[Segment | ServiceError | None] = asyncio.Queue()
-        job = Job(
-            specs, beam, max_output,
-            on_segment=lambda segment: loop.call_soon_threadsafe(finished.put_nowait, segment),
-            on_done=lambda error: loop.call_soon_threadsafe(finished.put_nowait, error),
-            deadline=deadline, model=engine.name,
-        )  # fmt: skip
-        self.scheduler.submit(job)
-        ready: dict[int, Segment] = {}
+        last = {id(text[-1]) for text in by_text if text}
+        keys = [TranslationCache.key(engine, spec.ids, beam, max_output) for spec in specs]
+        ready = self._cached(engine, keys)
         order = {id(spec): i for i, spec in enumerate(specs)}
+        job = None
+        if len(ready) < len(specs):
+            loop = asyncio.get_running_loop()
+            finished: asyncio.Queue[Segment | ServiceError | None] = asyncio.Queue()
+            job = Job(
+                [spec for i, spec in enumerate(specs) if i not in ready], beam, max_output,
+                on_segment=lambda segment: loop.call_soon_threadsafe(finished.put_nowait, segment),
+                on_done=lambda error: loop.call_soon_threadsafe(finished.put_nowait, error),
+                deadline=deadline, model=engine.name,
+            )  # fmt: skip
+            self.scheduler.submit(job)
+        fresh: set[int] = set()
         next_index = 0
         try:
             while next_index < len(specs):
+                while next_index in ready:
+                    spec = specs[next_index]
+                    yield Sentence(spec, ready.pop(next_index), id(spec) in last, next_index not in fresh)
+                    next_index += 1
+                if next_index == len(specs):
+                    break
                 item = await finished.get()
                 if isinstance(item, ServiceError):
                     raise item
                 if item is None:
                     continue
-                ready[order[id(item.spec)]] = item
-                while next_index in ready:
-                    yield ready.pop(next_index)
-                    next_index += 1
+                index = order[id(item.spec)]
+                self._keep(keys[index], item.output)
+                ready[index] = item.output
+                fresh.add(index)
         except asyncio.CancelledError:
-            self.scheduler.cancel(job)
+            if job is not None:
+                self.scheduler.cancel(job)
             raise
 
     async def translate(
@@ -98,7 +143,7 @@ class Translations:
         started = time.monotonic()
         segments = [s async for s in self.segments(engine, texts, beam, max_output, deadline, field, keep_empty)]
         self.observe(engine, segments, started)
-        by_text: dict[int, list[Segment]] = {}
+        by_text: dict[int, list[Sentence]] = {}
         for segment in segments:
             by_text.setdefault(segment.spec.text_index, []).append(segment)
         outputs = dict(zip(map(id, segments), engine.detokenize([s.output for s in segments]), strict=True))
@@ -113,7 +158,7 @@ class Translations:
             for parts in (by_text.get(i, []) for i in range(len(texts)))
         ]
 
-    def observe(self, engine: Engine, segments: list[Segment], started: float) -> None:
+    def observe(self, engine: Engine, segments: list[Sentence], started: float) -> None:
         """Request latency per text, by model and the text's length bucket."""
         per_text: dict[int, int] = {}
         for s in segments:

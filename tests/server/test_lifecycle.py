@@ -26,7 +26,7 @@ from tests.server.fake_engine import FakeEngine
 
 def start_subprocess_server(model: Path, *flags: str) -> tuple[subprocess.Popen, int, int]:
     cmd = [sys.executable, "-m", "server", "--model", str(model), "--port", "0", "--metrics-port", "0", "--http-port", "0",
-           "--host", "127.0.0.1", "--provider", "cpu", *flags]  # fmt: skip
+           "--host", "127.0.0.1", "--provider", "cpu", "--cache-mib", "0", *flags]  # fmt: skip
     process = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
