@@ -1,6 +1,6 @@
 """A command-line client: ``python -m server.client [--target HOST:PORT] [--from de --to en] [--beam N]``.
 
-Reads source lines on stdin and prints one translation per line. On error it
+Reads source lines on stdin and prints one translation per line (a blank line stays blank). On error it
 prints the gRPC status code and message and exits non-zero.
 """
 
@@ -33,17 +33,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     with grpc.insecure_channel(args.target) as channel:
         stub = translate_pb2_grpc.TranslatorStub(channel)
         for start in range(0, len(lines), args.batch):
-            request = translate_pb2.TranslateRequest(
-                texts=lines[start : start + args.batch], options=options, model=args.model,
-                source_language=args.source, target_language=args.target_language,
-            )  # fmt: skip
-            try:
-                response = stub.Translate(request, timeout=args.timeout)
-            except grpc.RpcError as error:
-                print(f"error: {error.code().name}: {error.details()}", file=sys.stderr)
-                return 1
-            for translation in response.translations:
-                print(translation.text, flush=True)
+            batch = lines[start : start + args.batch]
+            texts = [line for line in batch if line.strip()]  # blank lines stay blank, untranslated
+            translations = iter([])
+            if texts:
+                request = translate_pb2.TranslateRequest(
+                    texts=texts, options=options, model=args.model,
+                    source_language=args.source, target_language=args.target_language,
+                )  # fmt: skip
+                try:
+                    translations = iter(stub.Translate(request, timeout=args.timeout).translations)
+                except grpc.RpcError as error:
+                    print(f"error: {error.code().name}: {error.details()}", file=sys.stderr)
+                    return 1
+            for line in batch:
+                print(next(translations).text if line.strip() else "", flush=True)
     return 0
 
 

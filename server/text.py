@@ -1,5 +1,5 @@
 """From request texts to the segments the model decodes: validation, sentence
-splitting and the long-input policy."""
+splitting (keeping the text's layout) and the long-input policy."""
 
 from __future__ import annotations
 
@@ -7,14 +7,27 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import sentencex
+
 from server.errors import InvalidRequest
 
-# A sentence ends at . ! ? … (optionally followed by closing quotes/brackets) before whitespace.
-SENTENCE_END = re.compile(r"(?<=[.!?…])[\"'”’)\]]*\s+")
+LINE_BREAK = re.compile(r"(\s*\n\s*)")  # a line break with the whitespace around it
 
 
-def split_sentences(text: str) -> list[str]:
-    return [s.strip() for s in SENTENCE_END.split(text) if s.strip()]
+def split_sentences(text: str, language: str = "en") -> list[tuple[str, str]]:
+    """The sentences of a text, each with the whitespace that follows it, line breaks included: the text
+    is its leading whitespace followed by every sentence and its separator. Lines never share a sentence;
+    within a line, Wikimedia's sentencex splits by the language's rules (abbreviations such as "Mr." or
+    "z. B.", numbers, quotes)."""
+    sentences: list[tuple[str, str]] = []
+    parts = LINE_BREAK.split(text)  # lines at even indexes, the breaks between them at odd ones
+    for line, line_break in zip(parts[0::2], [*parts[1::2], ""], strict=True):
+        for sentence in sentencex.segment(language, line):
+            if sentence.strip():
+                sentences.append((sentence.strip(), sentence[len(sentence.rstrip()) :]))
+        if sentences and line_break:
+            sentences[-1] = (sentences[-1][0], sentences[-1][1] + line_break)
+    return sentences
 
 
 @dataclass(frozen=True)
@@ -24,6 +37,7 @@ class SegmentSpec:
     source: str
     ids: list[int]
     truncated: bool = False
+    separator: str = " "  # the whitespace that follows it in its text (a line break keeps the layout)
 
 
 @dataclass(frozen=True)
@@ -45,10 +59,13 @@ def segment_texts(
     on_long_input: Callable[[str], None] = lambda policy: None,
     field: str = "texts",
     keep_empty: bool = False,
+    language: str = "en",
 ) -> list[list[SegmentSpec]]:
     """The sentences of every text, in order, as segments. Raises InvalidRequest naming the field.
 
-    Every text is split into sentences (the model translates sentences). A text
+    Every text is split into sentences of its ``language`` (the model translates sentences), each
+    remembering the whitespace after it (``separator``), so that translations keep the text's lines and
+    paragraphs. A text
     over long_input_tokens follows the policy: ``split`` (its sentences are
     translated in one batch; a sentence still over the limit is cut into
     pieces), ``truncate`` (sentences are kept up to long_input_tokens tokens in
@@ -80,14 +97,16 @@ def segment_texts(
                     f"{field}[{i}] has {len(ids)} tokens, over long_input_tokens={limits.long_input_tokens}, and the "
                     "long-input policy is reject; split the text or ask for the split policy"
                 )
-        sentences = split_sentences(text) or [text]
+        sentences = split_sentences(text, language) or [(text.strip(), "")]
         budget = limits.long_input_tokens if long and limits.long_input == "truncate" else None
-        pieces: list[tuple[str, list[int]]] = []
-        for sentence, sentence_ids in zip(sentences, tokenize(sentences), strict=True):
+        pieces: list[tuple[str, list[int], str]] = []
+        sources = [sentence for sentence, _ in sentences]
+        for (sentence, separator), sentence_ids in zip(sentences, tokenize(sources), strict=True):
             if budget is not None:
                 sentence_ids = sentence_ids[:budget]
                 budget -= len(sentence_ids)
-            pieces += [(sentence, chunk) for chunk in _chunks(sentence_ids, limits.long_input_tokens)]
+            chunks = _chunks(sentence_ids, limits.long_input_tokens)
+            pieces += [(sentence, chunk, separator if k == len(chunks) - 1 else " ") for k, chunk in enumerate(chunks)]
             if budget == 0:
                 break
         if not pieces:
@@ -95,6 +114,9 @@ def segment_texts(
                 f"{field}[{i}] has nothing to translate: it tokenizes to no tokens (e.g. only zero-width characters)"
             )
         result.append(
-            [SegmentSpec(i, j, source, chunk, truncated=budget is not None) for j, (source, chunk) in enumerate(pieces)]
+            [
+                SegmentSpec(i, j, source, chunk, truncated=budget is not None, separator=separator)
+                for j, (source, chunk, separator) in enumerate(pieces)
+            ]
         )
     return result

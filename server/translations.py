@@ -44,6 +44,14 @@ class Sentence:
         return len(self.spec.ids)
 
 
+def leading_whitespace(text: str) -> str:
+    return text[: len(text) - len(text.lstrip())]
+
+
+def trailing_whitespace(text: str) -> str:
+    return text[len(text.rstrip()) :] if text.strip() else ""
+
+
 class Translations:
     def __init__(self, scheduler: Scheduler, config: ServerConfig, metrics: Metrics) -> None:
         self.scheduler = scheduler
@@ -85,7 +93,7 @@ class Translations:
         ``field`` names the texts in errors; ``keep_empty``: see segment_texts."""
         long_inputs = self.metrics.long_inputs
         on_long = lambda policy: long_inputs.labels(policy).inc()
-        by_text = segment_texts(texts, engine.tokenize, self.limits, on_long, field, keep_empty)
+        by_text = segment_texts(texts, engine.tokenize, self.limits, on_long, field, keep_empty, engine.source_language)
         specs = [spec for text in by_text for spec in text]
         if not specs:
             return
@@ -138,8 +146,9 @@ class Translations:
         field: str = "texts",
         keep_empty: bool = False,
     ) -> list[TextTranslation]:
-        """One translation per text, in order (a text's sentences joined by a space; an empty text kept
-        with ``keep_empty`` translates to an empty text)."""
+        """One translation per text, in order, with the text's layout: its sentences joined by the
+        whitespace that separated them (line breaks and blank lines kept) between its own leading and
+        trailing whitespace; an empty text kept with ``keep_empty`` translates to itself."""
         started = time.monotonic()
         segments = [s async for s in self.segments(engine, texts, beam, max_output, deadline, field, keep_empty)]
         self.observe(engine, segments, started)
@@ -149,13 +158,15 @@ class Translations:
         outputs = dict(zip(map(id, segments), engine.detokenize([s.output for s in segments]), strict=True))
         return [
             TextTranslation(
-                text=" ".join(outputs[id(s)] for s in parts),
+                text=leading_whitespace(text)
+                + "".join(outputs[id(s)] + s.spec.separator for s in parts).rstrip()
+                + trailing_whitespace(text),
                 input_tokens=sum(s.source_tokens for s in parts),
                 output_tokens=sum(len(s.output) for s in parts),
                 segments=len(parts),
                 truncated=any(s.spec.truncated for s in parts),
             )
-            for parts in (by_text.get(i, []) for i in range(len(texts)))
+            for text, parts in zip(texts, (by_text.get(i, []) for i in range(len(texts))), strict=True)
         ]
 
     def observe(self, engine: Engine, segments: list[Sentence], started: float) -> None:

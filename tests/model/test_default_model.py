@@ -1,26 +1,32 @@
-"""The committed default model translates sentences of its domain into sensible German."""
+"""The committed default models translate sentences of their domain sensibly: English→German, German→English."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
+import pytest
 import sacrebleu
 
-from model.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
+from model.checkpoint import DEFAULT_CHECKPOINT, DEFAULT_DE_EN_CHECKPOINT, load_checkpoint
 from model.translate import TorchTranslator
 from tests.conftest import OWN_SENTENCES
 
-SOURCES = [en for en, _ in OWN_SENTENCES]
-REFERENCES = [de for _, de in OWN_SENTENCES]
+ENGLISH = [en for en, _ in OWN_SENTENCES]
+GERMAN = [de for _, de in OWN_SENTENCES]
 
 
-def test_default_model_translates_own_sentences():
-    model, tokenizer = load_checkpoint(DEFAULT_CHECKPOINT)
-    hypotheses = TorchTranslator(model, tokenizer).translate(SOURCES, beam=4)
-    chrf = sacrebleu.corpus_chrf(hypotheses, [REFERENCES]).score
-    assert chrf >= 55, list(zip(SOURCES, hypotheses, strict=True))
-    assert all(h and h != s for h, s in zip(hypotheses, SOURCES, strict=True))
+@pytest.mark.parametrize(
+    ("checkpoint", "sources", "references"),
+    [(DEFAULT_CHECKPOINT, ENGLISH, GERMAN), (DEFAULT_DE_EN_CHECKPOINT, GERMAN, ENGLISH)],
+    ids=["en-de", "de-en"],
+)
+def test_default_model_translates_own_sentences(checkpoint, sources: list[str], references: list[str]):
+    model, tokenizer = load_checkpoint(checkpoint)
+    hypotheses = TorchTranslator(model, tokenizer).translate(sources, beam=4)
+    chrf = sacrebleu.corpus_chrf(hypotheses, [references]).score
+    assert chrf >= 55, list(zip(sources, hypotheses, strict=True))
+    assert all(h and h != s for h, s in zip(hypotheses, sources, strict=True))
 
 
 def test_translate_command_reads_stdin():

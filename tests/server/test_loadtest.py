@@ -34,7 +34,8 @@ def test_run_on_profile_gives_one_sentence_texts(tokenizer):
     profile = loadtest.Profile("mix:50:10-20:200-300:run-on", tokenizer, seed=2)
     texts = [profile.next() for _ in range(20)]
     assert any(tokens >= 200 for _, tokens in texts)
-    assert all(len(split_sentences(text)) == 1 for text, _ in texts)
+    # (The tiny test vocabulary decodes letters it lacks as "⁇", which a sentence splitter takes for "??".)
+    assert all(len(split_sentences(text.replace("⁇", ""))) == 1 for text, _ in texts)
     documents = [loadtest.Profile("fixed:200", tokenizer, seed=2).next()[0]]
     assert len(split_sentences(documents[0])) > 5  # without :run-on a long text is many sentences
 
