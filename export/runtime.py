@@ -26,6 +26,7 @@ from model.search import (
     LENGTH_PENALTY,
     STEP_OUTPUTS,
     DecodeBatch,
+    Hypothesis,
     KVCache,
     default_max_output,
     new_search,
@@ -323,26 +324,46 @@ class OrtModel:
         return ort.OrtValue.ortvalue_from_numpy(array, self.device, 0)
 
     def translate_ids(
-        self, sources: Sequence[Sequence[int]], beam: int = 1, max_output_tokens: int = 256
+        self,
+        sources: Sequence[Sequence[int]],
+        beam: int = 1,
+        max_output_tokens: int = 256,
+        max_repeats: int | None = None,
     ) -> list[list[int]]:
-        """Decode sources together to completion: token ids without start and eos. They are encoded in
-        groups of ENCODER_GROUP by length (padding is encoder work) and all decode in one batch."""
+        """Decode sources together to completion: token ids without start and eos."""
+        hypotheses = self.hypotheses(sources, beam, max_output_tokens, max_repeats)
+        return [hypothesis.tokens for hypothesis in hypotheses]
+
+    def hypotheses(
+        self,
+        sources: Sequence[Sequence[int]],
+        beam: int = 1,
+        max_output_tokens: int = 256,
+        max_repeats: int | None = None,
+    ) -> list[Hypothesis]:
+        """Decode sources together to completion (``max_repeats``: the runaway-output guard, see
+        model.search). They are encoded in groups of ENCODER_GROUP by length (padding is encoder work) and
+        all decode in one batch."""
         c, batch = self.config, self.new_batch()
         order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
         for start in range(0, len(order), ENCODER_GROUP):
             group = order[start : start + ENCODER_GROUP]
             src_tokens, src_mask = pad_sources([sources[i] for i in group], c.pad_id, c.eos_id)
             lengths = [default_max_output(len(sources[i]) + 1, max_output_tokens) for i in group]
-            searches = [new_search(beam, length, c.eos_id, self.length_penalty) for length in lengths]
+            searches = [new_search(beam, length, c.eos_id, self.length_penalty, max_repeats) for length in lengths]
             batch.add(group, searches, *self.encode(src_tokens, src_mask), src_mask)
-        results: dict[int, list[int]] = {}
+        results: dict[int, Hypothesis] = {}
         while len(batch):
             results.update(batch.step())
         return [results[i] for i in range(len(sources))]
 
     def translate(
-        self, texts: Sequence[str], beam: int = 1, batch_size: int = 64, max_output_tokens: int = 256
+        self,
+        texts: Sequence[str],
+        beam: int = 1,
+        batch_size: int = 64,
+        max_output_tokens: int = 256,
+        max_repeats: int | None = None,
     ) -> list[str]:
-        return translate_in_batches(
-            self.tokenizer, texts, lambda ids: self.translate_ids(ids, beam, max_output_tokens), batch_size
-        )
+        translate_ids = lambda ids: self.translate_ids(ids, beam, max_output_tokens, max_repeats)  # noqa: E731
+        return translate_in_batches(self.tokenizer, texts, translate_ids, batch_size)

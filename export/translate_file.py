@@ -18,7 +18,7 @@ from pathlib import Path
 
 from export.manifest import ModelFolderError
 from export.runtime import OrtModel, RuntimeOptions
-from model.search import translate_in_batches
+from model.search import MAX_REPEATS, translate_in_batches
 
 # CPU batches under SMALL_BATCH_ROWS rows step on sessions of this many threads: a second thread costs
 # more than it saves there (2-core x86-64, tests/benchmarks/threads.md and export/runtime.py).
@@ -36,6 +36,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=32, help="sentences per batch")
     parser.add_argument("--threads", type=int, default=0, help="intra-op threads (0: ONNX Runtime's default)")
     parser.add_argument("--max-output-tokens", type=int, default=256)
+    parser.add_argument(
+        "--max-repeats",
+        type=int,
+        default=MAX_REPEATS,
+        help="the runaway-output guard, as the server's: an n-gram repeated more often in a row ends the "
+        "sentence (0: off)",
+    )
     parser.add_argument("--stats", action="store_true", help="print throughput as one JSON line on stderr")
     args = parser.parse_args(argv)
     if min(args.beam, args.batch_size, args.max_output_tokens) < 1:
@@ -64,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def translate_ids(ids: list[list[int]]) -> list[list[int]]:
         nonlocal output_tokens
-        outputs = model.translate_ids(ids, args.beam, args.max_output_tokens)
+        outputs = model.translate_ids(ids, args.beam, args.max_output_tokens, args.max_repeats or None)
         output_tokens += sum(len(output) + 1 for output in outputs)
         return outputs
 

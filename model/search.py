@@ -6,7 +6,10 @@ backends differ only in how one decoder step is computed.
 
 - ``GreedySearch`` / ``BeamSearch``: the search of one source. Each step it
   receives the log-probabilities of its live rows and says which rows go on
-  (by origin) with which tokens; it is done when it returns no rows.
+  (by origin) with which tokens; it is done when it returns no rows, with a
+  ``Hypothesis``: the tokens, a confidence score and why it stopped. With
+  ``max_repeats`` set (the server, translate-file), a hypothesis whose tail
+  repeats an n-gram more often than that stops there (the runaway-output guard).
 - ``DecodeBatch``: the running batch. Sources join (``add``) at any step with
   an empty self-attention cache and their own cross-attention keys/values,
   and leave as soon as their search is done (or they are cancelled). Offline
@@ -19,7 +22,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -300,6 +303,37 @@ def _round_up(value: int, chunk: int) -> int:
     return -(-value // chunk) * chunk
 
 
+class Hypothesis(NamedTuple):
+    """A finished translation of one source."""
+
+    tokens: list[int]  # without start and eos
+    # Confidence: the log-probability of every token the search chose for it (eos included when it ended
+    # with one) divided by their number, i.e. the log of their geometric-mean probability; 0 is certain.
+    score: float
+    stopped: str  # "eos"; "length": the longest output allowed; "repetition": the runaway-output guard
+
+
+# The runaway-output guard: an n-gram of up to REPEAT_NGRAM tokens repeated consecutively more than
+# max_repeats times (after its first occurrence) ends its hypothesis, which keeps the first occurrence.
+REPEAT_NGRAM = 4
+MAX_REPEATS = 4  # the server's and translate-file's limit: "ha ha ha ha ha" passes, "ch" six times does not
+
+
+def repeated_tail(tokens: Sequence[int], max_repeats: int) -> int:
+    """How many tokens to drop from the end: when the tail repeats an n-gram (n ≤ REPEAT_NGRAM) more than
+    max_repeats times in a row after its first occurrence, all its occurrences but the first; 0 otherwise."""
+    for n in range(1, REPEAT_NGRAM + 1):
+        span = n * (max_repeats + 2)
+        if len(tokens) < span or tokens[-1] != tokens[-1 - n]:  # the cheap test first
+            continue
+        start = len(tokens) - span
+        if all(tokens[i] == tokens[i - n] for i in range(start + n, len(tokens))):
+            while start >= n and tokens[start - n : start] == tokens[start : start + n]:
+                start -= n
+            return len(tokens) - start - n
+    return 0
+
+
 class Search(Protocol):
     rows: int  # live rows this source occupies
     top_k: int  # candidates per row it needs from a step
@@ -311,29 +345,43 @@ class Search(Protocol):
         """This step's best candidates of its live rows, (rows, top_k) each, best first, and each row's
         eos log-probability (rows,) -> (origin of each next row, its token); none when done."""
 
-    def result(self) -> list[int]: ...
+    def result(self) -> Hypothesis: ...
 
 
 @dataclass
 class GreedySearch:
     max_length: int  # tokens including eos
     eos_id: int
+    max_repeats: int | None = None  # the runaway-output guard (None: off)
     tokens: list[int] = field(default_factory=list)
     rows: int = 1
     top_k: int = 1
+    log_prob: float = 0.0  # of the tokens chosen so far
+    stopped: str = ""
 
     def advance(
         self, top_log_probs: np.ndarray, top_ids: np.ndarray, eos_log_probs: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         token = int(top_ids[0, 0])
         if token == self.eos_id or len(self.tokens) + 1 >= self.max_length:
+            self.stopped = "eos" if token == self.eos_id else "length"
+            if token == self.eos_id:
+                self.log_prob += float(top_log_probs[0, 0])
             self.rows = 0
             return _NO_ROWS, _NO_ROWS
         self.tokens.append(token)
+        self.log_prob += float(top_log_probs[0, 0])
+        if self.max_repeats is not None and (drop := repeated_tail(self.tokens, self.max_repeats)):
+            scored = len(self.tokens)
+            del self.tokens[-drop:]
+            self.log_prob *= len(self.tokens) / scored  # the kept tokens' share, at the same mean
+            self.stopped, self.rows = "repetition", 0
+            return _NO_ROWS, _NO_ROWS
         return _ROW_ZERO, top_ids[0, :1]
 
-    def result(self) -> list[int]:
-        return self.tokens
+    def result(self) -> Hypothesis:
+        chosen = len(self.tokens) + (self.stopped == "eos")
+        return Hypothesis(self.tokens, self.log_prob / max(chosen, 1), self.stopped)
 
 
 _NO_ROWS = np.zeros(0, np.int64)
@@ -364,9 +412,11 @@ class BeamSearch:
     max_length: int
     eos_id: int
     alpha: float = LENGTH_PENALTY
+    max_repeats: int | None = None  # the runaway-output guard (None: off)
     scores: np.ndarray = field(default_factory=lambda: np.zeros(1))
     history: np.ndarray = field(default_factory=lambda: np.zeros((1, 0), np.int64))
-    finished: list[tuple[float, list[int]]] = field(default_factory=list)
+    # (length-normalized score, hypothesis) of each finished hypothesis
+    finished: list[tuple[float, Hypothesis]] = field(default_factory=list)
     rows: int = 1
 
     @property
@@ -392,8 +442,18 @@ class BeamSearch:
             if token == self.eos_id:
                 if rank < self.beam:
                     length = self.history.shape[1] + 1
-                    score = length_normalized(float(values[index]), length, self.alpha)
-                    self.finished.append((score, self.history[origin].tolist()))
+                    value = float(values[index])
+                    stopped = "length" if at_limit else "eos"
+                    hypothesis = Hypothesis(self.history[origin].tolist(), value / length, stopped)
+                    self.finished.append((length_normalized(value, length, self.alpha), hypothesis))
+            elif self.max_repeats is not None and self._runaway(origin, token):
+                # It ends here, cut back to the repeated n-gram's first occurrence; at any rank, so that a
+                # step whose candidates all run away still leaves a hypothesis.
+                output = [*self.history[origin].tolist(), token]
+                length, value = len(output), float(values[index])
+                del output[length - repeated_tail(output, self.max_repeats) :]
+                hypothesis = Hypothesis(output, value / length, "repetition")
+                self.finished.append((length_normalized(value, length, self.alpha), hypothesis))
             elif len(origins) < self.beam:
                 origins.append(origin)
                 tokens.append(token)
@@ -409,12 +469,24 @@ class BeamSearch:
         self.rows = len(origins)
         return origin_array, token_array
 
-    def result(self) -> list[int]:
+    def _runaway(self, origin: int, token: int) -> bool:
+        """Whether the row's history and the token end in too many repetitions (the guard)."""
+        history = self.history[origin]
+        if not any(n <= len(history) and history[-n] == token for n in range(1, REPEAT_NGRAM + 1)):
+            return False  # the cheap test: no n-gram of the tail can repeat
+        return repeated_tail([*history.tolist(), token], self.max_repeats) > 0
+
+    def result(self) -> Hypothesis:
         return max(self.finished, key=lambda f: f[0])[1]
 
 
-def new_search(beam: int, max_length: int, eos_id: int, alpha: float = LENGTH_PENALTY) -> Search:
-    return GreedySearch(max_length, eos_id) if beam == 1 else BeamSearch(beam, max_length, eos_id, alpha)
+def new_search(
+    beam: int, max_length: int, eos_id: int, alpha: float = LENGTH_PENALTY, max_repeats: int | None = None
+) -> Search:
+    """``max_repeats``: the runaway-output guard's limit (None: off, as the reference engines have none)."""
+    if beam == 1:
+        return GreedySearch(max_length, eos_id, max_repeats)
+    return BeamSearch(beam, max_length, eos_id, alpha, max_repeats)
 
 
 STEP_OUTPUTS = ["top_log_probs", "top_ids", "eos_log_probs"]
@@ -515,8 +587,8 @@ class DecodeBatch:
         self.tokens = np.concatenate([self.tokens, np.full(len(keys), self.start_id, np.int64)])
         self._changed()
 
-    def step(self) -> list[tuple[Any, list[int]]]:
-        """One decoder step for every row; returns the sources finished by it (key, token ids)."""
+    def step(self) -> list[tuple[Any, Hypothesis]]:
+        """One decoder step for every row; returns the sources finished by it, with their hypotheses."""
         self.total_length[()] = int(self.cache.live_lengths.max(initial=0)) + 1
         top_log_probs, top_ids, eos_log_probs = self.step_fn(self)
         self.cache.advance()
@@ -539,7 +611,7 @@ class DecodeBatch:
 
     def _greedy_step(
         self, top_log_probs: np.ndarray, top_ids: np.ndarray, eos_log_probs: np.ndarray
-    ) -> list[tuple[Any, list[int]]]:
+    ) -> list[tuple[Any, Hypothesis]]:
         """Every source greedy, one row each: the rows that go on keep their order, so the cache only compacts."""
         finished, kept = [], []
         for row, (key, search) in enumerate(list(self.searches.items())):
@@ -616,11 +688,14 @@ def decode(
     eos_id: int,
     max_output_tokens: int,
     alpha: float = LENGTH_PENALTY,
-) -> list[list[int]]:
-    """Decode sources (already encoded together) to completion: token ids without start and eos."""
-    searches = [new_search(beam, default_max_output(len(s) + 1, max_output_tokens), eos_id, alpha) for s in sources]
+    max_repeats: int | None = None,
+) -> list[Hypothesis]:
+    """Decode sources (already encoded together) to completion."""
+    searches = [
+        new_search(beam, default_max_output(len(s) + 1, max_output_tokens), eos_id, alpha, max_repeats) for s in sources
+    ]
     batch.add(list(range(len(sources))), searches, cross_k, cross_v, src_mask)
-    results: dict[int, list[int]] = {}
+    results: dict[int, Hypothesis] = {}
     while len(batch):
         results.update(batch.step())
     return [results[i] for i in range(len(sources))]

@@ -113,9 +113,10 @@ class TorchTranslator:
         else:
             cross_k = cross_v = None
             batch = PrefixDecodeBatch(self.model, memory)
-        return decode(
+        hypotheses = decode(
             batch, cross_k, cross_v, mask, sources, beam, c.eos_id, self.max_output_tokens, self.length_penalty
         )
+        return [hypothesis.tokens for hypothesis in hypotheses]
 
     def translate(self, texts: Sequence[str], beam: int = 1, batch_size: int = 64, use_cache: bool = True) -> list[str]:
         return translate_in_batches(

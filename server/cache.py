@@ -2,18 +2,23 @@
 
 Keyed by everything that decides a sentence's output: the model (name, weights checksum, variant), the
 decoding options (beam size, output limit) and the sentence as the model sees it (its source token ids,
-so inputs that differ only where the tokenizer normalizes them share an entry). Values are output token
-ids. Least recently used entries go first once the entries' bytes would pass ``max_bytes``. Used from the
-event loop only: no lock.
+so inputs that differ only where the tokenizer normalizes them share an entry). Values are hypotheses:
+output token ids, confidence and why decoding stopped. Least recently used entries go first once the
+entries' bytes would pass ``max_bytes``. Used from the event loop only: no lock.
 """
 
 from __future__ import annotations
 
+import struct
 from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from model.search import Hypothesis
 from server.interface import Engine
+
+STOPPED = ("eos", "length", "repetition")  # Hypothesis.stopped, stored as its index
+HEADER = struct.Struct("<dB")  # a hypothesis' score and stop reason, before its tokens
 
 # Bytes an entry costs besides its key and value payloads: two bytes objects and an OrderedDict slot
 # (tracemalloc, CPython 3.11: 141 bytes per entry over 20,000 entries).
@@ -34,17 +39,19 @@ class TranslationCache:
         model = f"{engine.name}@{engine.version}/{engine.variant}/beam {beam}/max {max_output_tokens}/"
         return model.encode() + array("I", ids).tobytes()
 
-    def get(self, key: bytes) -> list[int] | None:
+    def get(self, key: bytes) -> Hypothesis | None:
         value = self._entries.get(key)
         if value is None:
             return None
         self._entries.move_to_end(key)
-        return array("I", value).tolist()
+        score, stopped = HEADER.unpack_from(value)
+        return Hypothesis(array("I", value[HEADER.size :]).tolist(), score, STOPPED[stopped])
 
-    def put(self, key: bytes, output: Sequence[int]) -> None:
-        """Keep ``output`` for ``key``, evicting the least recently used entries to stay within max_bytes
+    def put(self, key: bytes, hypothesis: Hypothesis) -> None:
+        """Keep ``hypothesis`` for ``key``, evicting the least recently used entries to stay within max_bytes
         (an entry larger than the whole bound is not kept)."""
-        value = array("I", output).tobytes()
+        header = HEADER.pack(hypothesis.score, STOPPED.index(hypothesis.stopped))
+        value = header + array("I", hypothesis.tokens).tobytes()
         size = self._size(key, value)
         if size > self.max_bytes:
             return

@@ -1,7 +1,9 @@
 """The LibreTranslate-compatible HTTP API (aiohttp), on the same scheduler as gRPC.
 
     POST /translate   JSON or form: q (a string, or a list of strings in JSON), source, target,
-                      format ("text"); answers {"translatedText": str | [str]}
+                      format ("text"), min_confidence (ours); answers {"translatedText": str | [str],
+                      "confidence": float | [float]} and, when a text is flagged, "flags": [str] | [[str]]
+                      ("repetition", "length": a runaway-output guard stopped it; "low_confidence")
     GET  /languages   [{"code", "name", "targets"}]
 
 Errors are JSON ``{"error": message}`` with the status of ``server.errors`` (400, 429 with Retry-After,
@@ -132,15 +134,34 @@ class HttpApi:
                 raise InvalidRequest(f"format={fields['format']!r} is not supported; use text")
             deadline = time.monotonic() + self.config.http_timeout_s
             beam, max_output = self.config.default_beam_size, self.config.max_output_tokens
-            results = await self.translations.translate(engine, texts, beam, max_output, deadline, "q", keep_empty=True)
+            min_confidence = self._min_confidence(fields)
+            results = await self.translations.translate(
+                engine, texts, beam, max_output, deadline, "q", keep_empty=True, min_confidence=min_confidence
+            )
         except web.HTTPException:  # aiohttp's own (a body over client_max_size): json_errors answers it
             raise
         except Exception as error:
             return self._fail("/translate", error, engine)
         self.metrics.requests.labels("HTTP /translate", "OK", engine.name).inc()
-        translated = [result.text for result in results]
-        body = {"translatedText": translated if as_list else translated[0]}
+        one = (lambda values: values) if as_list else (lambda values: values[0])
+        body = {
+            "translatedText": one([result.text for result in results]),
+            "confidence": one([round(result.confidence, 4) for result in results]),
+        }
+        flags = [[flag for flag in (r.guard, "low_confidence" * r.low_confidence) if flag] for r in results]
+        if any(flags):
+            body["flags"] = one(flags)
         return web.json_response(body, headers={"X-Translation-Model": model_name(engine)})
+
+    @staticmethod
+    def _min_confidence(fields: dict[str, Any]) -> float | None:
+        value = fields.get("min_confidence")
+        if value in (None, ""):
+            return None
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise InvalidRequest(f"min_confidence={value!r} must be a number, e.g. -1.0") from None
 
     async def languages(self, request: web.Request) -> web.Response:
         """Each source language with the targets the server translates it into, in model order."""

@@ -12,6 +12,8 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from model.search import Hypothesis
+
 
 @dataclass(frozen=True)
 class Joined:
@@ -38,8 +40,9 @@ class Batch(Protocol):
     ) -> Joined:
         """Encode sources together and add them, each with its beam size and longest output (tokens with eos)."""
 
-    def step(self) -> list[tuple[Hashable, list[int]]]:
-        """One decoder step of every row; the sources it finished, with their output ids (no eos)."""
+    def step(self) -> list[tuple[Hashable, Hypothesis]]:
+        """One decoder step of every row; the sources it finished, with their hypotheses (output ids without
+        eos, confidence, why they stopped)."""
 
     def remove(self, key: Hashable) -> None:
         """Drop a source mid-way; its rows and caches go at once."""

@@ -13,6 +13,8 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5)
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TOKEN_BUCKETS = (16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384)
+# Mean token log-probabilities: most good translations score above -0.5, loops and garbage below -1.5.
+CONFIDENCE_BUCKETS = (-3.0, -2.0, -1.5, -1.0, -0.75, -0.5, -0.4, -0.3, -0.2, -0.1, -0.05, 0.0)
 RATIO_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0)
 
 
@@ -118,6 +120,20 @@ class Metrics:
         self.attention_scores_bytes = Gauge(
             "translate_attention_scores_bytes",
             "Attention-score bytes of the largest encoder batch so far (B·H·S² floats).",
+            registry=r,
+        )
+        self.confidence = Histogram(
+            "translate_confidence",
+            "Each sentence's confidence: the mean log-probability of its chosen tokens (0 is certain), by model.",
+            ["model"],
+            buckets=CONFIDENCE_BUCKETS,
+            registry=r,
+        )
+        self.output_guard = Counter(
+            "translate_output_guard_total",
+            "Sentences whose decoding was stopped by a guard, by model and reason (repetition: an n-gram repeated "
+            "too often; length: the longest output allowed).",
+            ["model", "reason"],
             registry=r,
         )
         self.cache_lookups = Counter(

@@ -41,6 +41,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from model.search import Hypothesis
 from server.config import ServerConfig
 from server.errors import Cancelled, DeadlineExceeded, InferenceFailed, Overloaded, ServiceError, ShuttingDown
 from server.interface import Batch, Engine
@@ -62,7 +63,11 @@ class Segment:
     predicted_tokens: int = 0
     lane: int = 0  # continuous: the running batch's lane, by the size of the whole request
     enqueued_at: float = field(default_factory=time.monotonic)
-    output: list[int] | None = None
+    result: Hypothesis | None = None  # once decoded
+
+    @property
+    def output(self) -> list[int]:
+        return self.result.tokens
 
     @property
     def source_tokens(self) -> int:
@@ -412,12 +417,12 @@ class Scheduler:
         finished = lane.batch.step()
         self.metrics.decoder_step.labels(lane.model).observe(time.perf_counter() - start)
         self.metrics.decode_rows.observe(rows)
-        for segment, tokens in finished:
-            self._finish(segment, tokens)
+        for segment, hypothesis in finished:
+            self._finish(segment, hypothesis)
 
-    def _finish(self, segment: Segment, tokens: list[int]) -> None:
+    def _finish(self, segment: Segment, hypothesis: Hypothesis) -> None:
         self._leave(segment)
-        model = segment.job.model
+        model, tokens = segment.job.model, hypothesis.tokens
         with self.lock:  # read by other lanes' threads and by submit
             ratio = (len(tokens) + 1) / (segment.source_tokens + 1)
             self.target_ratio[model] = 0.98 * self.target_ratio[model] + 0.02 * ratio
@@ -425,7 +430,10 @@ class Scheduler:
             self.recently_finished.append((now, segment.source_tokens))
             while self.recently_finished and self.recently_finished[0][0] < now - 10.0:
                 self.recently_finished.popleft()
-        segment.output = tokens
+        segment.result = hypothesis
+        self.metrics.confidence.labels(model).observe(hypothesis.score)
+        if hypothesis.stopped != "eos":
+            self.metrics.output_guard.labels(model, hypothesis.stopped).inc()
         self.metrics.input_tokens.labels(model).inc(segment.source_tokens)
         self.metrics.output_tokens.labels(model).inc(len(tokens))
         job = segment.job

@@ -63,6 +63,10 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
         remaining = context.time_remaining()
         return list(request.texts), beam, max_output, time.monotonic() + remaining if remaining is not None else None
 
+    @staticmethod
+    def _min_confidence(request) -> float | None:
+        return request.options.min_confidence or None
+
     def _count(self, method: str, code: str, engine: Engine | None) -> None:
         self.metrics.requests.labels(method, code, engine.name if engine is not None else "").inc()
 
@@ -81,7 +85,9 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
         engine = None
         try:
             engine = self._model(request)
-            results = await self.translations.translate(engine, *self._job(request, context))
+            results = await self.translations.translate(
+                engine, *self._job(request, context), min_confidence=self._min_confidence(request)
+            )
         except asyncio.CancelledError:
             self._count("Translate", "CANCELLED", engine)
             raise
@@ -105,6 +111,8 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
                     text_index=spec.text_index, segment_index=spec.segment_index, source=spec.source,
                     translation=engine.detokenize([segment.output])[0], input_tokens=segment.source_tokens,
                     output_tokens=len(segment.output), last_in_text=segment.last_in_text, model=model_name(engine),
+                    confidence=segment.result.score, guard=segment.guard,
+                    low_confidence=segment.low_confidence(self._min_confidence(request)),
                 )  # fmt: skip
         except asyncio.CancelledError:
             self._count("TranslateStream", "CANCELLED", engine)

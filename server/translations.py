@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
+from model.search import Hypothesis
 from server.cache import TranslationCache
 from server.config import ServerConfig
 from server.errors import ServiceError
@@ -28,20 +29,42 @@ class TextTranslation:
     output_tokens: int  # generated tokens, eos excluded
     segments: int  # sentences (or pieces) the text was translated as
     truncated: bool
+    confidence: float  # its sentences' confidences (model.search.Hypothesis.score), weighted by their tokens
+    guard: str  # why a runaway-output guard stopped one of its sentences ("repetition", "length"), or ""
+    low_confidence: bool  # a sentence of it scored under the request's min_confidence
 
 
 @dataclass(frozen=True)
 class Sentence:
-    """One segment's translation, as output token ids (eos excluded)."""
+    """One segment's translation."""
 
     spec: SegmentSpec
-    output: list[int]
+    result: Hypothesis
     last_in_text: bool  # the text's last segment
     cached: bool  # answered from the translation cache, without the engine
 
     @property
+    def output(self) -> list[int]:
+        """Output token ids, eos excluded."""
+        return self.result.tokens
+
+    @property
     def source_tokens(self) -> int:
         return len(self.spec.ids)
+
+    @property
+    def guard(self) -> str:
+        return "" if self.result.stopped == "eos" else self.result.stopped
+
+    def low_confidence(self, min_confidence: float | None) -> bool:
+        return min_confidence is not None and self.result.score < min_confidence
+
+
+def text_confidence(sentences: Sequence[Sentence]) -> float:
+    """The mean log-probability of every token chosen for the sentences (each weighted by its tokens, eos
+    included); 0 for a text without sentences."""
+    weights = [len(s.output) + 1 for s in sentences]
+    return sum(s.result.score * w for s, w in zip(sentences, weights, strict=True)) / max(sum(weights), 1)
 
 
 def leading_whitespace(text: str) -> str:
@@ -61,7 +84,7 @@ class Translations:
         )
         self.cache = TranslationCache(config.cache_bytes) if config.cache_bytes else None
 
-    def _cached(self, engine: Engine, keys: list[bytes]) -> dict[int, list[int]]:
+    def _cached(self, engine: Engine, keys: list[bytes]) -> dict[int, Hypothesis]:
         """The outputs the cache holds, by segment index; counts hits and misses."""
         if self.cache is None:
             return {}
@@ -71,9 +94,9 @@ class Translations:
         lookups.labels(engine.name, "miss").inc(len(keys) - len(outputs))
         return outputs
 
-    def _keep(self, key: bytes, output: list[int]) -> None:
+    def _keep(self, key: bytes, result: Hypothesis) -> None:
         if self.cache is not None:
-            self.cache.put(key, output)
+            self.cache.put(key, result)
             self.metrics.cache_bytes.set(self.cache.bytes)
             self.metrics.cache_entries.set(len(self.cache))
 
@@ -128,8 +151,8 @@ class Translations:
                 if item is None:
                     continue
                 index = order[id(item.spec)]
-                self._keep(keys[index], item.output)
-                ready[index] = item.output
+                self._keep(keys[index], item.result)
+                ready[index] = item.result
                 fresh.add(index)
         except asyncio.CancelledError:
             if job is not None:
@@ -145,10 +168,12 @@ class Translations:
         deadline: float | None,
         field: str = "texts",
         keep_empty: bool = False,
+        min_confidence: float | None = None,
     ) -> list[TextTranslation]:
         """One translation per text, in order, with the text's layout: its sentences joined by the
         whitespace that separated them (line breaks and blank lines kept) between its own leading and
-        trailing whitespace; an empty text kept with ``keep_empty`` translates to itself."""
+        trailing whitespace; an empty text kept with ``keep_empty`` translates to itself. A text with a
+        sentence under ``min_confidence`` is flagged ``low_confidence``."""
         started = time.monotonic()
         segments = [s async for s in self.segments(engine, texts, beam, max_output, deadline, field, keep_empty)]
         self.observe(engine, segments, started)
@@ -165,6 +190,9 @@ class Translations:
                 output_tokens=sum(len(s.output) for s in parts),
                 segments=len(parts),
                 truncated=any(s.spec.truncated for s in parts),
+                confidence=text_confidence(parts),
+                guard=next((s.guard for s in sorted(parts, key=lambda s: s.guard != "repetition") if s.guard), ""),
+                low_confidence=any(s.low_confidence(min_confidence) for s in parts),
             )
             for text, parts in zip(texts, (by_text.get(i, []) for i in range(len(texts))), strict=True)
         ]

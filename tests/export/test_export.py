@@ -91,7 +91,7 @@ def test_sources_join_a_running_batch_with_io_binding(tiny_export: Path, beam: i
         if len(batch):
             results.update(batch.step())
         step += 1
-    assert [results[k] for k in range(len(ids))] == alone
+    assert [results[k].tokens for k in range(len(ids))] == alone
 
 
 @pytest.mark.parametrize("spinning", [False, True])
@@ -205,6 +205,6 @@ def test_a_checkpoints_length_penalty_reaches_the_engine(tiny_checkpoint: Path, 
     ids = tokenizer.encode_source(own_sentences(40))
     tuned = TorchTranslator(model, tokenizer, max_output_tokens=20, length_penalty=2.0).translate_ids(ids, 3)
     alphas: list[float] = []
-    monkeypatch.setattr(runtime_module, "new_search", lambda *a: alphas.append(a[-1]) or new_search(*a))
+    monkeypatch.setattr(runtime_module, "new_search", lambda *a: alphas.append(a[3]) or new_search(*a))
     assert runtime.translate_ids(ids, 3, max_output_tokens=20) == tuned
     assert set(alphas) == {2.0}

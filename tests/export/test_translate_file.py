@@ -13,6 +13,7 @@ import tomllib
 
 from export.runtime import OrtModel, RuntimeOptions
 from export.translate_file import SMALL_BATCH_THREADS, main
+from model.search import MAX_REPEATS
 from tests.conftest import ROOT, own_sentences
 
 SENTENCES = own_sentences(240)[::17]
@@ -41,7 +42,7 @@ def test_translates_line_by_line_in_the_input_order(tiny_export, reference, monk
     flags = ["--model", str(tiny_export), "--beam", str(beam), "--batch-size", "4"]
     code, out, err = translate_file(monkeypatch, capsys, lines, *flags)
     assert (code, err) == (0, "")
-    expected = reference.translate(SENTENCES, beam, batch_size=4, max_output_tokens=LIMIT)
+    expected = reference.translate(SENTENCES, beam, batch_size=4, max_output_tokens=LIMIT, max_repeats=MAX_REPEATS)
     assert out == "".join(f"{line}\n" for line in expected[:5] + [""] + expected[5:])
 
 
@@ -54,7 +55,7 @@ def test_stats_count_each_output_and_its_eos(tiny_export, reference, monkeypatch
     [line] = err.splitlines()
     stats = json.loads(line)
     assert set(stats) == {"sentences", "output_tokens", "seconds", "tokens_per_second"}
-    outputs = reference.translate_ids([ids[i] for i in by_length], 1, LIMIT)
+    outputs = reference.translate_ids([ids[i] for i in by_length], 1, LIMIT, MAX_REPEATS)
     assert stats["sentences"] == len(sentences)
     assert stats["output_tokens"] == sum(len(output) + 1 for output in outputs)
     assert stats["tokens_per_second"] == pytest.approx(stats["output_tokens"] / stats["seconds"], rel=1e-3)

@@ -209,7 +209,7 @@ def test_beam_equals_generate_without_length_penalty(marian):
             forced_eos_token_id=None,
             logits_processor=transformers.LogitsProcessorList([EndAtLimit(limit, c.eos_id)]),
         )
-    ours = [results[i] for i in range(len(ids))]
+    ours = [results[i].tokens for i in range(len(ids))]
     assert ours == until_eos(rows, c.eos_id)
     assert len({len(row) for row in ours}) > 1 and len({tuple(row) for row in ours}) > 3
 

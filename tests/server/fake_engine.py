@@ -1,6 +1,6 @@
 """The engine interface without a model, for scheduler tests that need no export.
 
-A source "translates" to its ids reversed, one token per decoder step (a beam of b decodes
+A source "translates" to its ids reversed, one token per decoder step (confidence -0.1 per token) (a beam of b decodes
 b rows); its memory is counted in fixed byte costs per token.
 """
 
@@ -10,6 +10,7 @@ import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
+from model.search import Hypothesis
 from server.interface import Joined
 
 BYTES_PER_TOKEN = 1024
@@ -57,14 +58,15 @@ class FakeBatch:
         longest = max(len(ids) for ids in sources) + 1
         return Joined(0.001, longest * len(sources), sum(len(ids) + 1 for ids in sources))
 
-    def step(self) -> list[tuple[Hashable, list[int]]]:
+    def step(self) -> list[tuple[Hashable, Hypothesis]]:
         time.sleep(self.engine.step_seconds)
         self.engine.steps.append(self.rows)
         finished = []
         for key, source in list(self.sources.items()):
-            done = len(source.output) == len(source.reversed_ids) or len(source.output) + 1 >= source.max_length
-            if done:
-                finished.append((key, source.output))
+            complete = len(source.output) == len(source.reversed_ids)
+            if complete or len(source.output) + 1 >= source.max_length:
+                stopped = "eos" if complete else "length"
+                finished.append((key, Hypothesis(source.output, -0.1 * len(source.output), stopped)))
                 del self.sources[key]
             else:
                 source.output.append(source.reversed_ids[len(source.output)])

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from model.search import Hypothesis
 from proto import translate_pb2
-from server.cache import ENTRY_OVERHEAD_BYTES, TranslationCache
+from server.cache import ENTRY_OVERHEAD_BYTES, HEADER, TranslationCache
 from server.config import ServerConfig
 from tests.conftest import own_sentences
 from tests.server.conftest import RunningServer, server_config
@@ -22,8 +23,8 @@ def test_entries_are_kept_by_model_options_and_ids():
     other.version = "1"
     cache = TranslationCache(1 << 20)
     key = TranslationCache.key(engine, [5, 6, 7], beam=1, max_output_tokens=64)
-    cache.put(key, [9, 8])
-    assert cache.get(key) == [9, 8]
+    cache.put(key, Hypothesis([9, 8], -0.25, "repetition"))
+    assert cache.get(key) == Hypothesis([9, 8], -0.25, "repetition")
     for different in (
         TranslationCache.key(other, [5, 6, 7], 1, 64),  # another version of the weights
         TranslationCache.key(engine, [5, 6, 7], 4, 64),  # another beam
@@ -36,18 +37,19 @@ def test_entries_are_kept_by_model_options_and_ids():
 def test_the_least_recently_used_entries_go_first_and_the_bound_holds():
     engine = FakeEngine()
     keys = [TranslationCache.key(engine, [i] * 10, 1, 64) for i in range(100)]
-    size = len(keys[0]) + 4 * 10 + ENTRY_OVERHEAD_BYTES
+    size = len(keys[0]) + HEADER.size + 4 * 10 + ENTRY_OVERHEAD_BYTES
+    output = Hypothesis(list(range(10)), -0.5, "eos")
     cache = TranslationCache(3 * size)
     for key in keys[:3]:
-        cache.put(key, list(range(10)))
+        cache.put(key, output)
     assert cache.get(keys[0]) is not None  # now the most recently used
-    cache.put(keys[3], list(range(10)))
+    cache.put(keys[3], output)
     assert cache.get(keys[1]) is None and cache.get(keys[0]) is not None and len(cache) == 3
     for key in keys:
-        cache.put(key, list(range(10)))
+        cache.put(key, output)
         assert cache.bytes <= cache.max_bytes
     assert cache.bytes == 3 * size
-    cache.put(TranslationCache.key(engine, [1] * 1000, 1, 64), list(range(10)))  # larger than the bound
+    cache.put(TranslationCache.key(engine, [1] * 1000, 1, 64), output)  # larger than the bound
     assert cache.bytes == 3 * size and len(cache) == 3
 
 
@@ -81,7 +83,7 @@ def test_a_repeated_request_is_answered_from_the_cache_without_the_engine(cached
     stream = list(cached.stub.TranslateStream(translate_pb2.TranslateRequest(texts=texts)))
     assert [s.last_in_text for s in stream] == [False, True, True]
     status, _, body = http(cached, "/translate", {"q": texts, "source": "en", "target": "de"})
-    assert status == 200 and body == {"translatedText": [t.text for t in first.translations]}
+    assert status == 200 and body["translatedText"] == [t.text for t in first.translations]
 
 
 def test_a_partly_cached_request_translates_only_the_rest(cached: RunningServer, monkeypatch):

@@ -67,12 +67,12 @@ def test_json_with_a_list_keeps_order_and_empty_texts(server: RunningServer):
     expected = [t.text for t in server.translate(sentences).translations]
     status, headers, body = http(server, "/translate", {"q": [sentences[0], "", *sentences[1:]], "source": "en",
                                                         "target": "de", "format": "text", "api_key": ""})  # fmt: skip
-    assert status == 200 and body == {"translatedText": [expected[0], "", *expected[1:]]}
+    assert status == 200 and body["translatedText"] == [expected[0], "", *expected[1:]]
     assert headers["X-Translation-Model"] == server.translate(["x"]).model
     status, _, body = http(server, "/translate", {"q": sentences[0], "source": "en", "target": "de"})
-    assert (status, body) == (200, {"translatedText": expected[0]})
+    assert (status, body["translatedText"]) == (200, expected[0])
     status, _, body = http(server, "/translate", form={"q": sentences[:2], "source": "en", "target": "de"})
-    assert (status, body) == (200, {"translatedText": expected[:2]})  # a form's repeated q is a list
+    assert (status, body["translatedText"]) == (200, expected[:2])  # a form's repeated q is a list
     assert server.metric("translate_requests_total", {"method": "HTTP /translate", "code": "OK"}) >= 3
 
 

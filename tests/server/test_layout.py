@@ -83,7 +83,7 @@ def test_line_breaks_and_paragraphs_come_back_as_sent(server: RunningServer):
     expected = f"{t[0]} {t[1]}\n{t[2]}\n\n  {t[3]}\n"
     assert server.translate([text]).translations[0].text == expected
     status, _, body = http(server, "/translate", {"q": text, "source": "en", "target": "de"})
-    assert (status, body) == (200, {"translatedText": expected})
+    assert (status, body["translatedText"]) == (200, expected)
 
 
 def test_the_client_translates_a_file_with_blank_lines_line_for_line(server: RunningServer):

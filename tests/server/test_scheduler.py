@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from export.runtime import OrtModel, RuntimeOptions
+from model.search import MAX_REPEATS
 from server.metrics import Metrics
 from server.scheduler import STARVATION_SECONDS, Job, Scheduler
 from server.text import SegmentSpec
@@ -40,7 +41,7 @@ def test_translations_identical_under_both_schedulers(scheduled, tiny_export: Pa
     with ThreadPoolExecutor(16) as pool:
         results = list(pool.map(lambda s: server.translate([s], beam=beam).translations[0].text, sentences))
     reference = OrtModel(tiny_export, RuntimeOptions(provider="cpu")).translate(
-        sentences, beam=beam, max_output_tokens=200
+        sentences, beam=beam, max_output_tokens=200, max_repeats=MAX_REPEATS
     )
     assert results == reference
 

@@ -11,6 +11,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from export.runtime import OrtModel, RuntimeOptions
+from model.search import MAX_REPEATS
 from proto import translate_pb2
 from tests.conftest import own_sentences
 from tests.server.conftest import RunningServer, server_config
@@ -20,7 +21,10 @@ from tests.server.conftest import RunningServer, server_config
 def test_translations_equal_the_runtime_decoder(running: RunningServer, tiny_export: Path, beam: int):
     sentences = own_sentences(12)
     expected = OrtModel(tiny_export, RuntimeOptions(provider="cpu")).translate(
-        sentences, beam=beam, max_output_tokens=24
+        sentences,
+        beam=beam,
+        max_output_tokens=24,
+        max_repeats=MAX_REPEATS,  # the server's runaway-output guard
     )
     response = running.translate(sentences, beam=beam)
     assert [t.text for t in response.translations] == expected
