@@ -16,6 +16,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
 from proto import translate_pb2
+from server.access import AccessLog
 from server.config import ServerConfig
 from server.engine import Engine
 from server.http import HttpApi
@@ -149,7 +150,8 @@ def create_server(config: ServerConfig, metrics: Metrics | None = None) -> Serve
     # RPCs over the limit are refused by gRPC itself (RESOURCE_EXHAUSTED) before they queue up unseen.
     server = grpc.aio.server(options=options, maximum_concurrent_rpcs=config.max_concurrent_rpcs)
     translations = Translations(scheduler, config, metrics)
-    service = TranslatorService(models, translations, config, metrics)
+    access = AccessLog(metrics, config.access_log, config.access_log_texts)
+    service = TranslatorService(models, translations, config, access)
     server.add_generic_rpc_handlers((_translator_handlers(service),))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -159,7 +161,7 @@ def create_server(config: ServerConfig, metrics: Metrics | None = None) -> Serve
     port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     metrics_http, _ = start_http_server(config.metrics_port, registry=metrics.registry)
     # A client that goes away cancels its handler, and so its job (as a cancelled RPC does).
-    http_api = HttpApi(models, translations, config, metrics).application()
+    http_api = HttpApi(models, translations, config, access).application()
     http_runner = web.AppRunner(http_api, handler_cancellation=True, access_log=None) if config.http_port else None
     return Server(
         server, port, metrics_http.server_port, health_servicer, scheduler, metrics, models, config, translations,

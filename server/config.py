@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from model.search import MAX_REPEATS
+
 ROOT = Path(__file__).resolve().parent.parent
 # The default models, each exported folder with the checkpoint it is exported from: English→German, German→English.
 DEFAULT_MODELS = {
@@ -52,7 +54,10 @@ class ServerConfig:
     max_beam_size: int = 8
     default_beam_size: int = 1
     max_output_tokens: int = 256
+    max_repeats: int = MAX_REPEATS  # the runaway-output guard (model/search.py): an n-gram's repetitions; 0 = off
     max_message_bytes: int = 4 * MIB
+    access_log: bool = True  # one JSON line per request on the server.access logger (server/access.py)
+    access_log_texts: bool = False  # the request's texts in its access-log line (off: no content in logs)
     cache_mib: int = 64  # the translation cache (server/cache.py): its bound in MiB; 0 turns it off
     grace_seconds: float = 20.0
     max_connection_age_s: float = 300.0
@@ -89,6 +94,8 @@ class ServerConfig:
             problems.append(f"http_port={self.http_port} must be a port number, or 0 to disable the HTTP API")
         if self.http_timeout_s <= 0:
             problems.append(f"http_timeout_s={self.http_timeout_s} must be positive")
+        if self.max_repeats < 0:
+            problems.append(f"max_repeats={self.max_repeats} must be 0 (no guard) or more")
         if self.cache_mib < 0:
             problems.append(f"cache_mib={self.cache_mib} must be 0 (no cache) or more")
         if self.short_lane_threads < 0:

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from export.runtime import OrtModel, RuntimeOptions, bound_process_memory
-from model.search import MAX_REPEATS, DecodeBatch, Hypothesis, default_max_output, new_search, pad_sources
+from model.search import DecodeBatch, Hypothesis, default_max_output, new_search, pad_sources
 from server.config import ServerConfig
 from server.interface import Joined
 
@@ -67,9 +67,8 @@ class RunningBatch:
         src_tokens, src_mask = pad_sources(sources, c.pad_id, c.eos_id)
         cross_k, cross_v = engine.model.encode(src_tokens, src_mask)
         alpha = engine.model.length_penalty
-        searches = [
-            new_search(beam, n, c.eos_id, alpha, MAX_REPEATS) for beam, n in zip(beams, max_lengths, strict=True)
-        ]
+        guard = engine.server_config.max_repeats or None
+        searches = [new_search(beam, n, c.eos_id, alpha, guard) for beam, n in zip(beams, max_lengths, strict=True)]
         self._batch.add(keys, searches, cross_k, cross_v, src_mask)
         return Joined(time.perf_counter() - start, src_mask.size, int(src_mask.sum()))
 

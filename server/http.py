@@ -15,6 +15,7 @@ translation names the model that answered in ``X-Translation-Model`` (``name@ver
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -24,10 +25,10 @@ from typing import Any
 
 from aiohttp import web
 
+from server.access import REQUEST_ID_HEADER, AccessLog, Exchange, request_id
 from server.config import ServerConfig
 from server.errors import InvalidRequest, Overloaded, ServiceError, http_status_of, status_of
 from server.interface import Engine
-from server.metrics import Metrics
 from server.models import Models
 from server.service import model_name
 from server.translations import Translations
@@ -43,10 +44,24 @@ LANGUAGE_NAMES = {
 }  # fmt: skip
 FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+REQUEST_ID = web.RequestKey("request_id", str)
 
 
 def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
     return web.json_response({"error": message}, status=status, headers=headers)
+
+
+@web.middleware
+async def request_ids(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The caller's X-Request-ID (or a new one) for the handler's record, and back on every response."""
+    request[REQUEST_ID] = request_id(request.headers.get(REQUEST_ID_HEADER))
+    try:
+        response = await handler(request)
+    except web.HTTPException as error:
+        error.headers[REQUEST_ID_HEADER] = request[REQUEST_ID]
+        raise
+    response.headers[REQUEST_ID_HEADER] = request[REQUEST_ID]
+    return response
 
 
 @web.middleware
@@ -61,14 +76,14 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
 
 
 class HttpApi:
-    def __init__(self, models: Models, translations: Translations, config: ServerConfig, metrics: Metrics) -> None:
+    def __init__(self, models: Models, translations: Translations, config: ServerConfig, access: AccessLog) -> None:
         self.models = models
         self.translations = translations
         self.config = config
-        self.metrics = metrics
+        self.access = access
 
     def application(self) -> web.Application:
-        app = web.Application(middlewares=[json_errors], client_max_size=self.config.max_message_bytes)
+        app = web.Application(middlewares=[request_ids, json_errors], client_max_size=self.config.max_message_bytes)
         app.router.add_post("/translate", self.translate)
         app.router.add_get("/languages", self.languages)
         return app
@@ -125,24 +140,29 @@ class HttpApi:
     # --- routes ---------------------------------------------------------------------------
 
     async def translate(self, request: web.Request) -> web.Response:
-        engine = None
+        exchange = Exchange("HTTP /translate", request[REQUEST_ID])
         try:
             fields = await self._fields(request)
             texts, as_list = self._texts(fields)
-            engine = self._model(fields)
+            engine = exchange.engine = self._model(fields)
+            exchange.texts = texts
             if fields.get("format", "text") != "text":
                 raise InvalidRequest(f"format={fields['format']!r} is not supported; use text")
             deadline = time.monotonic() + self.config.http_timeout_s
             beam, max_output = self.config.default_beam_size, self.config.max_output_tokens
             min_confidence = self._min_confidence(fields)
             results = await self.translations.translate(
-                engine, texts, beam, max_output, deadline, "q", keep_empty=True, min_confidence=min_confidence
+                engine, texts, beam, max_output, deadline, "q", True, min_confidence, exchange
             )
-        except web.HTTPException:  # aiohttp's own (a body over client_max_size): json_errors answers it
+        except web.HTTPException as error:  # aiohttp's own (a body over client_max_size): json_errors answers it
+            self.access.finish(exchange, "RESOURCE_EXHAUSTED" if error.status == 413 else "INVALID_ARGUMENT")
+            raise
+        except asyncio.CancelledError:  # the client went away
+            self.access.finish(exchange, "CANCELLED")
             raise
         except Exception as error:
-            return self._fail("/translate", error, engine)
-        self.metrics.requests.labels("HTTP /translate", "OK", engine.name).inc()
+            return self._fail(exchange, error)
+        self.access.finish(exchange, "OK")
         one = (lambda values: values) if as_list else (lambda values: values[0])
         body = {
             "translatedText": one([result.text for result in results]),
@@ -168,17 +188,18 @@ class HttpApi:
         targets: dict[str, list[str]] = {}
         for engine in self.models:
             targets.setdefault(engine.source_language, []).append(engine.target_language)
-        self.metrics.requests.labels("HTTP /languages", "OK", "").inc()
+        self.access.finish(Exchange("HTTP /languages", request[REQUEST_ID]), "OK")
         body = [
             {"code": code, "name": LANGUAGE_NAMES.get(code, code), "targets": codes} for code, codes in targets.items()
         ]
         return web.json_response(body)
 
-    def _fail(self, path: str, error: BaseException, engine: Engine | None) -> web.Response:
+    def _fail(self, exchange: Exchange, error: BaseException) -> web.Response:
         status, message = http_status_of(error)
         if not isinstance(error, ServiceError):
-            log.exception("unexpected error in HTTP %s", path, exc_info=error)
-        self.metrics.requests.labels(f"HTTP {path}", status_of(error)[0].name, engine.name if engine else "").inc()
+            log.exception("unexpected error in %s (request %s)", exchange.method, exchange.request_id, exc_info=error)
+        self.access.finish(exchange, status_of(error)[0].name)
+        engine = exchange.engine
         headers = {"X-Translation-Model": model_name(engine)} if engine is not None else {}
         if isinstance(error, Overloaded):
             headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_s)))

@@ -63,6 +63,7 @@ class Segment:
     predicted_tokens: int = 0
     lane: int = 0  # continuous: the running batch's lane, by the size of the whole request
     enqueued_at: float = field(default_factory=time.monotonic)
+    joined_at: float = 0.0  # when it joined a running batch (time.monotonic())
     result: Hypothesis | None = None  # once decoded
 
     @property
@@ -378,6 +379,7 @@ class Scheduler:
         now = time.monotonic()
         admitted.sort(key=lambda s: s.source_tokens)
         for segment in admitted:
+            segment.joined_at = now
             self.metrics.queue_wait.observe(now - segment.enqueued_at)
             lane.running[segment] = None
         for group in self._length_groups(admitted):

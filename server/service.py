@@ -9,10 +9,10 @@ import time
 import grpc
 
 from proto import translate_pb2, translate_pb2_grpc
+from server.access import REQUEST_ID_HEADER, AccessLog, Exchange, request_id
 from server.config import ServerConfig
 from server.errors import InvalidRequest, ServiceError, status_of
 from server.interface import Engine
-from server.metrics import Metrics
 from server.models import Models
 from server.translations import Translations
 
@@ -31,11 +31,11 @@ def model_name(engine: Engine | None) -> str:
 
 
 class TranslatorService(translate_pb2_grpc.TranslatorServicer):
-    def __init__(self, models: Models, translations: Translations, config: ServerConfig, metrics: Metrics) -> None:
+    def __init__(self, models: Models, translations: Translations, config: ServerConfig, access: AccessLog) -> None:
         self.models = models
         self.translations = translations
         self.config = config
-        self.metrics = metrics
+        self.access = access
 
     # --- request -> job ---------------------------------------------------------------
 
@@ -67,43 +67,48 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
     def _min_confidence(request) -> float | None:
         return request.options.min_confidence or None
 
-    def _count(self, method: str, code: str, engine: Engine | None) -> None:
-        self.metrics.requests.labels(method, code, engine.name if engine is not None else "").inc()
+    def _exchange(self, method: str, context: grpc.aio.ServicerContext) -> Exchange:
+        """The request's access record; its ID goes back in the trailing metadata, whatever the outcome."""
+        given = dict(context.invocation_metadata() or ()).get(REQUEST_ID_HEADER)
+        exchange = Exchange(method, request_id(given))
+        context.set_trailing_metadata(((REQUEST_ID_HEADER, exchange.request_id),))
+        return exchange
 
-    async def _fail(
-        self, method: str, error: BaseException, context: grpc.aio.ServicerContext, engine: Engine | None
-    ) -> None:
+    async def _fail(self, exchange: Exchange, error: BaseException, context: grpc.aio.ServicerContext) -> None:
         code, message = status_of(error)
         if not isinstance(error, ServiceError):
-            log.exception("unexpected error in %s", method, exc_info=error)
-        self._count(method, code.name, engine)
+            log.exception("unexpected error in %s (request %s)", exchange.method, exchange.request_id, exc_info=error)
+        self.access.finish(exchange, code.name)
         await context.abort(code, message)
 
     # --- RPCs -------------------------------------------------------------------------
 
     async def Translate(self, request, context):  # noqa: N802 (gRPC's method names)
-        engine = None
+        exchange = self._exchange("Translate", context)
         try:
-            engine = self._model(request)
+            exchange.engine = self._model(request)
+            exchange.texts = list(request.texts)
             results = await self.translations.translate(
-                engine, *self._job(request, context), min_confidence=self._min_confidence(request)
-            )
+                exchange.engine, *self._job(request, context), min_confidence=self._min_confidence(request),
+                exchange=exchange,
+            )  # fmt: skip
         except asyncio.CancelledError:
-            self._count("Translate", "CANCELLED", engine)
+            self.access.finish(exchange, "CANCELLED")
             raise
         except Exception as error:
-            await self._fail("Translate", error, context, engine)
-        self._count("Translate", "OK", engine)
+            await self._fail(exchange, error, context)
+        self.access.finish(exchange, "OK")
         return translate_pb2.TranslateResponse(
-            translations=[translate_pb2.Translation(**vars(result)) for result in results], model=model_name(engine)
+            translations=[translate_pb2.Translation(**vars(result)) for result in results],
+            model=model_name(exchange.engine),
         )
 
     async def TranslateStream(self, request, context):  # noqa: N802
-        started = time.monotonic()
-        engine = None
+        exchange = self._exchange("TranslateStream", context)
         segments = []
         try:
-            engine = self._model(request)
+            engine = exchange.engine = self._model(request)
+            exchange.texts = list(request.texts)
             async for segment in self.translations.segments(engine, *self._job(request, context)):
                 segments.append(segment)
                 spec = segment.spec
@@ -115,12 +120,12 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
                     low_confidence=segment.low_confidence(self._min_confidence(request)),
                 )  # fmt: skip
         except asyncio.CancelledError:
-            self._count("TranslateStream", "CANCELLED", engine)
+            self.access.finish(exchange, "CANCELLED")
             raise
         except Exception as error:
-            await self._fail("TranslateStream", error, context, engine)
-        self.translations.observe(engine, segments, started)
-        self._count("TranslateStream", "OK", engine)
+            await self._fail(exchange, error, context)
+        self.translations.observe(engine, segments, exchange.started, exchange)
+        self.access.finish(exchange, "OK")
 
     def _info(self, engine: Engine) -> translate_pb2.ModelInfo:
         c = self.config
@@ -135,18 +140,17 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
         )  # fmt: skip
 
     async def GetModelInfo(self, request, context):  # noqa: N802
-        engine = None
+        exchange = self._exchange("GetModelInfo", context)
         try:
-            engine = self._model(request)
+            exchange.engine = self._model(request)
         except ServiceError as error:
-            await self._fail("GetModelInfo", error, context, engine)
-        self._count("GetModelInfo", "OK", engine)
-        return self._info(engine)
+            await self._fail(exchange, error, context)
+        self.access.finish(exchange, "OK")
+        return self._info(exchange.engine)
 
     async def ListModels(self, request, context):  # noqa: N802
+        exchange = self._exchange("ListModels", context)
         if request is MALFORMED:
-            await self._fail(
-                "ListModels", InvalidRequest("the request is not a valid ListModelsRequest"), context, None
-            )
-        self._count("ListModels", "OK", None)
+            await self._fail(exchange, InvalidRequest("the request is not a valid ListModelsRequest"), context)
+        self.access.finish(exchange, "OK")
         return translate_pb2.ListModelsResponse(models=[self._info(engine) for engine in self.models])

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from model.search import Hypothesis
+from server.access import Exchange
 from server.cache import TranslationCache
 from server.config import ServerConfig
 from server.errors import ServiceError
@@ -42,6 +43,7 @@ class Sentence:
     result: Hypothesis
     last_in_text: bool  # the text's last segment
     cached: bool  # answered from the translation cache, without the engine
+    queue_seconds: float = 0.0  # how long it waited to join a running batch
 
     @property
     def output(self) -> list[int]:
@@ -135,13 +137,15 @@ class Translations:
                 deadline=deadline, model=engine.name,
             )  # fmt: skip
             self.scheduler.submit(job)
-        fresh: set[int] = set()
+        waited: dict[int, float] = {}  # by segment index, those the engine translated
         next_index = 0
         try:
             while next_index < len(specs):
                 while next_index in ready:
                     spec = specs[next_index]
-                    yield Sentence(spec, ready.pop(next_index), id(spec) in last, next_index not in fresh)
+                    cached = next_index not in waited
+                    queue = waited.get(next_index, 0.0)
+                    yield Sentence(spec, ready.pop(next_index), id(spec) in last, cached, queue)
                     next_index += 1
                 if next_index == len(specs):
                     break
@@ -153,7 +157,7 @@ class Translations:
                 index = order[id(item.spec)]
                 self._keep(keys[index], item.result)
                 ready[index] = item.result
-                fresh.add(index)
+                waited[index] = item.joined_at - item.enqueued_at
         except asyncio.CancelledError:
             if job is not None:
                 self.scheduler.cancel(job)
@@ -169,6 +173,7 @@ class Translations:
         field: str = "texts",
         keep_empty: bool = False,
         min_confidence: float | None = None,
+        exchange: Exchange | None = None,
     ) -> list[TextTranslation]:
         """One translation per text, in order, with the text's layout: its sentences joined by the
         whitespace that separated them (line breaks and blank lines kept) between its own leading and
@@ -176,7 +181,7 @@ class Translations:
         sentence under ``min_confidence`` is flagged ``low_confidence``."""
         started = time.monotonic()
         segments = [s async for s in self.segments(engine, texts, beam, max_output, deadline, field, keep_empty)]
-        self.observe(engine, segments, started)
+        self.observe(engine, segments, started, exchange)
         by_text: dict[int, list[Sentence]] = {}
         for segment in segments:
             by_text.setdefault(segment.spec.text_index, []).append(segment)
@@ -197,8 +202,15 @@ class Translations:
             for text, parts in zip(texts, (by_text.get(i, []) for i in range(len(texts))), strict=True)
         ]
 
-    def observe(self, engine: Engine, segments: list[Sentence], started: float) -> None:
-        """Request latency per text, by model and the text's length bucket."""
+    def observe(
+        self, engine: Engine, segments: list[Sentence], started: float, exchange: Exchange | None = None
+    ) -> None:
+        """Request latency per text, by model and the text's length bucket; the request's tokens and queue
+        wait into its ``exchange`` (the access log's record)."""
+        if exchange is not None:
+            exchange.input_tokens = sum(s.source_tokens for s in segments)
+            exchange.output_tokens = sum(len(s.output) for s in segments)
+            exchange.queue_seconds = max((s.queue_seconds for s in segments), default=0.0)
         per_text: dict[int, int] = {}
         for s in segments:
             per_text[s.spec.text_index] = per_text.get(s.spec.text_index, 0) + s.source_tokens

@@ -6,6 +6,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -32,7 +33,8 @@ def start_subprocess_server(model: Path, *flags: str) -> tuple[subprocess.Popen,
     while time.monotonic() < deadline:
         line = process.stderr.readline()
         match = re.search(r"on port (\d+), metrics on (\d+)", line)
-        if match:
+        if match:  # from here on stderr (access-log lines) is drained, so a full pipe never blocks the server
+            threading.Thread(target=process.stderr.read, daemon=True).start()
             return process, int(match.group(1)), int(match.group(2))
         if process.poll() is not None:
             break

@@ -1,0 +1,79 @@
+"""Request IDs and access logs: a caller's x-request-id (or a generated one) comes back in trailing
+metadata and HTTP headers and names the request's one access-log line; texts stay out unless asked."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from proto import translate_pb2
+from server.access import request_id
+from tests.conftest import own_sentences
+from tests.server.conftest import RunningServer, server_config
+from tests.server.test_http import free_port, http
+
+
+@pytest.fixture(scope="module")
+def server(tiny_export: Path) -> Iterator[RunningServer]:
+    running = RunningServer(server_config(tiny_export, max_output_tokens=16, http_port=free_port()))
+    yield running
+    running.close()
+
+
+def access_lines(caplog) -> list[dict]:
+    return [json.loads(r.getMessage()) for r in caplog.records if r.name == "server.access"]
+
+
+def test_a_callers_request_id_names_its_answer_and_its_log_line(server: RunningServer, caplog):
+    caplog.set_level(logging.INFO, logger="server.access")
+    texts = own_sentences(2)
+    response, call = server.stub.Translate.with_call(
+        translate_pb2.TranslateRequest(texts=texts), metadata=(("x-request-id", "order-42/a"),)
+    )
+    assert dict(call.trailing_metadata())["x-request-id"] == "order-42/a"
+    (line,) = [entry for entry in access_lines(caplog) if entry["request_id"] == "order-42/a"]
+    assert line["method"] == "Translate" and line["status"] == "OK" and line["model"] == response.model
+    assert line["texts"] == 2 and line["input_tokens"] == sum(t.input_tokens for t in response.translations)
+    assert line["output_tokens"] == sum(t.output_tokens for t in response.translations)
+    assert 0 <= line["queue_wait_s"] <= line["total_s"]
+    assert "text" not in line and not any(texts[0] in r.getMessage() for r in caplog.records)
+
+
+def test_errors_get_an_id_and_a_line_too(server: RunningServer, caplog):
+    caplog.set_level(logging.INFO, logger="server.access")
+    with pytest.raises(grpc.RpcError) as error:
+        server.stub.Translate(translate_pb2.TranslateRequest(texts=["Hi."], source_language="fr"))
+    generated = dict(error.value.trailing_metadata())["x-request-id"]
+    assert len(generated) == 32 and int(generated, 16) >= 0
+    (line,) = [entry for entry in access_lines(caplog) if entry["request_id"] == generated]
+    assert line["status"] == "INVALID_ARGUMENT" and line["model"] == ""
+
+
+def test_http_requests_carry_their_id(server: RunningServer, caplog):
+    caplog.set_level(logging.INFO, logger="server.access")
+    status, headers, _ = http(server, "/translate", {"q": "A man is walking.", "source": "en", "target": "de"})
+    assert status == 200 and len(headers["X-Request-ID"]) == 32
+    (line,) = [entry for entry in access_lines(caplog) if entry["request_id"] == headers["X-Request-ID"]]
+    assert line["method"] == "HTTP /translate" and line["status"] == "OK" and line["texts"] == 1
+    status, headers, _ = http(server, "/nowhere")
+    assert status == 404 and headers["X-Request-ID"]
+
+
+def test_texts_are_logged_only_when_asked(tiny_export: Path, caplog):
+    caplog.set_level(logging.INFO, logger="server.access")
+    running = RunningServer(server_config(tiny_export, max_output_tokens=8, access_log_texts=True))
+    try:
+        running.translate(["A dog is running."])
+    finally:
+        running.close()
+    assert [line["text"] for line in access_lines(caplog)] == [["A dog is running."]]
+
+
+@pytest.mark.parametrize("given", [None, "", "has space", "x" * 129, "ünïcode"])
+def test_unusable_request_ids_are_replaced(given):
+    assert len(request_id(given)) == 32 and request_id(given) != given
