@@ -26,7 +26,8 @@ FORMAT_REVISION = 1
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 SPM_FILE = TOKENIZER_FILES["joint"][0]
-DEFAULT_CHECKPOINT = Path(__file__).resolve().parent / "default"
+DEFAULT_CHECKPOINT = Path(__file__).resolve().parent / "default"  # English→German
+DEFAULT_DE_EN_CHECKPOINT = Path(__file__).resolve().parent / "default-de-en"  # German→English
 
 
 class CheckpointError(ValueError):
