@@ -24,6 +24,7 @@ from server.metrics import Metrics
 from server.models import Models
 from server.scheduler import Scheduler
 from server.service import MALFORMED, TranslatorService
+from server.tls import RELOAD_CHECK_SECONDS, Certificates
 from server.translations import Translations
 
 log = logging.getLogger(__name__)
@@ -44,19 +45,24 @@ class Server:
     _metrics_http: object = None
     http_runner: web.AppRunner | None = None
     http_port: int = 0  # the bound HTTP API port once started; 0 when disabled
+    certificates: Certificates | None = None  # TLS for both front ends, reloaded when the files change
+    _reloading: asyncio.Task | None = None
 
     async def start(self) -> None:
         await self.grpc_server.start()
         if self.http_runner is not None:
             await self.http_runner.setup()
-            site = web.TCPSite(self.http_runner, self.config.host.strip("[]"), self.config.http_port)
-            await site.start()
+            ssl_context = self.certificates.http_context if self.certificates else None
+            host = self.config.host.strip("[]")
+            await web.TCPSite(self.http_runner, host, self.config.http_port, ssl_context=ssl_context).start()
             self.http_port = self.config.http_port
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.scheduler.start)  # continuous: longer lanes load their sessions
         if self.config.warmup:
             for engine in self.models:
                 await loop.run_in_executor(None, engine.warmup)
+        if self.certificates is not None:
+            self._reloading = asyncio.create_task(self._reload_certificates())
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info(
@@ -64,10 +70,18 @@ class Server:
             self.models.describe(), self.port, self.metrics_port, self.http_port or "off",
         )  # fmt: skip
 
+    async def _reload_certificates(self) -> None:
+        """The HTTP API's certificate follows its files (gRPC checks them itself at each handshake)."""
+        while True:
+            await asyncio.sleep(RELOAD_CHECK_SECONDS)
+            await asyncio.get_running_loop().run_in_executor(None, self.certificates.reload_http)
+
     async def drain(self) -> None:
         """Graceful shutdown: NOT_SERVING, refuse new work (UNAVAILABLE), let in-flight requests
         finish within grace_seconds, then stop."""
         await self.health.enter_graceful_shutdown()
+        if self._reloading is not None:
+            self._reloading.cancel()
         self.scheduler.stop_accepting()
         await self.grpc_server.stop(self.config.grace_seconds)
         if self.http_runner is not None:  # new HTTP requests were answered 503 since stop_accepting
@@ -119,16 +133,6 @@ def _translator_handlers(servicer: TranslatorService) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
 
 
-def _credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
-    if config.tls_cert is None:
-        return None
-    key, cert = config.tls_key.read_bytes(), config.tls_cert.read_bytes()
-    client_ca = config.tls_client_ca.read_bytes() if config.tls_client_ca else None
-    return grpc.ssl_server_credentials(
-        [(key, cert)], root_certificates=client_ca, require_client_auth=client_ca is not None
-    )
-
-
 def create_server(config: ServerConfig, metrics: Metrics | None = None) -> Server:
     """Build (not start) the server; port 0 in config picks free ports, read back from the result."""
     threads = config.first_lane_small_batch_threads
@@ -157,15 +161,18 @@ def create_server(config: ServerConfig, metrics: Metrics | None = None) -> Serve
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection([SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
     address = f"{config.host}:{config.port}"
-    credentials = _credentials(config)
-    port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+    certificates = Certificates(config) if config.tls_cert is not None else None
+    if certificates is not None:
+        port = server.add_secure_port(address, certificates.grpc_credentials())
+    else:
+        port = server.add_insecure_port(address)
     metrics_http, _ = start_http_server(config.metrics_port, registry=metrics.registry)
     # A client that goes away cancels its handler, and so its job (as a cancelled RPC does).
     http_api = HttpApi(models, translations, config, access).application()
     http_runner = web.AppRunner(http_api, handler_cancellation=True, access_log=None) if config.http_port else None
     return Server(
         server, port, metrics_http.server_port, health_servicer, scheduler, metrics, models, config, translations,
-        metrics_http, http_runner,
+        metrics_http, http_runner, certificates=certificates,
     )  # fmt: skip
 
 

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import ssl
 import subprocess
+import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import grpc
@@ -18,7 +24,12 @@ def openssl(*args: str, cwd: Path) -> None:
 
 @pytest.fixture(scope="module")
 def certificates(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("certs")
+    return make_certificates(tmp_path_factory.mktemp("certs"))
+
+
+def make_certificates(d: Path) -> Path:
+    """A CA, and a server and a client certificate it signs (for localhost), in ``d``."""
+    d.mkdir(exist_ok=True)
     openssl(
         "req",
         "-x509",
@@ -97,3 +108,71 @@ def test_tls_settings_are_checked():
         server_config(Path("x"), tls_cert=Path("a.pem"))
     with pytest.raises(ValueError, match="mutual TLS"):
         server_config(Path("x"), tls_client_ca=Path("ca.pem"))
+
+
+def https_translate(port: int, ca: Path) -> str:
+    context = ssl.create_default_context(cafile=str(ca))
+    request = urllib.request.Request(
+        f"https://localhost:{port}/translate", data=b'{"q": "A man.", "source": "en", "target": "de"}',
+        headers={"Content-Type": "application/json"},
+    )  # fmt: skip
+    with urllib.request.urlopen(request, timeout=20, context=context) as response:
+        return response.read().decode()
+
+
+def test_certificates_reload_without_a_restart(tiny_export: Path, certificates: Path, tmp_path: Path):
+    """New files (from another CA) reach new connections of both front ends; the server never restarts."""
+    from tests.server.test_http import free_port
+
+    served = tmp_path / "served"
+    served.mkdir()
+    for name in ("server.pem", "server.key"):
+        shutil.copy(certificates / name, served / name)
+    config = server_config(tiny_export, tls_cert=served / "server.pem", tls_key=served / "server.key",
+                           http_port=free_port())  # fmt: skip
+    server = RunningServer(config)
+    try:
+        port, http_port = server.server.port, server.server.http_port
+        old_ca, new = certificates / "ca.pem", make_certificates(tmp_path / "rotated")
+        assert translate(port, grpc.ssl_channel_credentials(old_ca.read_bytes()))
+        assert "translatedText" in https_translate(http_port, old_ca)
+        for name in ("server.pem", "server.key"):
+            shutil.copy(new / name, served / name)
+            os.utime(served / name, ns=(10**18, 10**18))  # a changed stamp, however fast the copy
+        assert translate(port, grpc.ssl_channel_credentials((new / "ca.pem").read_bytes()))
+        with pytest.raises(grpc.RpcError):
+            translate(port, grpc.ssl_channel_credentials(old_ca.read_bytes()))
+        assert server.server.certificates.reload_http()  # what the server's periodic check does
+        assert "translatedText" in https_translate(http_port, new / "ca.pem")
+        with pytest.raises(urllib.error.URLError):
+            https_translate(http_port, old_ca)
+    finally:
+        server.close()
+
+
+HEALTHCHECK = Path(__file__).resolve().parents[2] / "deploy" / "docker" / "healthcheck.py"
+
+
+@pytest.mark.parametrize("mutual", [False, True], ids=["tls", "mutual-tls"])
+def test_the_container_health_check_speaks_tls(tiny_export: Path, certificates: Path, mutual: bool):
+    d = certificates
+    client_ca = {"tls_client_ca": d / "ca.pem"} if mutual else {}
+    server = RunningServer(server_config(tiny_export, tls_cert=d / "server.pem", tls_key=d / "server.key", **client_ca))
+    try:
+        environment = {
+            **os.environ, "PYTHONPATH": str(HEALTHCHECK.parents[2]), "TRANSLATE_PORT": str(server.server.port),
+            "TRANSLATE_TLS_CERT": str(d / "server.pem"), "TRANSLATE_TLS_KEY": str(d / "server.key"),
+            "TRANSLATE_HEALTHCHECK_CA": str(d / "ca.pem"),
+        }  # fmt: skip
+        if mutual:
+            environment |= {"TRANSLATE_TLS_CLIENT_CA": str(d / "ca.pem"), "TRANSLATE_HEALTHCHECK_CERT": str(d / "client.pem"),
+                            "TRANSLATE_HEALTHCHECK_KEY": str(d / "client.key")}  # fmt: skip
+        check = lambda env: subprocess.run(
+            [sys.executable, str(HEALTHCHECK)], env=env, capture_output=True, text=True, timeout=60
+        )  # noqa: E731
+        result = check(environment)
+        assert result.returncode == 0 and result.stdout.strip() == "translation.v1.Translator: SERVING", result.stderr
+        plaintext = {k: v for k, v in environment.items() if not k.startswith("TRANSLATE_TLS")}
+        assert check(plaintext).returncode == 1  # a plaintext check against the TLS port fails
+    finally:
+        server.close()
