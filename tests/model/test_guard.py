@@ -57,14 +57,14 @@ def test_greedy_confidence_is_the_mean_log_probability_with_eos():
 
 def test_beam_search_ends_a_runaway_hypothesis_as_finished():
     search = BeamSearch(2, 100, EOS, alpha=0.0, max_repeats=MAX_REPEATS)
-    for step in range(20):  # every row keeps choosing 7 (best) or 8; eos is never likely
+    steps = 0
+    while search.rows and steps < 20:  # every row keeps choosing 7 (best) or 8; eos is never likely
         rows = search.rows
         top_ids = np.tile(np.array([[7, 8, 9, 10]]), (rows, 1))
         top_log_probs = np.tile(np.array([[-0.1, -2.0, -3.0, -4.0]], np.float32), (rows, 1))
         search.advance(top_log_probs, top_ids, np.full(rows, -9.0, np.float32))
-        if not search.rows:
-            break
+        steps += 1
     result = search.result()
     assert result.stopped == "repetition" and result.tokens[-1] == 7
-    assert repeated_tail(result.tokens, MAX_REPEATS) == 0 and step < 15  # long before max_length
+    assert repeated_tail(result.tokens, MAX_REPEATS) == 0 and steps < 15  # long before max_length
     assert -2.0 < result.score < 0
