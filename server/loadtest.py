@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import json
 import random
+import ssl
 import sys
 import time
 import urllib.request
@@ -174,7 +175,7 @@ def grpc_sender(channel: grpc.aio.Channel, args) -> Send:
 
 def http_sender(session: aiohttp.ClientSession, args, tokenizer: spm.SentencePieceProcessor) -> Send:
     source, _, target = args.languages.partition(":")
-    url = f"http://{args.target}/translate"
+    url = f"{'https' if args.tls_ca else 'http'}://{args.target}/translate"
 
     async def send(text: str) -> tuple[str, int]:
         try:
@@ -189,6 +190,25 @@ def http_sender(session: aiohttp.ClientSession, args, tokenizer: spm.SentencePie
             return "UNAVAILABLE", 0
 
     return send
+
+
+def grpc_channel(args) -> grpc.aio.Channel:
+    """Plaintext, or TLS trusting --tls-ca (mutual with --tls-cert/--tls-key)."""
+    if not args.tls_ca:
+        return grpc.aio.insecure_channel(args.target)
+    key, cert = (Path(p).read_bytes() if p else None for p in (args.tls_key, args.tls_cert))
+    credentials = grpc.ssl_channel_credentials(Path(args.tls_ca).read_bytes(), key, cert)
+    options = [("grpc.ssl_target_name_override", args.tls_server_name)] if args.tls_server_name else []
+    return grpc.aio.secure_channel(args.target, credentials, options=options)
+
+
+def tls_context(args) -> ssl.SSLContext | None:
+    if not args.tls_ca:
+        return None
+    context = ssl.create_default_context(cafile=args.tls_ca)
+    if args.tls_cert:
+        context.load_cert_chain(args.tls_cert, args.tls_key)
+    return context
 
 
 async def one_request(send: Send, profile: Profile, run: Run, progress) -> None:
@@ -232,11 +252,12 @@ async def drive(args, profile: Profile, concurrency: int, rate: float) -> Run:
     async with AsyncExitStack() as stack:
         if args.api == "http":
             timeout = aiohttp.ClientTimeout(total=args.deadline)
-            connector = aiohttp.TCPConnector(limit=0)  # one connection per client, as gRPC multiplexes its one
+            # one connection per client, as gRPC multiplexes its one
+            connector = aiohttp.TCPConnector(limit=0, ssl=tls_context(args) or True)
             session = await stack.enter_async_context(aiohttp.ClientSession(timeout=timeout, connector=connector))
             send = http_sender(session, args, profile.tokenizer)
         else:
-            send = grpc_sender(await stack.enter_async_context(grpc.aio.insecure_channel(args.target)), args)
+            send = grpc_sender(await stack.enter_async_context(grpc_channel(args)), args)
         start = time.perf_counter()
         if rate:  # open loop: Poisson arrivals, answered or not
             tasks = []
@@ -346,7 +367,8 @@ def plot(runs: list[Run], summaries: list[dict], out: Path) -> list[Path]:
     return paths
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The load generator's options (benchmarks drive ``drive`` with these too)."""
     parser = argparse.ArgumentParser(
         prog="translate-loadtest", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -365,11 +387,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--deadline", type=float, default=60.0, help="per-request deadline in seconds")
     parser.add_argument("--beam", type=int, default=0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tls-ca", help="TLS: the CA to verify the server with (HTTP: https)")
+    parser.add_argument("--tls-cert", help="mutual TLS: the client certificate")
+    parser.add_argument("--tls-key", help="mutual TLS: the client key")
+    parser.add_argument("--tls-server-name", help="TLS: the name to verify instead of the target's host")
     parser.add_argument("--out", type=Path, help="folder for report.json, report.md and the plots")
     args = parser.parse_args(argv)
     args.target = args.target or ("localhost:5000" if args.api == "http" else "localhost:50051")
     if args.api == "http" and args.beam:
         parser.error("--beam applies to grpc only: the HTTP API decodes with the server's default beam")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
     tokenizer = spm.SentencePieceProcessor(model_file=str(args.tokenizer))
     profile = Profile(args.profile, tokenizer, args.seed)
     loads = [(0, args.rate)] if args.rate else [(int(c), 0.0) for c in args.concurrency.split(",")]

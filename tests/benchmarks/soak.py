@@ -39,8 +39,8 @@ def main() -> int:
     process, port, metrics_port = start_subprocess_server(args.model)
     samples: list[tuple[float, float]] = []
     try:
-        load = argparse.Namespace(
-            target=f"127.0.0.1:{port}", metrics="", requests=10**9, duration=30.0, deadline=60.0, beam=0
+        load = loadtest.parse_args(
+            ["--target", f"127.0.0.1:{port}", "--metrics", "", "--requests", str(10**9), "--duration", "30"]
         )
         import sentencepiece as spm
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import ssl
@@ -174,5 +175,29 @@ def test_the_container_health_check_speaks_tls(tiny_export: Path, certificates: 
         assert result.returncode == 0 and result.stdout.strip() == "translation.v1.Translator: SERVING", result.stderr
         plaintext = {k: v for k, v in environment.items() if not k.startswith("TRANSLATE_TLS")}
         assert check(plaintext).returncode == 1  # a plaintext check against the TLS port fails
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("api", ["grpc", "http"])
+def test_the_load_generator_speaks_mutual_tls(tiny_export: Path, certificates: Path, tmp_path: Path, api: str):
+    from server import loadtest
+    from tests.server.test_http import free_port
+
+    d = certificates
+    config = server_config(tiny_export, tls_cert=d / "server.pem", tls_key=d / "server.key",
+                           tls_client_ca=d / "ca.pem", http_port=free_port())  # fmt: skip
+    server = RunningServer(config)
+    try:
+        port = server.server.port if api == "grpc" else server.server.http_port
+        args = ["--api", api, "--target", f"localhost:{port}", "--metrics", "", "--requests", "6",
+                "--tokenizer", str(tiny_export / "sentencepiece.model"), "--out", str(tmp_path / api),
+                "--tls-ca", str(d / "ca.pem"), "--tls-cert", str(d / "client.pem"), "--tls-key", str(d / "client.key")]  # fmt: skip
+        assert loadtest.main(args) == 0
+        report = json.loads((tmp_path / api / "report.json").read_text())
+        assert report["runs"][0]["codes"] == {"OK": 6}
+        assert loadtest.main(args[:-4] + ["--out", str(tmp_path / "no-client-cert")]) == 0
+        refused = json.loads((tmp_path / "no-client-cert" / "report.json").read_text())["runs"][0]["codes"]
+        assert "OK" not in refused  # mutual TLS: without a client certificate nothing gets through
     finally:
         server.close()
