@@ -15,11 +15,13 @@ import sys
 from export.manifest import MANIFEST_FILE, ModelFolderError
 from server.app import serve
 from server.config import DEFAULT_MODELS, parse_config
+from server.tracing import configure_from_environment
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = parse_config(argv)
+    configure_from_environment()
     for folder in config.model:
         if folder in DEFAULT_MODELS and not (folder / MANIFEST_FILE).exists():
             logging.info("exporting the default model %s to %s", DEFAULT_MODELS[folder].name, folder)

@@ -17,6 +17,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from opentelemetry import trace
+
 from server.interface import Engine
 from server.metrics import Metrics
 
@@ -40,6 +42,7 @@ class Exchange:
     input_tokens: int = 0
     output_tokens: int = 0
     queue_seconds: float = 0.0  # the longest any of its sentences waited before decoding
+    span: trace.Span = trace.INVALID_SPAN  # its trace span (server.tracing), when traces are on
     finished: bool = False
 
 
@@ -54,6 +57,8 @@ class AccessLog:
         if exchange.finished:
             return
         exchange.finished = True
+        exchange.span.set_attribute("rpc.status", code)
+        exchange.span.end()
         engine = exchange.engine
         self.metrics.requests.labels(exchange.method, code, engine.name if engine else "").inc()
         if not self.enabled:

@@ -31,6 +31,7 @@ from server.errors import InvalidRequest, Overloaded, ServiceError, http_status_
 from server.interface import Engine
 from server.models import Models
 from server.service import model_name
+from server.tracing import request_span
 from server.translations import Translations
 
 log = logging.getLogger(__name__)
@@ -141,6 +142,7 @@ class HttpApi:
 
     async def translate(self, request: web.Request) -> web.Response:
         exchange = Exchange("HTTP /translate", request[REQUEST_ID])
+        exchange.span = request_span("HTTP /translate", request.headers, exchange.request_id)
         try:
             fields = await self._fields(request)
             texts, as_list = self._texts(fields)

@@ -63,7 +63,9 @@ class Segment:
     predicted_tokens: int = 0
     lane: int = 0  # continuous: the running batch's lane, by the size of the whole request
     enqueued_at: float = field(default_factory=time.monotonic)
-    joined_at: float = 0.0  # when it joined a running batch (time.monotonic())
+    joined_at: float = 0.0  # when it joined a running batch (time.monotonic()), ...
+    encoded_at: float = 0.0  # ... when its encoder call and join were done ...
+    finished_at: float = 0.0  # ... and when its decoding ended
     result: Hypothesis | None = None  # once decoded
 
     @property
@@ -385,6 +387,9 @@ class Scheduler:
         for group in self._length_groups(admitted):
             sources = [s.spec.ids for s in group]
             joined = lane.batch.join(group, sources, [s.job.beam for s in group], [s.max_length for s in group])
+            encoded = time.monotonic()
+            for segment in group:
+                segment.encoded_at = encoded
             longest = max(s.source_tokens for s in group)
             self.metrics.encoder_latency.labels(length_bucket(longest)).observe(joined.seconds)
             self.metrics.batch_sentences.observe(len(group))
@@ -432,7 +437,7 @@ class Scheduler:
             self.recently_finished.append((now, segment.source_tokens))
             while self.recently_finished and self.recently_finished[0][0] < now - 10.0:
                 self.recently_finished.popleft()
-        segment.result = hypothesis
+        segment.result, segment.finished_at = hypothesis, time.monotonic()
         self.metrics.confidence.labels(model).observe(hypothesis.score)
         if hypothesis.stopped != "eos":
             self.metrics.output_guard.labels(model, hypothesis.stopped).inc()

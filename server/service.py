@@ -14,6 +14,7 @@ from server.config import ServerConfig
 from server.errors import InvalidRequest, ServiceError, status_of
 from server.interface import Engine
 from server.models import Models
+from server.tracing import request_span
 from server.translations import Translations
 
 log = logging.getLogger(__name__)
@@ -69,8 +70,9 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
 
     def _exchange(self, method: str, context: grpc.aio.ServicerContext) -> Exchange:
         """The request's access record; its ID goes back in the trailing metadata, whatever the outcome."""
-        given = dict(context.invocation_metadata() or ()).get(REQUEST_ID_HEADER)
-        exchange = Exchange(method, request_id(given))
+        metadata = dict(context.invocation_metadata() or ())
+        exchange = Exchange(method, request_id(metadata.get(REQUEST_ID_HEADER)))
+        exchange.span = request_span(method, metadata, exchange.request_id)
         context.set_trailing_metadata(((REQUEST_ID_HEADER, exchange.request_id),))
         return exchange
 

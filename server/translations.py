@@ -12,6 +12,8 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
+from opentelemetry.trace import INVALID_SPAN
+
 from model.search import Hypothesis
 from server.access import Exchange
 from server.cache import TranslationCache
@@ -21,6 +23,7 @@ from server.interface import Engine
 from server.metrics import Metrics, length_bucket
 from server.scheduler import Job, Scheduler, Segment
 from server.text import SegmentSpec, TextLimits, segment_texts
+from server.tracing import child_span, record_sentences
 
 
 @dataclass(frozen=True)
@@ -43,7 +46,13 @@ class Sentence:
     result: Hypothesis
     last_in_text: bool  # the text's last segment
     cached: bool  # answered from the translation cache, without the engine
-    queue_seconds: float = 0.0  # how long it waited to join a running batch
+    # When it was queued, joined a running batch, was encoded and finished (time.monotonic()); None: cached.
+    timings: tuple[float, float, float, float] | None = None
+
+    @property
+    def queue_seconds(self) -> float:
+        """How long it waited to join a running batch."""
+        return self.timings[1] - self.timings[0] if self.timings else 0.0
 
     @property
     def output(self) -> list[int]:
@@ -137,15 +146,14 @@ class Translations:
                 deadline=deadline, model=engine.name,
             )  # fmt: skip
             self.scheduler.submit(job)
-        waited: dict[int, float] = {}  # by segment index, those the engine translated
+        timings: dict[int, tuple[float, float, float, float]] = {}  # by index, those the engine translated
         next_index = 0
         try:
             while next_index < len(specs):
                 while next_index in ready:
                     spec = specs[next_index]
-                    cached = next_index not in waited
-                    queue = waited.get(next_index, 0.0)
-                    yield Sentence(spec, ready.pop(next_index), id(spec) in last, cached, queue)
+                    stamps = timings.get(next_index)
+                    yield Sentence(spec, ready.pop(next_index), id(spec) in last, stamps is None, stamps)
                     next_index += 1
                 if next_index == len(specs):
                     break
@@ -157,7 +165,7 @@ class Translations:
                 index = order[id(item.spec)]
                 self._keep(keys[index], item.result)
                 ready[index] = item.result
-                waited[index] = item.joined_at - item.enqueued_at
+                timings[index] = (item.enqueued_at, item.joined_at, item.encoded_at, item.finished_at)
         except asyncio.CancelledError:
             if job is not None:
                 self.scheduler.cancel(job)
@@ -185,7 +193,9 @@ class Translations:
         by_text: dict[int, list[Sentence]] = {}
         for segment in segments:
             by_text.setdefault(segment.spec.text_index, []).append(segment)
-        outputs = dict(zip(map(id, segments), engine.detokenize([s.output for s in segments]), strict=True))
+        with child_span(exchange.span if exchange else INVALID_SPAN, "detokenize"):
+            translated = engine.detokenize([s.output for s in segments])
+        outputs = dict(zip(map(id, segments), translated, strict=True))
         return [
             TextTranslation(
                 text=leading_whitespace(text)
@@ -208,6 +218,7 @@ class Translations:
         """Request latency per text, by model and the text's length bucket; the request's tokens and queue
         wait into its ``exchange`` (the access log's record)."""
         if exchange is not None:
+            record_sentences(exchange.span, ((i, s.timings) for i, s in enumerate(segments) if s.timings))
             exchange.input_tokens = sum(s.source_tokens for s in segments)
             exchange.output_tokens = sum(len(s.output) for s in segments)
             exchange.queue_seconds = max((s.queue_seconds for s in segments), default=0.0)
