@@ -21,6 +21,7 @@ from server.tracing import configure_from_environment
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = parse_config(argv)
+    logging.getLogger().setLevel(config.log_level)
     configure_from_environment()
     for folder in config.model:
         if folder in DEFAULT_MODELS and not (folder / MANIFEST_FILE).exists():

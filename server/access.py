@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import re
 import time
 import uuid
@@ -47,10 +48,11 @@ class Exchange:
 
 
 class AccessLog:
-    def __init__(self, metrics: Metrics, enabled: bool = True, with_texts: bool = False) -> None:
+    def __init__(self, metrics: Metrics, enabled: bool = True, with_texts: bool = False, sample: float = 1.0) -> None:
         self.metrics = metrics
         self.enabled = enabled
         self.with_texts = with_texts
+        self.sample = sample  # the share of OK requests logged; every error is
 
     def finish(self, exchange: Exchange, code: str) -> None:
         """Count the request and write its line (once, whatever path it ends on)."""
@@ -61,7 +63,7 @@ class AccessLog:
         exchange.span.end()
         engine = exchange.engine
         self.metrics.requests.labels(exchange.method, code, engine.name if engine else "").inc()
-        if not self.enabled:
+        if not self.enabled or (code == "OK" and self.sample < 1.0 and random.random() >= self.sample):
             return
         record = {
             "request_id": exchange.request_id,

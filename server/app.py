@@ -154,7 +154,7 @@ def create_server(config: ServerConfig, metrics: Metrics | None = None) -> Serve
     # RPCs over the limit are refused by gRPC itself (RESOURCE_EXHAUSTED) before they queue up unseen.
     server = grpc.aio.server(options=options, maximum_concurrent_rpcs=config.max_concurrent_rpcs)
     translations = Translations(scheduler, config, metrics)
-    access = AccessLog(metrics, config.access_log, config.access_log_texts)
+    access = AccessLog(metrics, config.access_log, config.access_log_texts, config.access_log_sample)
     service = TranslatorService(models, translations, config, access)
     server.add_generic_rpc_handlers((_translator_handlers(service),))
     health_servicer = health.aio.HealthServicer()

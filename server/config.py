@@ -58,6 +58,8 @@ class ServerConfig:
     max_message_bytes: int = 4 * MIB
     access_log: bool = True  # one JSON line per request on the server.access logger (server/access.py)
     access_log_texts: bool = False  # the request's texts in its access-log line (off: no content in logs)
+    access_log_sample: float = 1.0  # the share of successful requests logged (errors always are)
+    log_level: str = "INFO"  # DEBUG, INFO, WARNING or ERROR
     cache_mib: int = 64  # the translation cache (server/cache.py): its bound in MiB; 0 turns it off
     grace_seconds: float = 20.0
     max_connection_age_s: float = 300.0
@@ -94,6 +96,10 @@ class ServerConfig:
             problems.append(f"http_port={self.http_port} must be a port number, or 0 to disable the HTTP API")
         if self.http_timeout_s <= 0:
             problems.append(f"http_timeout_s={self.http_timeout_s} must be positive")
+        if not 0.0 <= self.access_log_sample <= 1.0:
+            problems.append(f"access_log_sample={self.access_log_sample} must be within 0..1")
+        if self.log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            problems.append(f"log_level={self.log_level!r}: use DEBUG, INFO, WARNING or ERROR")
         if self.max_repeats < 0:
             problems.append(f"max_repeats={self.max_repeats} must be 0 (no guard) or more")
         if self.cache_mib < 0:

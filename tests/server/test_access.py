@@ -77,3 +77,22 @@ def test_texts_are_logged_only_when_asked(tiny_export: Path, caplog):
 @pytest.mark.parametrize("given", [None, "", "has space", "x" * 129, "ünïcode"])
 def test_unusable_request_ids_are_replaced(given):
     assert len(request_id(given)) == 32 and request_id(given) != given
+
+
+def test_sampling_logs_a_share_of_successes_and_every_error(caplog):
+    from server.access import AccessLog, Exchange
+    from server.metrics import Metrics
+
+    caplog.set_level(logging.INFO, logger="server.access")
+    access = AccessLog(Metrics(), sample=0.25)
+    for i in range(400):
+        access.finish(Exchange("Translate", f"ok-{i}"), "OK")
+    for i in range(20):
+        access.finish(Exchange("Translate", f"bad-{i}"), "INVALID_ARGUMENT")
+    lines = access_lines(caplog)
+    assert 50 < sum(line["status"] == "OK" for line in lines) < 150
+    assert sum(line["status"] == "INVALID_ARGUMENT" for line in lines) == 20
+    counted = access.metrics.registry.get_sample_value(
+        "translate_requests_total", {"method": "Translate", "code": "OK", "model": ""}
+    )
+    assert counted == 400  # every request is counted
