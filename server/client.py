@@ -13,11 +13,14 @@ from collections.abc import Sequence
 import grpc
 
 from proto import translate_pb2, translate_pb2_grpc
+from server.channel import channel
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--target", default="localhost:50051")
+    parser.add_argument(
+        "--target", default="localhost:50051", help="host:port, or dns:///name:port for every address of a name"
+    )
     parser.add_argument(
         "--from", dest="source", default="", help="source language (default: the server's default model)"
     )
@@ -30,8 +33,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     lines = [line.rstrip("\n") for line in sys.stdin]
     options = translate_pb2.TranslateOptions(beam_size=args.beam, max_output_tokens=args.max_output_tokens)
-    with grpc.insecure_channel(args.target) as channel:
-        stub = translate_pb2_grpc.TranslatorStub(channel)
+    with channel(args.target) as connection:
+        stub = translate_pb2_grpc.TranslatorStub(connection)
         for start in range(0, len(lines), args.batch):
             batch = lines[start : start + args.batch]
             texts = [line for line in batch if line.strip()]  # blank lines stay blank, untranslated

@@ -46,6 +46,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from model.corpus import read_lines
 from proto import translate_pb2, translate_pb2_grpc
+from server.channel import aio_channel
 from server.config import DEFAULT_MODEL_DIR
 from server.metrics import length_bucket
 
@@ -193,13 +194,14 @@ def http_sender(session: aiohttp.ClientSession, args, tokenizer: spm.SentencePie
 
 
 def grpc_channel(args) -> grpc.aio.Channel:
-    """Plaintext, or TLS trusting --tls-ca (mutual with --tls-cert/--tls-key)."""
+    """Plaintext, or TLS trusting --tls-ca (mutual with --tls-cert/--tls-key); with the service config
+    (server/channel.py: round robin over the target's addresses, retries of UNAVAILABLE)."""
     if not args.tls_ca:
-        return grpc.aio.insecure_channel(args.target)
+        return aio_channel(args.target)
     key, cert = (Path(p).read_bytes() if p else None for p in (args.tls_key, args.tls_cert))
     credentials = grpc.ssl_channel_credentials(Path(args.tls_ca).read_bytes(), key, cert)
     options = [("grpc.ssl_target_name_override", args.tls_server_name)] if args.tls_server_name else []
-    return grpc.aio.secure_channel(args.target, credentials, options=options)
+    return aio_channel(args.target, credentials, options)
 
 
 def tls_context(args) -> ssl.SSLContext | None:

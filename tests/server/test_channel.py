@@ -1,0 +1,54 @@
+"""The callers' service config: round robin over a target's addresses and retries of UNAVAILABLE, so a
+replica that drains loses no request of a client that uses it (server.client, the load generator)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import grpc
+import pytest
+
+from proto import translate_pb2, translate_pb2_grpc
+from server.channel import SERVICE_CONFIG, channel
+from tests.conftest import own_sentences
+from tests.server.conftest import RunningServer, server_config
+
+
+def test_a_draining_replica_loses_no_request(tiny_export: Path):
+    replicas = [RunningServer(server_config(tiny_export, max_output_tokens=8)) for _ in range(2)]
+    try:
+        target = "ipv4:" + ",".join(f"127.0.0.1:{r.server.port}" for r in replicas)
+        with channel(target) as connection:
+            stub = translate_pb2_grpc.TranslatorStub(connection)
+            request = translate_pb2.TranslateRequest(texts=own_sentences(1))
+            answered = [stub.Translate(request, timeout=20) for _ in range(6)]  # round robin: both serve
+            served = {r.server.port: r.metric("translate_requests_total", {"code": "OK"}) or 0 for r in replicas}
+            assert all(count >= 2 for count in served.values()), served
+            replicas[0].server.scheduler.stop_accepting()  # draining: it answers UNAVAILABLE
+            answered += [stub.Translate(request, timeout=20) for _ in range(10)]
+        assert len({a.translations[0].text for a in answered}) == 1
+        assert replicas[0].metric("translate_requests_total", {"code": "UNAVAILABLE"}) >= 1  # it was asked, ...
+        assert replicas[1].metric("translate_requests_total", {"code": "OK"}) >= served[replicas[1].server.port] + 10
+    finally:
+        for replica in replicas:
+            replica.close()
+
+
+def test_without_the_service_config_a_draining_replica_fails_requests(tiny_export: Path):
+    replica = RunningServer(server_config(tiny_export, max_output_tokens=8))
+    try:
+        replica.server.scheduler.stop_accepting()
+        with grpc.insecure_channel(f"127.0.0.1:{replica.server.port}") as plain:
+            stub = translate_pb2_grpc.TranslatorStub(plain)
+            with pytest.raises(grpc.RpcError) as error:
+                stub.Translate(translate_pb2.TranslateRequest(texts=["A man."]), timeout=20)
+            assert error.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        replica.close()
+
+
+def test_the_service_config_retries_only_what_is_safe_to():
+    (method,) = SERVICE_CONFIG["methodConfig"]
+    assert method["retryPolicy"]["retryableStatusCodes"] == ["UNAVAILABLE"]
+    assert json.loads(json.dumps(SERVICE_CONFIG)) == SERVICE_CONFIG
