@@ -2,9 +2,11 @@
 generator use, and that the README shows for other languages' clients.
 
 Round robin over every address the target resolves to (a headless Service's ``dns:///`` name gives one
-per pod), and retries of ``UNAVAILABLE`` (a replica draining, restarting or unreachable: the request never
-started, and a translation is idempotent anyway) with exponential backoff, at most 4 attempts within the
-call's deadline. The other codes are not retried here (README: "Which codes a caller may retry").
+per pod), and retries with exponential backoff, at most 4 attempts within the call's deadline, of
+``UNAVAILABLE`` (a replica draining, restarting or unreachable) and ``CANCELLED``: gRPC cancels the calls
+a server received in the instant it stops (seen in tests/server/test_faults.py's rolling restart), and a
+caller's own cancellation ends the call, so it is never retried. A translation is idempotent, so a retry
+never does harm. The other codes are not retried here (README: "Which codes a caller may retry").
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ SERVICE_CONFIG = {
                 "initialBackoff": "0.1s",
                 "maxBackoff": "2s",
                 "backoffMultiplier": 2,
-                "retryableStatusCodes": ["UNAVAILABLE"],
+                "retryableStatusCodes": ["UNAVAILABLE", "CANCELLED"],
             },
         }
     ],

@@ -310,7 +310,7 @@ def summarize(run: Run) -> dict:
         "input_tokens_per_second": sum(r.input_tokens for r in ok) / run.seconds if run.seconds else 0.0,
         "output_tokens_per_second": sum(r.output_tokens for r in ok) / run.seconds if run.seconds else 0.0,
         "latency": stats([r.latency for r in ok]), "by_length": {b: stats(v) for b, v in sorted(buckets.items(), key=lambda kv: int(kv[0].split("-")[0].rstrip("+")))},
-        "codes": codes, "server": s,
+        "codes": codes, "server": s, "answered": len(ok), "lost": len(run.results) - len(ok),
         "server_mean_queue_wait_seconds": s.get("translate_queue_wait_seconds_sum_delta", 0) / max(s.get("translate_queue_wait_seconds_count_delta", 0), 1),
         "server_mean_batch_sentences": s.get("translate_batch_size_sentences_sum_delta", 0) / max(s.get("translate_batch_size_sentences_count_delta", 0), 1),
     }  # fmt: skip

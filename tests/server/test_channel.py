@@ -50,5 +50,5 @@ def test_without_the_service_config_a_draining_replica_fails_requests(tiny_expor
 
 def test_the_service_config_retries_only_what_is_safe_to():
     (method,) = SERVICE_CONFIG["methodConfig"]
-    assert method["retryPolicy"]["retryableStatusCodes"] == ["UNAVAILABLE"]
+    assert method["retryPolicy"]["retryableStatusCodes"] == ["UNAVAILABLE", "CANCELLED"]
     assert json.loads(json.dumps(SERVICE_CONFIG)) == SERVICE_CONFIG
