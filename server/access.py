@@ -24,6 +24,8 @@ from server.interface import Engine
 from server.metrics import Metrics
 
 REQUEST_ID_HEADER = "x-request-id"
+PREVIOUS_ATTEMPTS = "grpc-previous-rpc-attempts"  # what a retrying gRPC client sends with each retry
+ATTEMPT_HEADER = "x-attempt"  # the attempt that answered, in trailing metadata when it was a retry
 VALID_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")  # printable ASCII, no spaces: safe in logs and headers
 log = logging.getLogger("server.access")
 
@@ -43,6 +45,7 @@ class Exchange:
     input_tokens: int = 0
     output_tokens: int = 0
     queue_seconds: float = 0.0  # the longest any of its sentences waited before decoding
+    previous_attempts: int = 0  # the caller's gRPC retried it this many times before (at some replica)
     span: trace.Span = trace.INVALID_SPAN  # its trace span (server.tracing), when traces are on
     finished: bool = False
 
@@ -75,6 +78,7 @@ class AccessLog:
             "output_tokens": exchange.output_tokens,
             "queue_wait_s": round(exchange.queue_seconds, 6),
             "total_s": round(time.monotonic() - exchange.started, 6),
+            "attempt": exchange.previous_attempts + 1,
         }
         if self.with_texts:
             record["text"] = exchange.texts

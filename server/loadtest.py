@@ -46,6 +46,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from model.corpus import read_lines
 from proto import translate_pb2, translate_pb2_grpc
+from server.access import ATTEMPT_HEADER
 from server.channel import aio_channel
 from server.config import DEFAULT_MODEL_DIR
 from server.metrics import length_bucket
@@ -117,6 +118,7 @@ class Result:
     code: str
     output_tokens: int = 0
     started: float = 0.0
+    attempts: int = 1  # gRPC: the attempt that answered (the service config retries UNAVAILABLE, CANCELLED)
 
 
 @dataclass
@@ -153,7 +155,7 @@ def scrape(url: str | None) -> dict[str, float]:
 # HTTP statuses under their gRPC twins' names (server/errors.py), so both APIs report alike.
 HTTP_CODES = {200: "OK", 400: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED", 499: "CANCELLED", 500: "INTERNAL",
               503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}  # fmt: skip
-Send = Callable[[str], Awaitable[tuple[str, int]]]  # text -> (status code name, output tokens)
+Send = Callable[[str], Awaitable[tuple[str, int, int]]]  # text -> (status code name, output tokens, attempts)
 
 
 def grpc_sender(channel: grpc.aio.Channel, args) -> Send:
@@ -166,10 +168,13 @@ def grpc_sender(channel: grpc.aio.Channel, args) -> Send:
             request = translate_pb2.TranslateRequest(
                 texts=[text], options=options, source_language=source, target_language=target
             )
-            response = await stub.Translate(request, timeout=args.deadline)
-            return "OK", response.translations[0].output_tokens
+            call = stub.Translate(request, timeout=args.deadline)
+            response = await call
+            attempt = dict(await call.trailing_metadata() or ()).get(ATTEMPT_HEADER)
+            return ("OK", response.translations[0].output_tokens, int(attempt) if attempt else 1)
         except grpc.aio.AioRpcError as error:
-            return error.code().name, 0
+            attempt = dict(error.trailing_metadata() or ()).get(ATTEMPT_HEADER)
+            return error.code().name, 0, int(attempt) if attempt else 1
 
     return send
 
@@ -183,12 +188,12 @@ def http_sender(session: aiohttp.ClientSession, args, tokenizer: spm.SentencePie
             async with session.post(url, json={"q": text, "source": source, "target": target}) as response:
                 body = await response.json(content_type=None)
                 if response.status != 200:
-                    return HTTP_CODES.get(response.status, f"HTTP_{response.status}"), 0
-                return "OK", len(tokenizer.encode(body["translatedText"]))
+                    return HTTP_CODES.get(response.status, f"HTTP_{response.status}"), 0, 1
+                return "OK", len(tokenizer.encode(body["translatedText"])), 1
         except asyncio.TimeoutError:
-            return "DEADLINE_EXCEEDED", 0
+            return "DEADLINE_EXCEEDED", 0, 1
         except aiohttp.ClientError:
-            return "UNAVAILABLE", 0
+            return "UNAVAILABLE", 0, 1
 
     return send
 
@@ -216,8 +221,8 @@ def tls_context(args) -> ssl.SSLContext | None:
 async def one_request(send: Send, profile: Profile, run: Run, progress) -> None:
     text, tokens = profile.next()
     start = time.perf_counter()
-    code, output_tokens = await send(text)
-    result = Result(tokens, time.perf_counter() - start, code, output_tokens)
+    code, output_tokens, attempts = await send(text)
+    result = Result(tokens, time.perf_counter() - start, code, output_tokens, attempts=attempts)
     result.started = start
     run.results.append(result)
     progress()
@@ -311,6 +316,7 @@ def summarize(run: Run) -> dict:
         "output_tokens_per_second": sum(r.output_tokens for r in ok) / run.seconds if run.seconds else 0.0,
         "latency": stats([r.latency for r in ok]), "by_length": {b: stats(v) for b, v in sorted(buckets.items(), key=lambda kv: int(kv[0].split("-")[0].rstrip("+")))},
         "codes": codes, "server": s, "answered": len(ok), "lost": len(run.results) - len(ok),
+        "retried": sum(r.attempts > 1 for r in run.results),
         "server_mean_queue_wait_seconds": s.get("translate_queue_wait_seconds_sum_delta", 0) / max(s.get("translate_queue_wait_seconds_count_delta", 0), 1),
         "server_mean_batch_sentences": s.get("translate_batch_size_sentences_sum_delta", 0) / max(s.get("translate_batch_size_sentences_count_delta", 0), 1),
     }  # fmt: skip
@@ -318,13 +324,14 @@ def summarize(run: Run) -> dict:
 
 def markdown(summaries: list[dict], command: str) -> str:
     lines = [f"command: `{command}`", "",
-             "| mode | concurrency / rate | requests | req/s | in tok/s | p50 s | p90 s | p99 s | max s | codes | server batch | server queue wait s | peak KV bytes | peak RSS MiB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "| mode | concurrency / rate | sent | answered / retried / lost | req/s | in tok/s | p50 s | p90 s | p99 s | max s | codes | server batch | server queue wait s | peak KV bytes | peak RSS MiB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for s in summaries:
         lat, srv = s["latency"], s["server"]
         load = f"{s['rate']}/s" if s["mode"] == "open" else str(s["concurrency"])
         lines.append(
-            f"| {s['mode']} | {load} | {s['requests']} | {s['requests_per_second']:.1f} | {s['input_tokens_per_second']:.0f} | "
+            f"| {s['mode']} | {load} | {s['requests']} | {s['answered']} / {s['retried']} / {s['lost']} | "
+            f"{s['requests_per_second']:.1f} | {s['input_tokens_per_second']:.0f} | "
             f"{lat['p50']:.3f} | {lat['p90']:.3f} | {lat['p99']:.3f} | {lat['max']:.3f} | {s['codes']} | "
             f"{s['server_mean_batch_sentences']:.1f} | {s['server_mean_queue_wait_seconds']:.3f} | "
             f"{srv.get('translate_kv_cache_bytes_peak', 0):.0f} | {srv.get('process_resident_memory_bytes_peak', 0) / 2**20:.0f} |"

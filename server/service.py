@@ -9,7 +9,7 @@ import time
 import grpc
 
 from proto import translate_pb2, translate_pb2_grpc
-from server.access import REQUEST_ID_HEADER, AccessLog, Exchange, request_id
+from server.access import ATTEMPT_HEADER, PREVIOUS_ATTEMPTS, REQUEST_ID_HEADER, AccessLog, Exchange, request_id
 from server.config import ServerConfig
 from server.errors import InvalidRequest, ServiceError, status_of
 from server.interface import Engine
@@ -72,8 +72,12 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
         """The request's access record; its ID goes back in the trailing metadata, whatever the outcome."""
         metadata = dict(context.invocation_metadata() or ())
         exchange = Exchange(method, request_id(metadata.get(REQUEST_ID_HEADER)))
+        exchange.previous_attempts = int(metadata.get(PREVIOUS_ATTEMPTS, "0") or 0)
         exchange.span = request_span(method, metadata, exchange.request_id)
-        context.set_trailing_metadata(((REQUEST_ID_HEADER, exchange.request_id),))
+        trailing = [(REQUEST_ID_HEADER, exchange.request_id)]
+        if exchange.previous_attempts:  # the caller's gRPC retried: say so, so it can count its retries
+            trailing.append((ATTEMPT_HEADER, str(exchange.previous_attempts + 1)))
+        context.set_trailing_metadata(tuple(trailing))
         return exchange
 
     async def _fail(self, exchange: Exchange, error: BaseException, context: grpc.aio.ServicerContext) -> None:

@@ -52,3 +52,25 @@ def test_the_service_config_retries_only_what_is_safe_to():
     (method,) = SERVICE_CONFIG["methodConfig"]
     assert method["retryPolicy"]["retryableStatusCodes"] == ["UNAVAILABLE", "CANCELLED"]
     assert json.loads(json.dumps(SERVICE_CONFIG)) == SERVICE_CONFIG
+
+
+def test_the_load_generator_counts_retries_and_losses(tiny_export: Path, tmp_path: Path):
+    """A draining replica beside a serving one: its refusals are retried on the other, the report counts
+    them (the server says which attempt answered), and nothing is lost."""
+    from server import loadtest
+
+    replicas = [RunningServer(server_config(tiny_export, max_output_tokens=8)) for _ in range(2)]
+    try:
+        replicas[0].server.scheduler.stop_accepting()
+        target = "ipv4:" + ",".join(f"127.0.0.1:{r.server.port}" for r in replicas)
+        args = ["--target", target, "--metrics", "", "--requests", "12", "--concurrency", "2",
+                "--tokenizer", str(tiny_export / "sentencepiece.model"), "--out", str(tmp_path)]  # fmt: skip
+        assert loadtest.main(args) == 0
+        (run,) = json.loads((tmp_path / "report.json").read_text())["runs"]
+        assert (run["requests"], run["answered"], run["lost"]) == (12, 12, 0)
+        assert run["retried"] >= 1 and run["retried"] == replicas[0].metric(
+            "translate_requests_total", {"code": "UNAVAILABLE"}
+        )
+    finally:
+        for replica in replicas:
+            replica.close()
