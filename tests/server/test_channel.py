@@ -68,9 +68,8 @@ def test_the_load_generator_counts_retries_and_losses(tiny_export: Path, tmp_pat
         assert loadtest.main(args) == 0
         (run,) = json.loads((tmp_path / "report.json").read_text())["runs"]
         assert (run["requests"], run["answered"], run["lost"]) == (12, 12, 0)
-        assert run["retried"] >= 1 and run["retried"] == replicas[0].metric(
-            "translate_requests_total", {"code": "UNAVAILABLE"}
-        )
+        refusals = replicas[0].metric("translate_requests_total", {"code": "UNAVAILABLE"})
+        assert 1 <= run["retried"] <= refusals  # a request may have met the draining replica more than once
     finally:
         for replica in replicas:
             replica.close()
