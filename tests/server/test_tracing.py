@@ -70,3 +70,16 @@ def test_http_requests_and_errors_are_traced(server: RunningServer, spans):
     status, headers, _ = http(server, "/translate", {"q": "A man.", "source": "fr", "target": "de"})
     root, children = request_tree(spans, headers["X-Request-ID"])
     assert status == 400 and root.attributes["rpc.status"] == "INVALID_ARGUMENT" and children == []
+
+
+def test_one_request_id_in_the_response_the_access_log_and_the_trace(server: RunningServer, spans, caplog):
+    import json
+    import logging
+
+    caplog.set_level(logging.INFO, logger="server.access")
+    _, call = server.stub.Translate.with_call(translate_pb2.TranslateRequest(texts=["A dog runs."]))
+    request_id = dict(call.trailing_metadata())["x-request-id"]  # generated: the caller sent none
+    logged = [json.loads(r.getMessage()) for r in caplog.records if r.name == "server.access"]
+    assert [line["request_id"] for line in logged] == [request_id]
+    root, children = request_tree(spans, request_id)
+    assert root.name == "Translate" and children
