@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import shutil
 import subprocess
+from pathlib import Path
 
 import kubernetes_validate
 import pytest
@@ -101,11 +102,21 @@ def test_selectors_select_the_pods(overlays, overlay):
 
 @pytest.mark.parametrize("overlay", OVERLAY_NAMES)
 def test_probes_use_the_grpc_health_service(overlays, overlay):
+    """Natively over plaintext; with TLS on (the tls overlay) through the image's health check, which
+    speaks TLS (tests/server/test_tls.py runs it against TLS servers) and reads the server's settings."""
     main = container(overlays[overlay])
-    port = server_environment(overlays[overlay]).port
-    for probe in ("startupProbe", "readinessProbe"):
-        assert main[probe]["grpc"] == {"port": port, "service": SERVICE_NAME}
-    assert main["livenessProbe"]["grpc"] == {"port": port, "service": ""}
+    config = server_environment(overlays[overlay])
+    services = {"startupProbe": SERVICE_NAME, "readinessProbe": SERVICE_NAME, "livenessProbe": ""}
+    for probe, service in services.items():
+        if config.tls_cert is None:
+            assert main[probe]["grpc"] == {"port": config.port, "service": service}
+        else:
+            assert main[probe]["exec"]["command"] == ["python", "/app/healthcheck.py", service]
+    if config.tls_cert is not None:
+        mounts = {m["mountPath"]: m["name"] for m in main["volumeMounts"]}
+        assert str(config.tls_cert.parent) in mounts and str(config.tls_key.parent) in mounts
+        (ca,) = [e["value"] for e in main["env"] if e["name"] == "TRANSLATE_HEALTHCHECK_CA"]
+        assert Path(ca).parent == config.tls_cert.parent
 
 
 @pytest.mark.parametrize("overlay", OVERLAY_NAMES)
