@@ -436,6 +436,8 @@ class BeamSearch:
             values = (self.scores[:, None] + top_log_probs[:, :k].astype(np.float64)).reshape(-1)
             origins_of, tokens_of = np.repeat(np.arange(rows), k), top_ids[:, :k].reshape(-1)
         ranked = np.lexsort((tokens_of, origins_of, -values))[: 2 * self.beam]
+        # Each row's last REPEAT_NGRAM tokens, once per step: the guard's cheap test reads plain lists.
+        tails = self.history[:, -REPEAT_NGRAM:].tolist() if self.max_repeats is not None else None
         origins, tokens, scores = [], [], []
         for rank, index in enumerate(ranked):
             origin, token = int(origins_of[index]), int(tokens_of[index])
@@ -446,7 +448,7 @@ class BeamSearch:
                     stopped = "length" if at_limit else "eos"
                     hypothesis = Hypothesis(self.history[origin].tolist(), value / length, stopped)
                     self.finished.append((length_normalized(value, length, self.alpha), hypothesis))
-            elif self.max_repeats is not None and self._runaway(origin, token):
+            elif tails is not None and token in tails[origin] and self._runaway(origin, token):
                 # It ends here, cut back to the repeated n-gram's first occurrence; at any rank, so that a
                 # step whose candidates all run away still leaves a hypothesis.
                 output = [*self.history[origin].tolist(), token]
@@ -470,11 +472,9 @@ class BeamSearch:
         return origin_array, token_array
 
     def _runaway(self, origin: int, token: int) -> bool:
-        """Whether the row's history and the token end in too many repetitions (the guard)."""
-        history = self.history[origin]
-        if not any(n <= len(history) and history[-n] == token for n in range(1, REPEAT_NGRAM + 1)):
-            return False  # the cheap test: no n-gram of the tail can repeat
-        return repeated_tail([*history.tolist(), token], self.max_repeats) > 0
+        """Whether the row's history and the token end in too many repetitions (the guard; asked only when the
+        token is among the row's last REPEAT_NGRAM, without which no n-gram of the tail can repeat)."""
+        return repeated_tail([*self.history[origin].tolist(), token], self.max_repeats) > 0
 
     def result(self) -> Hypothesis:
         return max(self.finished, key=lambda f: f[0])[1]
