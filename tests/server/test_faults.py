@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 
 from proto import translate_pb2, translate_pb2_grpc
+from server.access import ATTEMPT_HEADER
 from server.channel import aio_channel
 from server.loadtest import percentile
 from tests.conftest import own_sentences
@@ -36,7 +37,7 @@ FLAGS = (
 
 
 class Load(threading.Thread):
-    """Closed-loop clients until stopped; each result is (start, latency, code)."""
+    """Closed-loop clients until stopped; each result is (start, latency, code, the attempt that answered)."""
 
     def __init__(self, target: str) -> None:
         super().__init__(daemon=True)
@@ -56,15 +57,18 @@ class Load(threading.Thread):
                 while not self.stopping.is_set():
                     request = translate_pb2.TranslateRequest(texts=[sentences[i % len(sentences)]])
                     start = time.monotonic()
+                    attempt = None
                     try:
-                        response = await stub.Translate(request, timeout=30)
+                        call = stub.Translate(request, timeout=30)
+                        response = await call
                         code = "OK" if response.translations[0].text else "EMPTY"
+                        attempt = dict(await call.trailing_metadata() or ()).get(ATTEMPT_HEADER)
                     except grpc.aio.AioRpcError as error:
                         code = error.code().name
                         self.details.append(f"{code}: {error.details()} {error.debug_error_string()}"[:300])
                     except Exception as error:  # noqa: BLE001 (any failure is a lost request)
                         code = type(error).__name__
-                    self.results.append((start, time.monotonic() - start, code))
+                    self.results.append((start, time.monotonic() - start, code, int(attempt or 1)))
                     i += CLIENTS
 
             await asyncio.gather(*(client(k) for k in range(CLIENTS)))
@@ -101,10 +105,12 @@ def test_a_killed_replica_and_a_rolling_restart_lose_nothing(tiny_export: Path, 
     lines = []
     for (name, start), (_, end) in zip(phases, phases[1:], strict=False):
         results = [r for r in load.results if start <= r[0] < end]
-        latencies = [latency for _, latency, code in results if code == "OK"]
-        lost = sum(code != "OK" for _, _, code in results)
-        lines.append(f"{name}: {len(results)} requests, lost {lost}, p99 {percentile(latencies, 0.99):.3f} s")
+        latencies = [latency for _, latency, code, _ in results if code == "OK"]
+        lost = sum(code != "OK" for _, _, code, _ in results)
+        retried = sum(attempt > 1 for *_, attempt in results)
+        p99 = percentile(latencies, 0.99)
+        lines.append(f"{name}: {len(results)} requests, retried {retried}, lost {lost}, p99 {p99:.3f} s")
     with capsys.disabled():
         print("\n" + "\n".join(lines))
-    codes = {code for _, _, code in load.results}
+    codes = {code for _, _, code, _ in load.results}
     assert len(load.results) > 100 and codes == {"OK"}, (lines, load.details[:5])

@@ -93,6 +93,8 @@ def test_overload_refuses_fast_and_answers_every_request(tiny_export: Path):
         str(budget_mib),
         "--max-output-tokens",
         "24",
+        "--max-repeats",  # the tiny model loops: without the guard its long work takes all 24 steps
+        "0",
     )
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
