@@ -448,13 +448,11 @@ class BeamSearch:
                     stopped = "length" if at_limit else "eos"
                     hypothesis = Hypothesis(self.history[origin].tolist(), value / length, stopped)
                     self.finished.append((length_normalized(value, length, self.alpha), hypothesis))
-            elif tails is not None and token in tails[origin] and self._runaway(origin, token):
+            elif tails is not None and token in tails[origin] and (kept := self._runaway(origin, token)) is not None:
                 # It ends here, cut back to the repeated n-gram's first occurrence; at any rank, so that a
                 # step whose candidates all run away still leaves a hypothesis.
-                output = [*self.history[origin].tolist(), token]
-                length, value = len(output), float(values[index])
-                del output[length - repeated_tail(output, self.max_repeats) :]
-                hypothesis = Hypothesis(output, value / length, "repetition")
+                length, value = self.history.shape[1] + 1, float(values[index])
+                hypothesis = Hypothesis(kept, value / length, "repetition")
                 self.finished.append((length_normalized(value, length, self.alpha), hypothesis))
             elif len(origins) < self.beam:
                 origins.append(origin)
@@ -471,10 +469,13 @@ class BeamSearch:
         self.rows = len(origins)
         return origin_array, token_array
 
-    def _runaway(self, origin: int, token: int) -> bool:
-        """Whether the row's history and the token end in too many repetitions (the guard; asked only when the
-        token is among the row's last REPEAT_NGRAM, without which no n-gram of the tail can repeat)."""
-        return repeated_tail([*self.history[origin].tolist(), token], self.max_repeats) > 0
+    def _runaway(self, origin: int, token: int) -> list[int] | None:
+        """The row's history and the token cut back to the first occurrence of an n-gram they repeat too often
+        (the guard), or None when they do not. Asked only when the token is among the row's last REPEAT_NGRAM,
+        without which no n-gram of the tail can repeat."""
+        output = [*self.history[origin].tolist(), token]
+        drop = repeated_tail(output, self.max_repeats)
+        return output[: len(output) - drop] if drop else None
 
     def result(self) -> Hypothesis:
         return max(self.finished, key=lambda f: f[0])[1]

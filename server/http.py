@@ -170,7 +170,7 @@ class HttpApi:
             "translatedText": one([result.text for result in results]),
             "confidence": one([round(result.confidence, 4) for result in results]),
         }
-        flags = [[flag for flag in (r.guard, "low_confidence" * r.low_confidence) if flag] for r in results]
+        flags = [[flag for flag in (r.guard, "low_confidence" if r.low_confidence else "") if flag] for r in results]
         if any(flags):
             body["flags"] = one(flags)
         return web.json_response(body, headers={"X-Translation-Model": model_name(engine)})

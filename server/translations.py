@@ -45,8 +45,8 @@ class Sentence:
     spec: SegmentSpec
     result: Hypothesis
     last_in_text: bool  # the text's last segment
-    cached: bool  # answered from the translation cache, without the engine
-    # When it was queued, joined a running batch, was encoded and finished (time.monotonic()); None: cached.
+    # When it was queued, joined a running batch, was encoded and finished (time.monotonic()); None when
+    # the translation cache answered it, without the engine.
     timings: tuple[float, float, float, float] | None = None
 
     @property
@@ -152,8 +152,7 @@ class Translations:
             while next_index < len(specs):
                 while next_index in ready:
                     spec = specs[next_index]
-                    stamps = timings.get(next_index)
-                    yield Sentence(spec, ready.pop(next_index), id(spec) in last, stamps is None, stamps)
+                    yield Sentence(spec, ready.pop(next_index), id(spec) in last, timings.get(next_index))
                     next_index += 1
                 if next_index == len(specs):
                     break
