@@ -26,6 +26,7 @@ import onnxruntime as ort
 import sacrebleu
 import torch
 
+from export.aligner import ALIGNMENT_READINGS, build_aligner, check_aligner
 from export.builder import OPSET
 from export.graphs import ENCODER_AXES, ENCODER_INPUTS, ENCODER_OUTPUTS, export_graphs
 from export.manifest import sha256, write_manifest
@@ -153,6 +154,8 @@ def run(cfg: ExportConfig) -> Path:
             variants["int8"] = {"encoder": "encoder.int8.onnx", "decoder": "decoder.int8.onnx"}
             for part, source in (("encoder", raw_encoder), ("decoder", raw_decoder)):
                 optimize(quantize_int8(source, raw / f"{part}.int8.onnx"), folder / f"{part}.int8.onnx")
+        onnx.save(build_aligner(model), str(raw / "aligner.onnx"))
+        optimize(raw / "aligner.onnx", folder / "aligner.onnx")
         if cfg.fp16:
             variants["fp16"] = {"encoder": "encoder.fp16.onnx", "decoder": "decoder.fp16.onnx"}
             export_graphs(model, folder, np.float16)  # not optimized on the CPU: that would bake in its casts
@@ -164,6 +167,14 @@ def run(cfg: ExportConfig) -> Path:
         real_sources = tokenizer.encode_source(sentences)
         for name, files in variants.items():
             files["parity"] = variant_parity(model, folder, name, real_sources)
+        aligner_session = ort.InferenceSession(
+            str(folder / "aligner.onnx"), providers=["CPUExecutionProvider"], disabled_optimizers=NO_FUSIONS
+        )
+        aligner = {
+            "file": "aligner.onnx",
+            "readings": [[layer % model.config.n_decoder_layers, offset] for layer, offset in ALIGNMENT_READINGS],
+            "parity_max_abs_diff": check_aligner(model, aligner_session, real_sources, reference_ids, FP32_TOLERANCE),
+        }
         sessions = load_sessions(folder, "fp32")
         signature = {"encoder": graph_signature(sessions[0]), "decoder": graph_signature(sessions[1])}
         manifest = {
@@ -181,6 +192,7 @@ def run(cfg: ExportConfig) -> Path:
             "versions": {"onnxruntime": ort.__version__, "onnx": onnx.__version__, "torch": torch.__version__},
             "checkpoint": {"path": str(cfg.checkpoint), "weights_sha256": sha256(cfg.checkpoint / WEIGHTS_FILE)},
             "variants": variants,
+            "aligner": aligner,
             "export_command": "python -m export " + shlex.join(sys.argv[1:]),
         }
         write_manifest(folder, manifest)  # hashes first, so the quality pass loads a verified folder

@@ -10,6 +10,7 @@ provider too (``io_binding=True``), which is how it is tested without a GPU.
 from __future__ import annotations
 
 import ctypes
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -41,11 +42,18 @@ M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
 # 40% of batch-32 throughput in mmap/munmap page faults (2-core x86-64, int8, one run, alternating).
 MMAP_THRESHOLD = 4 << 20
 TRIM_THRESHOLD = 64 << 20  # heap kept before it is given back: trimming every step costs as much
+ALIGN_GROUP = 16  # pairs per aligner call
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 # ONNX Runtime fusions that make our graphs slower on the CPU, disabled in every session: fused
 # SkipLayerNormalization is 3-4x slower than Add + LayerNormalization (see export/builder.py).
 NO_FUSIONS = ["SkipLayerNormFusion"]
 ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+
+
+def _host_float32(value: Any) -> np.ndarray:
+    """An encoder output (numpy, or an OrtValue on any device) as a float32 host array."""
+    array = value.numpy() if isinstance(value, ort.OrtValue) else value
+    return np.asarray(array, np.float32)
 
 
 def resolve_provider(requested: str) -> str:
@@ -260,6 +268,8 @@ class OrtModel:
         self.cache_dtype = ORT_DTYPES[past.type]
         self.d_cache = past.shape[3]
         self._bindings: dict[int, dict[Any, _Binding]] = {}  # by id of the decoder session, then batch version
+        self._aligner: tuple[ort.InferenceSession, list[tuple[int, int]]] | None = None  # made on first use
+        self._aligner_lock = threading.Lock()
         self._cache_ops = (
             CacheOps(PROVIDERS[self.provider], self.device, self.cache_dtype) if self.device_cache else None
         )
@@ -308,6 +318,62 @@ class OrtModel:
             bound = kept[version] = bind_step(decoder, batch.step_feeds(), version)
         decoder.run_with_iobinding(bound.binding)
         return bound.outputs
+
+    # --- alignment -----------------------------------------------------------------
+
+    def align(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[np.ndarray]:
+        """Where each output token looked in its source: for each (source ids, output ids) pair, the
+        cross-attention probabilities (len(output), len(source)) the export chose (the mean of its
+        manifest's readings, export/aligner.py), eos's column dropped. Runs the aligner graph, on the CPU, in groups of
+        ALIGN_GROUP pairs by length; raises ModelFolderError for a folder exported without it."""
+        _, readings = self._aligner_session()
+        return [
+            np.mean([every[layer, offset : offset + len(output), : len(source)] for layer, offset in readings], axis=0)
+            for every, (source, output) in zip(self.alignments(pairs), pairs, strict=True)
+        ]
+
+    def alignments(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[np.ndarray]:
+        """For each (source ids, output ids) pair, every layer's cross-attention probabilities
+        (L, len(output) + 1, len(source) + 1): ``align`` before choosing a layer and rows."""
+        session, _ = self._aligner_session()
+        c, results = self.config, [np.zeros((0, 0, 0), np.float32)] * len(pairs)
+        order = sorted(range(len(pairs)), key=lambda i: (len(pairs[i][0]), len(pairs[i][1])))
+        for start in range(0, len(order), ALIGN_GROUP):
+            group = order[start : start + ALIGN_GROUP]
+            src_tokens, src_mask = pad_sources([pairs[i][0] for i in group], c.pad_id, c.eos_id)
+            outputs = [list(pairs[i][1]) for i in group]
+            tgt = np.full((len(group), max(map(len, outputs)) + 1), c.pad_id, np.int64)
+            for row, output in enumerate(outputs):
+                tgt[row, : len(output) + 1] = [c.decoder_start_id, *output]
+            cross_k, cross_v = self.encode(src_tokens, src_mask)
+            feeds = {
+                "tgt_tokens": tgt,
+                "src_mask": src_mask.astype(np.int32),
+                "cross_k": _host_float32(cross_k),
+                "cross_v": _host_float32(cross_v),
+            }
+            alignment = session.run(None, feeds)[0]  # (L, B, T, S)
+            for row, i in enumerate(group):
+                source, output = pairs[i]
+                results[i] = alignment[:, row, : len(output) + 1, : len(source) + 1]
+        return results
+
+    def _aligner_session(self) -> tuple[ort.InferenceSession, list[tuple[int, int]]]:
+        with self._aligner_lock:
+            if self._aligner is None:
+                spec = self.manifest.get("aligner")
+                if spec is None:
+                    raise ModelFolderError(
+                        f"{self.folder} was exported without an aligner (markup needs it); export it again: "
+                        f"python -m export --out {self.folder} --force"
+                    )
+                options = ort.SessionOptions()
+                options.intra_op_num_threads = 1  # beside the decoding lanes, which own the cores
+                options.enable_cpu_mem_arena = False
+                path = str(self.folder / spec["file"])
+                session = ort.InferenceSession(path, options, [PROVIDERS["cpu"]], disabled_optimizers=NO_FUSIONS)
+                self._aligner = (session, [(int(layer), int(offset)) for layer, offset in spec["readings"]])
+            return self._aligner
 
     # --- decoding ----------------------------------------------------------------
 

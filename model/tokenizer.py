@@ -140,6 +140,14 @@ class Tokenizer:
         """Token ids of target texts, without bos/eos."""
         return self._to_ids(self.target, texts)
 
+    def source_pieces(self, ids: Sequence[int]) -> list[str]:
+        """The pieces of source ids ("▁" starts a word)."""
+        return [self.pieces[i] for i in ids] if self.pieces else [self.source.id_to_piece(int(i)) for i in ids]
+
+    def target_pieces(self, ids: Sequence[int]) -> list[str]:
+        """The pieces of target ids ("▁" starts a word)."""
+        return [self.pieces[i] for i in ids] if self.pieces else [self.target.id_to_piece(int(i)) for i in ids]
+
     def decode(self, ids: Sequence[Sequence[int]]) -> list[str]:
         """Detokenized target texts; special ids are dropped."""
         special = set(vars(self.special_ids).values())

@@ -87,6 +87,36 @@ class Transformer(nn.Module):
     def forward(self, src: Tensor, src_mask: Tensor, tgt: Tensor, select: Tensor | None = None) -> Tensor:
         return self.decode(tgt, self.encode(src, src_mask), src_mask, select)
 
+    def alignment(self, src: Tensor, src_mask: Tensor, tgt: Tensor) -> Tensor:
+        """Cross-attention probabilities of every decoder layer, averaged over heads: (L, B, T, S).
+
+        Teacher-forced over target inputs tgt (B, T) (the start token, then the output): row t is
+        where the step that predicted output token t+1 looked in the source. The server places markup
+        and placeholders with them (server/markup.py); the ONNX aligner graph (export/aligner.py)
+        is checked against this.
+        """
+        memory = self.encode(src, src_mask)
+        positions = torch.arange(tgt.size(1), device=tgt.device).expand_as(tgt)
+        x = self.embed(tgt, positions)
+        self_mask = causal_mask(tgt.size(1), tgt.device)
+        memory_mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
+        cross_k, cross_v = self.cross_kv(memory)
+        layers = []
+        for i, layer in enumerate(self.decoder_layers):
+            attention = layer.cross_attn
+
+            def cross(h: Tensor, attention=attention, i=i) -> Tensor:
+                q = attention.split_heads(attention.q_proj(h))  # (B, H, T, d_k)
+                scores = q @ cross_k[i].transpose(-2, -1) / math.sqrt(q.size(-1))
+                weights = torch.softmax(scores.masked_fill(~memory_mask, torch.finfo(scores.dtype).min), dim=-1)
+                layers.append(weights.mean(dim=1))
+                return attention.out_proj(attention.merge_heads(weights @ cross_v[i]))
+
+            x = layer.self_block(x, lambda h, layer=layer: layer.self_attn(h, self_mask)[0])
+            x = layer.cross_block(x, cross)
+            x = layer.ffn_block(x, layer.ffn)
+        return torch.stack(layers)
+
     def decode_step(
         self,
         tokens: Tensor,
