@@ -133,6 +133,16 @@ class Engine:
     def detokenize(self, ids: Sequence[Sequence[int]]) -> list[str]:
         return self.tokenizer.decode(ids)
 
+    def source_pieces(self, ids: Sequence[int]) -> list[str]:
+        return self.tokenizer.source_pieces(ids)
+
+    def target_pieces(self, ids: Sequence[int]) -> list[str]:
+        return self.tokenizer.target_pieces(ids)
+
+    def align(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[np.ndarray]:
+        """Where each output token looked in its source (export.runtime.OrtModel.align)."""
+        return self.model.align(pairs)
+
     @staticmethod
     def max_length(source_tokens: int, cap: int) -> int:
         """Longest output searched for a source of ``source_tokens`` tokens (eos included, as is the cap)."""

@@ -1,7 +1,7 @@
 """The LibreTranslate-compatible HTTP API (aiohttp), on the same scheduler as gRPC.
 
     POST /translate   JSON or form: q (a string, or a list of strings in JSON), source, target,
-                      format ("text"), min_confidence (ours); answers {"translatedText": str | [str],
+                      format ("text" or "html"), min_confidence (ours); answers {"translatedText": str | [str],
                       "confidence": float | [float]} and, when a text is flagged, "flags": [str] | [[str]]
                       ("repetition", "length": a runaway-output guard stopped it; "low_confidence")
     GET  /languages   [{"code", "name", "targets"}]
@@ -148,13 +148,12 @@ class HttpApi:
             texts, as_list = self._texts(fields)
             engine = exchange.engine = self._model(fields)
             exchange.texts = texts
-            if fields.get("format", "text") != "text":
-                raise InvalidRequest(f"format={fields['format']!r} is not supported; use text")
+            format = str(fields.get("format") or "text")
             deadline = time.monotonic() + self.config.http_timeout_s
             beam, max_output = self.config.default_beam_size, self.config.max_output_tokens
             min_confidence = self._min_confidence(fields)
             results = await self.translations.translate(
-                engine, texts, beam, max_output, deadline, "q", True, min_confidence, exchange
+                engine, texts, beam, max_output, deadline, "q", True, min_confidence, exchange, format
             )
         except web.HTTPException as error:  # aiohttp's own (a body over client_max_size): json_errors answers it
             self.access.finish(exchange, "RESOURCE_EXHAUSTED" if error.status == 413 else "INVALID_ARGUMENT")

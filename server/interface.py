@@ -12,6 +12,8 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
+
 from model.search import Hypothesis
 
 
@@ -65,6 +67,15 @@ class Engine(Protocol):
     def tokenize(self, texts: list[str]) -> list[list[int]]: ...
 
     def detokenize(self, ids: Sequence[Sequence[int]]) -> list[str]: ...
+
+    def source_pieces(self, ids: Sequence[int]) -> list[str]:
+        """The tokenizer's pieces of source ids ("▁" starts a word)."""
+
+    def target_pieces(self, ids: Sequence[int]) -> list[str]: ...
+
+    def align(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[np.ndarray]:
+        """For each (source ids, output ids): the attention (len(output), len(source)) each output token
+        paid to each source token, to place markup; runs on the caller's thread."""
 
     def max_length(self, source_tokens: int, cap: int) -> int:
         """Longest output searched for a source (tokens with eos)."""

@@ -95,9 +95,12 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
             exchange.engine = self._model(request)
             exchange.texts = list(request.texts)
             results = await self.translations.translate(
-                exchange.engine, *self._job(request, context), min_confidence=self._min_confidence(request),
+                exchange.engine,
+                *self._job(request, context),
+                min_confidence=self._min_confidence(request),
                 exchange=exchange,
-            )  # fmt: skip
+                format=request.options.format or "text",
+            )
         except asyncio.CancelledError:
             self.access.finish(exchange, "CANCELLED")
             raise
@@ -115,6 +118,11 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
         try:
             engine = exchange.engine = self._model(request)
             exchange.texts = list(request.texts)
+            if request.options.format not in ("", "text"):
+                raise InvalidRequest(
+                    f"options.format={request.options.format!r}: TranslateStream streams sentences of plain text; "
+                    "use Translate for markup"
+                )
             async for segment in self.translations.segments(engine, *self._job(request, context)):
                 segments.append(segment)
                 spec = segment.spec

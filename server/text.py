@@ -38,6 +38,7 @@ class SegmentSpec:
     ids: list[int]
     truncated: bool = False
     separator: str = " "  # the whitespace that follows it in its text (a line break keeps the layout)
+    chunk: int = 0  # a sentence over long_input_tokens is cut into pieces: which piece of it this is
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,19 @@ class TextLimits:
 
 def _chunks(ids: list[int], size: int) -> list[list[int]]:
     return [ids[i : i + size] for i in range(0, len(ids), size)]
+
+
+def check_texts(texts: Sequence[str], limits: TextLimits, field: str = "texts", keep_empty: bool = False) -> None:
+    """Raises InvalidRequest naming the field for no texts, too many, or an empty one (unless kept)."""
+    if not texts:
+        raise InvalidRequest(f"{field}: at least one text is required")
+    if len(texts) > limits.max_texts:
+        raise InvalidRequest(
+            f"{field}: {len(texts)} texts, the limit is {limits.max_texts} (max_texts); send several requests"
+        )
+    for i, text in enumerate(texts):
+        if not text.strip() and not keep_empty:
+            raise InvalidRequest(f"{field}[{i}] is empty")
 
 
 def segment_texts(
@@ -71,15 +85,7 @@ def segment_texts(
     pieces), ``truncate`` (sentences are kept up to long_input_tokens tokens in
     all), or ``reject``.
     """
-    if not texts:
-        raise InvalidRequest(f"{field}: at least one text is required")
-    if len(texts) > limits.max_texts:
-        raise InvalidRequest(
-            f"{field}: {len(texts)} texts, the limit is {limits.max_texts} (max_texts); send several requests"
-        )
-    for i, text in enumerate(texts):
-        if not text.strip() and not keep_empty:
-            raise InvalidRequest(f"{field}[{i}] is empty")
+    check_texts(texts, limits, field, keep_empty)
     result: list[list[SegmentSpec]] = []
     for i, (text, ids) in enumerate(zip(texts, tokenize(list(texts)), strict=True)):
         if not text.strip():
@@ -99,14 +105,14 @@ def segment_texts(
                 )
         sentences = split_sentences(text, language) or [(text.strip(), "")]
         budget = limits.long_input_tokens if long and limits.long_input == "truncate" else None
-        pieces: list[tuple[str, list[int], str]] = []
+        pieces: list[tuple[str, list[int], str, int]] = []
         sources = [sentence for sentence, _ in sentences]
         for (sentence, separator), sentence_ids in zip(sentences, tokenize(sources), strict=True):
             if budget is not None:
                 sentence_ids = sentence_ids[:budget]
                 budget -= len(sentence_ids)
             chunks = _chunks(sentence_ids, limits.long_input_tokens)
-            pieces += [(sentence, chunk, separator if k == len(chunks) - 1 else " ") for k, chunk in enumerate(chunks)]
+            pieces += [(sentence, ids, separator if k == len(chunks) - 1 else " ", k) for k, ids in enumerate(chunks)]
             if budget == 0:
                 break
         if not pieces:
@@ -115,8 +121,8 @@ def segment_texts(
             )
         result.append(
             [
-                SegmentSpec(i, j, source, chunk, truncated=budget is not None, separator=separator)
-                for j, (source, chunk, separator) in enumerate(pieces)
+                SegmentSpec(i, j, source, ids, budget is not None, separator, chunk)
+                for j, (source, ids, separator, chunk) in enumerate(pieces)
             ]
         )
     return result

@@ -9,20 +9,23 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass, replace
 
+import numpy as np
 from opentelemetry.trace import INVALID_SPAN
 
+from export.manifest import ModelFolderError
 from model.search import Hypothesis
+from server import markup
 from server.access import Exchange
 from server.cache import TranslationCache
 from server.config import ServerConfig
-from server.errors import ServiceError
+from server.errors import InvalidRequest, ServiceError
 from server.interface import Engine
 from server.metrics import Metrics, length_bucket
 from server.scheduler import Job, Scheduler, Segment
-from server.text import SegmentSpec, TextLimits, segment_texts
+from server.text import SegmentSpec, TextLimits, check_texts, segment_texts
 from server.tracing import child_span, record_sentences
 
 
@@ -86,6 +89,66 @@ def trailing_whitespace(text: str) -> str:
     return text[len(text.rstrip()) :] if text.strip() else ""
 
 
+def _by_text(segments: Sequence[Sentence], texts: int) -> list[list[Sentence]]:
+    by_text: list[list[Sentence]] = [[] for _ in range(texts)]
+    for segment in segments:
+        by_text[segment.spec.text_index].append(segment)
+    return by_text
+
+
+def _joined(text: str, parts: Sequence[Sentence], outputs: dict[int, str]) -> str:
+    """The sentences' translations in the text's layout (see Translations.translate)."""
+    joined = "".join(outputs[id(s)] + s.spec.separator for s in parts).rstrip()
+    return leading_whitespace(text) + joined + trailing_whitespace(text)
+
+
+def _summary(text: str, parts: Sequence[Sentence], min_confidence: float | None) -> TextTranslation:
+    return TextTranslation(
+        text=text,
+        input_tokens=sum(s.source_tokens for s in parts),
+        output_tokens=sum(len(s.output) for s in parts),
+        segments=len(parts),
+        truncated=any(s.spec.truncated for s in parts),
+        confidence=text_confidence(parts),
+        guard=next((s.guard for s in sorted(parts, key=lambda s: s.guard != "repetition") if s.guard), ""),
+        low_confidence=any(s.low_confidence(min_confidence) for s in parts),
+    )
+
+
+def _for_placement(
+    engine: Engine, piece: markup.Piece, sentences: Sequence[Sentence], alignments: Iterator[np.ndarray]
+) -> list[markup.Sentence]:
+    """The piece's sentences as markup.place takes them: where each starts in the piece's text, its output
+    units and the source word each is aligned to (chunks of one long sentence become one sentence)."""
+    placed: list[markup.Sentence] = []
+    position, previous = 0, None
+    for s in sentences:
+        alignment = next(alignments)
+        spans = markup.unit_spans(engine.target_pieces(s.output))
+        units = engine.detokenize([s.output[a:b] for a, b in spans])
+        spaces = [engine.target_pieces(s.output[a : a + 1])[0].startswith("▁") for a, _ in spans]
+        if s.spec.chunk and previous is not None:  # a later chunk of the sentence before
+            source_ids, start = previous.ids + list(s.spec.ids), placed[-1].start
+            words = markup.source_words(engine.source_pieces(source_ids))[len(previous.ids) :]
+            aligned = markup.align_units(alignment, words, spans)
+            last = placed.pop()
+            sentence = markup.Sentence(
+                start, last.units + units, last.leading_space + spaces, last.aligned + aligned, s.spec.separator
+            )
+            previous = replace(previous, ids=source_ids)
+        else:
+            found = piece.text.find(s.spec.source, position)
+            start = found if found >= 0 else position
+            words = markup.source_words(engine.source_pieces(s.spec.ids))
+            sentence = markup.Sentence(
+                start, units, spaces, markup.align_units(alignment, words, spans), s.spec.separator
+            )
+            previous = s.spec
+            position = start + len(s.spec.source)
+        placed.append(sentence)
+    return placed
+
+
 class Translations:
     def __init__(self, scheduler: Scheduler, config: ServerConfig, metrics: Metrics) -> None:
         self.scheduler = scheduler
@@ -120,6 +183,7 @@ class Translations:
         deadline: float | None,
         field: str = "texts",
         keep_empty: bool = False,
+        limits: TextLimits | None = None,
     ) -> AsyncIterator[Sentence]:
         """The texts' segments for ``engine``'s model, yielded in order as they are translated: those the
         cache holds at once, the others submitted as one job. ``deadline`` is a ``time.monotonic()``
@@ -127,7 +191,8 @@ class Translations:
         ``field`` names the texts in errors; ``keep_empty``: see segment_texts."""
         long_inputs = self.metrics.long_inputs
         on_long = lambda policy: long_inputs.labels(policy).inc()
-        by_text = segment_texts(texts, engine.tokenize, self.limits, on_long, field, keep_empty, engine.source_language)
+        limits = limits or self.limits
+        by_text = segment_texts(texts, engine.tokenize, limits, on_long, field, keep_empty, engine.source_language)
         specs = [spec for text in by_text for spec in text]
         if not specs:
             return
@@ -181,35 +246,73 @@ class Translations:
         keep_empty: bool = False,
         min_confidence: float | None = None,
         exchange: Exchange | None = None,
+        format: str = "text",
     ) -> list[TextTranslation]:
         """One translation per text, in order, with the text's layout: its sentences joined by the
         whitespace that separated them (line breaks and blank lines kept) between its own leading and
         trailing whitespace; an empty text kept with ``keep_empty`` translates to itself. A text with a
-        sentence under ``min_confidence`` is flagged ``low_confidence``."""
+        sentence under ``min_confidence`` is flagged ``low_confidence``. ``format`` "html" keeps the
+        texts' markup; in both formats placeholders, URLs, e-mail addresses and numbers with units come
+        back as sent (server/markup.py)."""
+        documents = [markup.parse(text, format) for text in texts]
+        if format == "text" and all(d.pieces[0].plain for d in documents if d.pieces):  # nothing to put back
+            started = time.monotonic()
+            segments = [s async for s in self.segments(engine, texts, beam, max_output, deadline, field, keep_empty)]
+            self.observe(engine, segments, started, exchange)
+            by_text = _by_text(segments, len(texts))
+            with child_span(exchange.span if exchange else INVALID_SPAN, "detokenize"):
+                translated = engine.detokenize([s.output for s in segments])
+            outputs = dict(zip(map(id, segments), translated, strict=True))
+            return [
+                _summary(_joined(text, parts, outputs), parts, min_confidence)
+                for text, parts in zip(texts, by_text, strict=True)
+            ]
+        check_texts(texts, self.limits, field, keep_empty)
+        pieces = [(t, piece) for t, document in enumerate(documents) for piece in document.pieces]
+        tokens = [0] * len(texts)
+        for (t, _), ids in zip(pieces, engine.tokenize([piece.text for _, piece in pieces]), strict=True):
+            tokens[t] += len(ids)
+        for t, count in enumerate(tokens):
+            if count > self.limits.max_source_tokens:
+                raise InvalidRequest(
+                    f"{field}[{t}] has {count} tokens to translate; the limit is {self.limits.max_source_tokens} "
+                    "(max_source_tokens)"
+                )
         started = time.monotonic()
-        segments = [s async for s in self.segments(engine, texts, beam, max_output, deadline, field, keep_empty)]
+        limits = replace(self.limits, max_texts=max(len(pieces), 1))
+        runs = [piece.text for _, piece in pieces]
+        segments = [s async for s in self.segments(engine, runs, beam, max_output, deadline, field, True, limits)]
         self.observe(engine, segments, started, exchange)
-        by_text: dict[int, list[Sentence]] = {}
-        for segment in segments:
-            by_text.setdefault(segment.spec.text_index, []).append(segment)
-        with child_span(exchange.span if exchange else INVALID_SPAN, "detokenize"):
-            translated = engine.detokenize([s.output for s in segments])
-        outputs = dict(zip(map(id, segments), translated, strict=True))
+        by_piece = _by_text(segments, len(pieces))
+        with child_span(exchange.span if exchange else INVALID_SPAN, "markup"):
+            placed = await self._place(engine, [piece for _, piece in pieces], by_piece)
+        by_text: dict[int, list[str]] = {}
+        parts: dict[int, list[Sentence]] = {}
+        for (t, _), translation, sentences in zip(pieces, placed, by_piece, strict=True):
+            by_text.setdefault(t, []).append(translation)
+            parts.setdefault(t, []).extend(sentences)
         return [
-            TextTranslation(
-                text=leading_whitespace(text)
-                + "".join(outputs[id(s)] + s.spec.separator for s in parts).rstrip()
-                + trailing_whitespace(text),
-                input_tokens=sum(s.source_tokens for s in parts),
-                output_tokens=sum(len(s.output) for s in parts),
-                segments=len(parts),
-                truncated=any(s.spec.truncated for s in parts),
-                confidence=text_confidence(parts),
-                guard=next((s.guard for s in sorted(parts, key=lambda s: s.guard != "repetition") if s.guard), ""),
-                low_confidence=any(s.low_confidence(min_confidence) for s in parts),
-            )
-            for text, parts in zip(texts, (by_text.get(i, []) for i in range(len(texts))), strict=True)
+            _summary(document.render(by_text.get(t, [])), parts.get(t, []), min_confidence)
+            for t, document in enumerate(documents)
         ]
+
+    async def _place(self, engine: Engine, pieces: list[markup.Piece], by_piece: list[list[Sentence]]) -> list[str]:
+        """Each piece's translation: its sentences joined as in plain text, or, for a piece with markup or
+        atoms, put back around the words the aligner says they belong to."""
+        flat = [s for sentences in by_piece for s in sentences]
+        detokenized = dict(zip(map(id, flat), engine.detokenize([s.output for s in flat]), strict=True))
+        marked = [i for i, piece in enumerate(pieces) if not piece.plain and by_piece[i]]
+        pairs = [(s.spec.ids, s.output) for i in marked for s in by_piece[i]]
+        try:
+            alignments = iter(await asyncio.to_thread(engine.align, pairs) if pairs else [])
+        except ModelFolderError as e:
+            raise InvalidRequest(f"model {engine.name} cannot keep markup or placeholders: {e}") from e
+        results = [
+            _joined(piece.text, sentences, detokenized) for piece, sentences in zip(pieces, by_piece, strict=True)
+        ]
+        for i in marked:
+            results[i] = markup.place(pieces[i], _for_placement(engine, pieces[i], by_piece[i], alignments))
+        return results
 
     def observe(
         self, engine: Engine, segments: list[Sentence], started: float, exchange: Exchange | None = None

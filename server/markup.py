@@ -1,0 +1,536 @@
+"""Markup and placeholders kept through translation.
+
+A text is parsed into a ``Document``: raw parts the model never sees (block tags, comments in
+between blocks, ``<script>``, ``translate="no"`` content) and ``Piece``s, the runs of text between
+block boundaries that the model translates. A piece holds its plain text, the inline elements
+(``<b>``, ``<a href>``…) that enclosed each character, and its *atoms*: what must come back byte
+for byte and is taken out of the text before translation (placeholders such as ``{name}``,
+``%1$s`` or ``${x}``, URLs, e-mail addresses, numbers with units, inline void elements like
+``<img>``, untranslatable inline elements like ``<code>``).
+
+After translation, ``place`` puts them back using where each output word looked in its source
+(the model's cross-attention, ``export/aligner.py``): an inline element wraps the output words
+aligned to its words, an atom goes before the output word aligned to the source word after it.
+Spans are then made to nest as they did in the source, so the output is well-formed whenever the
+input is. HTML is parsed by the standard library's ``html.parser``; only the protected patterns
+are regular expressions.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from html.parser import HTMLParser
+
+import numpy as np
+
+from server.errors import InvalidRequest
+
+FORMATS = ("text", "html")
+
+# Elements that stay inside a sentence; every other element is a block and splits the text there.
+INLINE = frozenset(
+    [
+        "a",
+        "abbr",
+        "b",
+        "bdi",
+        "bdo",
+        "cite",
+        "data",
+        "del",
+        "dfn",
+        "em",
+        "font",
+        "i",
+        "ins",
+        "mark",
+        "q",
+        "s",
+        "small",
+        "span",
+        "strong",
+        "sub",
+        "sup",
+        "time",
+        "u",
+    ]
+)
+# Void elements kept inside a sentence, as atoms (<br>, <hr> and the others split it).
+INLINE_VOID = frozenset({"img", "input", "wbr"})
+VOID = frozenset(
+    ["area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "param", "source", "track", "wbr"]
+)
+# Content never translated: kept as it was sent (inline ones as atoms).
+UNTRANSLATED = frozenset(
+    ["script", "style", "code", "kbd", "samp", "var", "pre", "textarea", "svg", "math", "template", "noscript"]
+)
+INLINE_UNTRANSLATED = frozenset({"code", "kbd", "samp", "var"})
+
+# What comes back byte-identical in both formats, first match wins.
+PROTECTED = re.compile(
+    r"""
+      (?:https?|ftp)://[^\s<>"']*[^\s<>"'.,;:!?)\]]     # URLs
+    | www\.[^\s<>"']*[^\s<>"'.,;:!?)\]]
+    | [\w.+-]+@[\w-]+(?:\.[\w-]+)+                      # e-mail addresses
+    | \{\{[^{}]*\}\}                                    # {{mustache}}
+    | \$\{[^{}]*\}                                      # ${x}
+    | \{[\w.:,-]*\}                                     # {name} {0} {} {count:d}
+    | %\([\w]+\)[-+0#]*\d*(?:\.\d+)?[sdifxXeEgGcr]      # %(name)s
+    | %(?:\d+\$)?[-+0#]*\d*(?:\.\d+)?[sdifuxXeEgGcp@]   # %s %d %1$s %.2f %@
+    | [$€£¥]\s?\d+(?:[.,]\d+)*                          # $5 €10.50
+    | \d+(?:[.,]\d+)*\s?(?:%|°[CF]|[$€£¥]                # 10% 20 °C 5 €, and 12 km 3.5 GB…
+        |(?:km/h|mph|km|kg|mg|cm|mm|ml|GB|MB|KB|TB|GiB|MiB|KiB|px|em|rem|ms|min|g|m|l|h|s)(?!\w))
+    """,
+    re.VERBOSE,
+)
+PUNCTUATION = ".,;:!?)\\]}»“”\"'…"  # closing punctuation: a word of its own, as in "<b>Hund</b>."
+CLOSING_PUNCTUATION = re.compile(f"^[{PUNCTUATION}]+$")
+# Words as unit_spans makes them from tokens: runs of closing punctuation, and runs of anything else
+# but whitespace.
+WORD = re.compile(f"[{PUNCTUATION}]+|[^\\s{PUNCTUATION}]+")
+SPACE_TAIL = re.compile(r"\s*$")
+
+
+class MarkupError(InvalidRequest):
+    """Markup that is not well-formed: the message names the tag and where it is."""
+
+
+@dataclass
+class Element:
+    """An inline element of a piece."""
+
+    start: str  # its start tag, as sent
+    end: str = ""  # its end tag, as sent
+    parent: int | None = None  # the element enclosing it, in the same piece
+    offset: int = 0  # where it starts in the piece's text
+
+
+@dataclass
+class Atom:
+    text: str  # what is written back, byte for byte
+    offset: int  # where in the piece's text it was taken out
+    before: str  # the whitespace before it in the source
+    path: tuple[int, ...]  # the inline elements enclosing it, outermost first
+
+
+@dataclass
+class Piece:
+    """A run of text between block boundaries, with its inline markup and atoms."""
+
+    html: bool
+    text: str = ""
+    paths: list[tuple[int, ...]] = field(default_factory=list)  # per character of text
+    elements: list[Element] = field(default_factory=list)
+    atoms: list[Atom] = field(default_factory=list)
+    source: list[str] = field(default_factory=list)  # the piece as sent, for pieces with nothing to translate
+    _open: list[int] = field(default_factory=list)
+
+    @property
+    def translatable(self) -> bool:
+        return any(c.isalnum() for c in self.text)
+
+    @property
+    def plain(self) -> bool:
+        """Nothing to put back: the text is translated as any other."""
+        return not self.elements and not self.atoms
+
+    def add_text(self, text: str) -> None:
+        self.source.append(html.escape(text, quote=False) if self.html else text)
+        position = 0
+        for match in PROTECTED.finditer(text):
+            self._append(text[position : match.start()])
+            self.add_atom(html.escape(match.group(), quote=False) if self.html else match.group(), record=False)
+            position = match.end()
+        self._append(text[position:])
+
+    def _append(self, text: str) -> None:
+        if not text:
+            return
+        if self.atoms and self.atoms[-1].offset == len(self.text):  # right after an atom: no double spaces,
+            if self.text[-1:].isspace() and text[0].isspace():  # no space before closing punctuation
+                text = text.lstrip()
+            elif self.text[-1:].isspace() and CLOSING_PUNCTUATION.match(text[0]):
+                self.text = self.text.rstrip()
+                del self.paths[len(self.text) :]
+                for atom in self.atoms:
+                    atom.offset = min(atom.offset, len(self.text))
+        self.text += text
+        self.paths += [tuple(self._open)] * len(text)
+
+    def add_atom(self, text: str, record: bool = True) -> None:
+        if record:
+            self.source.append(text)
+        previous = self.atoms[-1].offset if self.atoms else 0
+        before = "" if self.atoms and previous == len(self.text) else SPACE_TAIL.search(self.text[previous:]).group()
+        self.atoms.append(Atom(text, len(self.text), before, tuple(self._open)))
+
+    def open(self, start: str) -> None:
+        self.source.append(start)
+        parent = self._open[-1] if self._open else None
+        self.elements.append(Element(start, parent=parent, offset=len(self.text)))
+        self._open.append(len(self.elements) - 1)
+
+    def close(self, end: str) -> None:
+        self.source.append(end)
+        self.elements[self._open.pop()].end = end
+
+
+@dataclass
+class Document:
+    parts: list[str | Piece]
+
+    @property
+    def pieces(self) -> list[Piece]:
+        """The pieces to translate, in order."""
+        return [p for p in self.parts if isinstance(p, Piece) and p.translatable]
+
+    def render(self, translations: Sequence[str]) -> str:
+        """The document with its pieces replaced by ``translations`` (one per ``pieces``, in order)."""
+        it = iter(translations)
+        out = []
+        for part in self.parts:
+            if isinstance(part, str):
+                out.append(part)
+            elif part.translatable:
+                out.append(next(it))
+            else:
+                out.append("".join(part.source))
+        return "".join(out)
+
+
+def parse(text: str, format: str) -> Document:
+    """The document of a request text; raises MarkupError for malformed HTML."""
+    if format == "text":
+        piece = Piece(html=False)
+        piece.add_text(text)
+        return Document([piece])
+    if format != "html":
+        raise InvalidRequest(f"format={format!r} is not supported; use one of {', '.join(FORMATS)}")
+    root = _Tree(text).parse()
+    parts: list[str | Piece] = []
+    _walk(root, text, parts)
+    return Document([p for p in parts if not (isinstance(p, Piece) and not p.source)])
+
+
+@dataclass
+class _Node:
+    tag: str
+    attrs: dict[str, str | None]
+    start: str  # the start tag as sent
+    begin: int  # offsets of the whole element in the source
+    end_offset: int = -1
+    end: str = ""
+    children: list[_Node | str | _Raw] = field(default_factory=list)
+
+    @property
+    def translated(self) -> bool:
+        classes = (self.attrs.get("class") or "").split()
+        return self.tag not in UNTRANSLATED and self.attrs.get("translate") != "no" and "notranslate" not in classes
+
+    @property
+    def inline(self) -> bool:
+        if self.tag in VOID:
+            return self.tag in INLINE_VOID
+        if not self.translated:
+            return self.tag in INLINE or self.tag in INLINE_UNTRANSLATED
+        return self.tag in INLINE and all(not isinstance(c, _Node) or c.inline for c in self.children)
+
+
+@dataclass
+class _Raw:
+    text: str  # a comment, declaration or processing instruction, as sent
+
+
+class _Tree(HTMLParser):
+    """The element tree of a fragment, with every element's offsets; raises MarkupError where an
+    end tag does not close the innermost open element or an element is never closed."""
+
+    def __init__(self, source: str) -> None:
+        super().__init__(convert_charrefs=True)
+        self.source = source
+        self.root = _Node("", {}, "", 0)
+        self.stack = [self.root]
+        self.lines = [0] + [m.end() for m in re.finditer("\n", source)]
+
+    def parse(self) -> _Node:
+        self.feed(self.source)
+        self.close()
+        if len(self.stack) > 1:
+            node = self.stack[-1]
+            raise MarkupError(f"format=html: <{node.tag}> at {self._where(node.begin)} is never closed")
+        return self.root
+
+    def _offset(self) -> int:
+        line, column = self.getpos()
+        return self.lines[line - 1] + column
+
+    def _where(self, offset: int) -> str:
+        line = sum(1 for start in self.lines if start <= offset)
+        return f"line {line}, column {offset - self.lines[line - 1] + 1}"
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        raw = self.get_starttag_text() or f"<{tag}>"
+        begin = self._offset()
+        node = _Node(tag, dict(attrs), raw, begin, begin + len(raw))
+        self.stack[-1].children.append(node)
+        if tag not in VOID and not raw.endswith("/>"):
+            self.stack.append(node)
+
+    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        raw = self.get_starttag_text() or f"<{tag}/>"
+        begin = self._offset()
+        self.stack[-1].children.append(_Node(tag, dict(attrs), raw, begin, begin + len(raw)))
+
+    def handle_endtag(self, tag: str) -> None:
+        begin = self._offset()
+        raw = self.source[begin : self.source.index(">", begin) + 1]
+        top = self.stack[-1]
+        if tag in VOID and top.tag != tag:
+            return  # </br>, </img>: browsers ignore them, so do we
+        if top is self.root:
+            raise MarkupError(f"format=html: </{tag}> at {self._where(begin)} closes no open element")
+        if top.tag != tag:
+            raise MarkupError(
+                f"format=html: </{tag}> at {self._where(begin)} while <{top.tag}> from {self._where(top.begin)} is "
+                f"still open; close elements in the order they were opened"
+            )
+        top.end, top.end_offset = raw, begin + len(raw)
+        self.stack.pop()
+
+    def handle_data(self, data: str) -> None:
+        self.stack[-1].children.append(data)
+
+    def handle_comment(self, data: str) -> None:
+        self.stack[-1].children.append(_Raw(f"<!--{data}-->"))
+
+    def handle_decl(self, decl: str) -> None:
+        self.stack[-1].children.append(_Raw(f"<!{decl}>"))
+
+    def handle_pi(self, data: str) -> None:
+        self.stack[-1].children.append(_Raw(f"<?{data}>"))
+
+    def unknown_decl(self, data: str) -> None:
+        self.stack[-1].children.append(_Raw(f"<![{data}]>"))
+
+
+def _walk(node: _Node, source: str, parts: list[str | Piece]) -> None:
+    """Flattens the tree into raw parts and pieces (the last part, when a piece, is the open one)."""
+
+    def piece() -> Piece:
+        if not parts or not isinstance(parts[-1], Piece):
+            parts.append(Piece(html=True))
+        return parts[-1]
+
+    for child in node.children:
+        if isinstance(child, str):
+            piece().add_text(child)
+        elif isinstance(child, _Raw):
+            piece().add_atom(child.text)
+        elif child.inline and (child.tag in VOID or not child.translated):
+            piece().add_atom(source[child.begin : child.end_offset])
+        elif child.inline:
+            piece().open(child.start)
+            _walk(child, source, parts)
+            piece().close(child.end)
+        elif child.tag in VOID or not child.translated:
+            parts.append(source[child.begin : child.end_offset])
+        else:
+            parts.append(child.start)
+            _walk(child, source, parts)
+            parts.append(child.end)
+
+
+# --- putting markup back ---------------------------------------------------------------------------
+
+
+def unit_spans(pieces: Sequence[str]) -> list[tuple[int, int]]:
+    """Tokens grouped into the units markup is placed around: words ("▁" starts one), with closing
+    punctuation a unit of its own (so "<b>Hund</b>." and not "<b>Hund.</b>"); what WORD finds in text."""
+    spans: list[tuple[int, int]] = []
+    for i, piece in enumerate(pieces):
+        punctuation = CLOSING_PUNCTUATION.match(piece) is not None
+        if (
+            spans
+            and not piece.startswith("▁")
+            and punctuation == (CLOSING_PUNCTUATION.match(pieces[spans[-1][0]]) is not None)
+        ):
+            spans[-1] = (spans[-1][0], i + 1)
+        else:
+            spans.append((i, i + 1))
+    return spans
+
+
+def source_words(pieces: Sequence[str]) -> list[int]:
+    """The word (unit_spans) of each source token."""
+    words = []
+    for word, (start, end) in enumerate(unit_spans(pieces)):
+        words += [word] * (end - start)
+    return words
+
+
+def align_units(alignment: np.ndarray, words: Sequence[int], spans: Sequence[tuple[int, int]]) -> list[int | None]:
+    """The source word each output unit is aligned to: the word with the most attention from the unit's
+    tokens (alignment: output tokens × source tokens); None when the unit attended to nothing."""
+    if not len(words) or not len(spans):
+        return [None] * len(spans)
+    by_word = np.zeros((alignment.shape[0], max(words) + 1), np.float32)
+    np.add.at(by_word.T, np.asarray(words[: alignment.shape[1]]), alignment[:, : len(words)].T)
+    result: list[int | None] = []
+    for start, end in spans:
+        scores = by_word[start:end].sum(axis=0)
+        result.append(int(scores.argmax()) if end > start and scores.max() > 0 else None)
+    return result
+
+
+@dataclass(frozen=True)
+class Sentence:
+    """One translated sentence of a piece, ready for placement."""
+
+    start: int  # where it starts in the piece's text
+    units: list[str]  # its translation's units (unit_spans), detokenized
+    leading_space: list[bool]  # per unit: a word start (a space before it, but for the first)
+    aligned: list[int | None]  # per unit: the sentence's source word it is aligned to
+    separator: str  # the whitespace after it
+
+
+@dataclass
+class _Item:
+    """A unit of the output: a word or punctuation of the translation, or an atom."""
+
+    text: str
+    before: str  # the whitespace written before it
+    source: int | None  # the source item (word or atom) it stands for
+
+
+@dataclass
+class _Span:
+    element: int
+    lo: int  # first and last output item it wraps; empty (hi < lo) at boundary lo
+    hi: int
+    children: list[_Span] = field(default_factory=list)
+
+
+def place(piece: Piece, sentences: Sequence[Sentence]) -> str:
+    """The piece's translation with its inline elements and atoms put back (see the module's doc)."""
+    words = [m.start() for m in WORD.finditer(piece.text)]
+    # The source's items in order: its words and atoms (an atom before a word at its offset).
+    keys = sorted(
+        [(start, 1, i) for i, start in enumerate(words)] + [(a.offset, 0, i) for i, a in enumerate(piece.atoms)]
+    )
+    index = {(kind, i): n for n, (_, kind, i) in enumerate(keys)}
+    paths = [piece.paths[words[i]] if kind else piece.atoms[i].path for _, kind, i in keys]
+    starts = [s.start for s in sentences]
+    sentence_of = lambda offset: max((k for k, start in enumerate(starts) if start <= offset), default=0)  # noqa: E731
+    first_word = [sum(1 for w in words if w < start) for start in starts]
+
+    runs: list[list[_Item]] = []  # the output items of each sentence
+    for k, sentence in enumerate(sentences):
+        run = []
+        for text, space, word in zip(sentence.units, sentence.leading_space, sentence.aligned, strict=True):
+            source = None if word is None else index.get((1, first_word[k] + word))
+            run.append(_Item(html.escape(text, quote=False) if piece.html else text, " " if space else "", source))
+        runs.append(run)
+    if not runs:
+        runs.append([])
+    for i, atom in enumerate(piece.atoms):
+        k = sentence_of(atom.offset)
+        end = starts[k + 1] if k + 1 < len(starts) else len(piece.text)
+        neighbours = [index[(1, w)] for w, start in enumerate(words) if atom.offset <= start < end]
+        at = _position(runs[k], neighbours)
+        before = atom.before or (" " if at else "")  # moved away from the text's start: not glued to a word
+        runs[k].insert(at, _Item(atom.text, before, index[(0, i)]))
+    items: list[_Item] = []
+    for k, run in enumerate(runs):
+        if run:
+            run[0].before = sentences[k - 1].separator if k else ""
+        items += run
+    if not items:
+        return "".join(piece.source)
+    roots = _spans(piece, items, paths, [words[i] if kind else piece.atoms[i].offset for _, kind, i in keys])
+    stripped = piece.text.strip()
+    leading, trailing = piece.text[: piece.text.index(stripped[:1])] if stripped else piece.text, ""
+    if stripped:
+        trailing = piece.text[len(piece.text.rstrip()) :]
+    return leading + _render(piece, items, roots, 0, len(items) - 1, first=True) + trailing
+
+
+def _position(run: list[_Item], after: Sequence[int]) -> int:
+    """Where an atom goes in a sentence's output: before the first item aligned to the nearest source
+    word after it that has one; else at the end."""
+    for source in after:
+        found = [n for n, item in enumerate(run) if item.source == source]
+        if found:
+            return found[0]
+    return len(run)
+
+
+def _spans(piece: Piece, items: list[_Item], paths: list[tuple[int, ...]], offsets: list[int]) -> list[_Span]:
+    """Each inline element's span of output items, nested as in the source: an element wraps from the
+    first to the last output item aligned to anything it enclosed, clamped to its parent's span and
+    starting after the sibling before it in the output; one that wraps nothing is written empty where its source's
+    next word went."""
+    covered: dict[int, list[int]] = {}
+    for n, item in enumerate(items):
+        if item.source is not None:
+            for element in paths[item.source]:
+                covered.setdefault(element, []).append(n)
+    children: dict[int | None, list[int]] = {}
+    for e, element in enumerate(piece.elements):
+        children.setdefault(element.parent, []).append(e)
+
+    def boundary(e: int, lo: int, hi: int) -> int:
+        following = [
+            n
+            for n, item in enumerate(items)
+            if item.source is not None and offsets[item.source] >= piece.elements[e].offset
+        ]
+        return min(max(min(following, default=hi + 1), lo), hi + 1)
+
+    def build(parent: int | None, lo: int, hi: int) -> list[_Span]:
+        spans = []
+        for e in children.get(parent, []):
+            own = [n for n in covered.get(e, []) if lo <= n <= hi]
+            spans.append(
+                _Span(e, min(own), max(own)) if own else _Span(e, boundary(e, lo, hi), boundary(e, lo, hi) - 1)
+            )
+        end = lo - 1
+        for span in sorted(spans, key=lambda s: (s.lo, s.hi)):  # siblings may be reordered, not overlap
+            if span.hi >= span.lo:
+                span.lo = max(span.lo, end + 1)
+                if span.hi >= span.lo:
+                    end = span.hi
+                else:
+                    span.hi = span.lo - 1
+        for span in spans:  # an empty one inside a sibling moves past it
+            if span.hi < span.lo:
+                for other in spans:
+                    if other.hi >= other.lo and other.lo < span.lo <= other.hi:
+                        span.lo, span.hi = other.hi + 1, other.hi
+            span.children = build(span.element, span.lo, span.hi)
+        return sorted(spans, key=lambda s: (s.lo, s.hi >= s.lo))
+
+    return build(None, 0, len(items) - 1)
+
+
+def _render(piece: Piece, items: list[_Item], spans: list[_Span], lo: int, hi: int, first: bool) -> str:
+    """Items lo..hi with their spans' tags; ``first``: write the first item's whitespace (false inside a
+    tag, whose caller wrote it before the tag)."""
+    out, n = [], lo
+    for span in spans:
+        while n < span.lo:
+            out.append((items[n].before if n > lo or first else "") + items[n].text)
+            n += 1
+        element = piece.elements[span.element]
+        if span.hi < span.lo:
+            out.append(element.start + _render(piece, items, span.children, span.lo, span.hi, False) + element.end)
+            continue
+        space = items[span.lo].before if span.lo > lo or first else ""
+        out.append(space + element.start + _render(piece, items, span.children, span.lo, span.hi, False) + element.end)
+        n = span.hi + 1
+    while n <= hi:
+        out.append((items[n].before if n > lo or first else "") + items[n].text)
+        n += 1
+    return "".join(out)
