@@ -12,6 +12,7 @@ default in OPUS-MT's layout, which CTranslate2's converter accepts.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import shutil
 import sys
@@ -123,7 +124,12 @@ def evaluate(model: OrtModel, cfg: ExportConfig, reference_ids: list[list[int]],
             src, ref = src[: cfg.eval_sentences], ref[: cfg.eval_sentences]
         metric = sacrebleu.BLEU()
         score = metric.corpus_score(model.translate(src), [ref]).score
-        quality.update(bleu_greedy=round(score, 2), bleu_signature=str(metric.get_signature()), eval_split=cfg.eval_split, eval_sentences=len(src))  # fmt: skip
+        quality.update(
+            bleu_greedy=round(score, 2),
+            bleu_signature=str(metric.get_signature()),
+            eval_split=cfg.eval_split,
+            eval_sentences=len(src),
+        )
     return quality
 
 
@@ -205,6 +211,11 @@ def run(cfg: ExportConfig) -> Path:
         if cfg.out.exists():
             shutil.rmtree(cfg.out)
         folder.rename(cfg.out)
+    # The temporary folder was made private (0700): give the export the permissions of any new folder,
+    # so that a server running as another user (the image's uid 10001) can read it.
+    umask = os.umask(0)
+    os.umask(umask)
+    cfg.out.chmod(0o777 & ~umask)
     return cfg.out
 
 

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +39,15 @@ def test_manifest_describes_the_folder(tiny_export: Path):
     assert decoder_outputs[:3] == ["top_log_probs", "top_ids", "eos_log_probs"]
     assert set(manifest["files"]) == {p.name for p in tiny_export.iterdir()} - {"manifest.json"}
     assert manifest["export_command"].startswith("python -m export")
+
+
+def test_the_folder_is_readable_by_other_users(tiny_export: Path):
+    """Exported through a private temporary folder, the result still gets a new folder's permissions (the
+    image's server runs as another user than the export)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(tiny_export.stat().st_mode) == 0o777 & ~umask
+    assert all(stat.S_IMODE(f.stat().st_mode) & 0o444 == 0o444 & ~umask for f in tiny_export.iterdir())
 
 
 def test_parity_with_rows_of_different_cache_lengths(tiny_checkpoint: Path, tiny_export: Path):
