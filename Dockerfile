@@ -13,15 +13,19 @@
 # (the default builder since Docker 23, and always with docker compose v2).
 
 ARG PYTHON_IMAGE=python:3.11-slim
+# The index torch's CPU wheel (and what it needs) comes from. Builds without a registry point both
+# arguments at local sources: deploy/image/README.md (`make image` does it).
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 # onnxruntime-gpu wheels on PyPI are built for CUDA 12 and cuDNN 9; this tag ships both.
 ARG CUDA_IMAGE=nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04
 
 FROM ${PYTHON_IMAGE} AS build
+ARG TORCH_INDEX_URL
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
 # The CPU wheel first, from its own index, so that `.[train]` finds torch satisfied and the large
 # layer is reused across source changes.
-RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+RUN pip install torch==2.13.0 --index-url ${TORCH_INDEX_URL}
 COPY . .
 RUN pip install '.[train]'
 
