@@ -77,8 +77,10 @@ def main() -> int:
     sources = tokenizer.encode_source(texts)
 
     print(f"command: python benchmarks/cuda_check.py {shlex.join(sys.argv[1:])}")
-    print(f"machine: {gpu_name()}; {platform.machine()}, {len(os.sched_getaffinity(0))} cores; "
-          f"onnxruntime {ort.__version__}; medians of {args.repeats}")  # fmt: skip
+    print(
+        f"machine: {gpu_name()}; {platform.machine()}, {len(os.sched_getaffinity(0))} cores; "
+        f"onnxruntime {ort.__version__}; medians of {args.repeats}"
+    )
     print("\n| check | result |\n|---|---|")
     for beam in (1, 4):
         _, on_cpu = translate_all(cpu, sources, 32, beam)

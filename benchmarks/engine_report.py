@@ -1,6 +1,6 @@
 """Engine benchmark report (part of ``make bench``; not a test).
 
-    python tests/benchmarks/engine_report.py --model exported/default --out tests/benchmarks
+    python benchmarks/engine_report.py --model exported/default --out benchmarks
 
 For input lengths 16..1024: encoder time, decoder-step time with the KV cache
 (ONNX Runtime and PyTorch) and without it (PyTorch re-running the prefix), the
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from export.runtime import OrtModel, RuntimeOptions  # noqa: E402
@@ -150,15 +150,28 @@ def measure_memory(model_dir: Path, length: int, beam: int) -> None:
     running[0] = False
     thread.join()
     estimate = engine.sequence_bytes(length, length, beam) + engine.encoder_scores_bytes(1, length)
-    print(json.dumps({"length": length, "beam": beam, "measured_bytes": peak[0] - baseline, "estimate_bytes": estimate,
-                      "cache_bytes": cache_bytes}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "length": length,
+                "beam": beam,
+                "measured_bytes": peak[0] - baseline,
+                "estimate_bytes": estimate,
+                "cache_bytes": cache_bytes,
+            }
+        )
+    )
 
 
 def memory_rows(model_dir: Path, beam: int) -> list[dict]:
     rows = []
     for length in LENGTHS:
-        out = subprocess.run([sys.executable, __file__, "--model", str(model_dir), "--measure-memory", str(length), "--beam", str(beam)],
-                             capture_output=True, text=True, check=True)  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, __file__, "--model", str(model_dir), "--measure-memory", str(length), "--beam", str(beam)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     return rows
@@ -172,8 +185,12 @@ def plots(timings: list[dict], memory: list[dict], out: Path) -> None:
 
     lengths = [r["length"] for r in timings]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for key, label in (("encoder_s", "encoder (ORT)"), ("ort_step_s", "decoder step, KV cache (ORT)"),
-                       ("torch_step_s", "decoder step, KV cache (PyTorch)"), ("torch_no_cache_step_s", "decoder step, no cache (PyTorch)")):  # fmt: skip
+    for key, label in (
+        ("encoder_s", "encoder (ORT)"),
+        ("ort_step_s", "decoder step, KV cache (ORT)"),
+        ("torch_step_s", "decoder step, KV cache (PyTorch)"),
+        ("torch_no_cache_step_s", "decoder step, no cache (PyTorch)"),
+    ):
         ax.plot(lengths, [r[key] * 1000 for r in timings], marker="o", label=label)
     ax.set(
         xscale="log",
@@ -208,7 +225,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=ROOT / "exported/default")
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared/data/multi30k")
-    parser.add_argument("--out", type=Path, default=ROOT / "tests/benchmarks")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--beam", type=int, default=4, help=argparse.SUPPRESS)
     parser.add_argument("--measure-memory", type=int, help=argparse.SUPPRESS)
@@ -220,24 +237,40 @@ def main() -> int:
     memory = [row for beam in (1, 4) for row in memory_rows(args.model, beam)]
     sweep = batch_sweep(args.model, args.data, max(1, args.repeats // 2))
     args.out.mkdir(parents=True, exist_ok=True)
-    lines = [f"command: `python tests/benchmarks/engine_report.py --model {args.model} --repeats {args.repeats}`",
-             f"machine: {platform.machine()}, {os.cpu_count()} cores; medians of {args.repeats} runs", "",
-             "| length | encoder ms | step ms, cache (ORT) | step ms, cache (PyTorch) | step ms, no cache (PyTorch) | attention share of ORT step |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"command: `python benchmarks/engine_report.py --model {args.model} --repeats {args.repeats}`",
+        f"machine: {platform.machine()}, {os.cpu_count()} cores; medians of {args.repeats} runs",
+        "",
+        "| length | encoder ms | step ms, cache (ORT) | step ms, cache (PyTorch) | step ms, no cache (PyTorch) "
+        "| attention share of ORT step |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in timings:
-        lines.append(f"| {r['length']} | {r['encoder_s'] * 1e3:.2f} | {r['ort_step_s'] * 1e3:.2f} | {r['torch_step_s'] * 1e3:.2f} | "
-                     f"{r['torch_no_cache_step_s'] * 1e3:.2f} | {r['attention_share']:.0%} |")  # fmt: skip
-    lines += ["", "Peak memory, one source decoded for as many steps as it has tokens (fresh process each):", "",
-              "| length | beam | measured peak RSS growth MiB | server estimate MiB | ratio | cache buffers allocated MiB |",
-              "|---|---|---|---|---|---|"]  # fmt: skip
+        lines.append(
+            f"| {r['length']} | {r['encoder_s'] * 1e3:.2f} | {r['ort_step_s'] * 1e3:.2f} | "
+            f"{r['torch_step_s'] * 1e3:.2f} | "
+            f"{r['torch_no_cache_step_s'] * 1e3:.2f} | {r['attention_share']:.0%} |"
+        )
+    lines += [
+        "",
+        "Peak memory, one source decoded for as many steps as it has tokens (fresh process each):",
+        "",
+        "| length | beam | measured peak RSS growth MiB | server estimate MiB | ratio | cache buffers allocated MiB |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in memory:
         ratio = r["measured_bytes"] / r["estimate_bytes"]
         lines.append(
             f"| {r['length']} | {r['beam']} | {r['measured_bytes'] / 2**20:.1f} | {r['estimate_bytes'] / 2**20:.1f} | "
             f"{ratio:.2f} | {r['cache_bytes'] / 2**20:.1f} |"
         )
-    lines += ["", "Batch-size sweep (ONNX Runtime fp32, greedy, 128 test_2016_flickr sentences):", "",
-              "| batch | output tokens/s | sentences/s |", "|---|---|---|"]  # fmt: skip
+    lines += [
+        "",
+        "Batch-size sweep (ONNX Runtime fp32, greedy, 128 test_2016_flickr sentences):",
+        "",
+        "| batch | output tokens/s | sentences/s |",
+        "|---|---|---|",
+    ]
     lines += [f"| {r['batch']} | {r['tokens_per_s']:.0f} | {r['sentences_per_s']:.1f} |" for r in sweep]
     (args.out / "engine_report.md").write_text("\n".join(lines) + "\n")
     plots(timings, memory, args.out)

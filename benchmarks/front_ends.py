@@ -73,9 +73,23 @@ def idle_memory(settle_s: float = 3.0) -> list[tuple[str, float]]:
 
 def drive(api: str, port: int, languages: str, profile: loadtest.Profile, clients: int, requests: int):
     args = loadtest.parse_args(
-        ["--api", api, "--target", f"127.0.0.1:{port}", "--languages", languages, "--metrics", "",
-         "--requests", str(requests), "--duration", "600", "--deadline", "120"]
-    )  # fmt: skip
+        [
+            "--api",
+            api,
+            "--target",
+            f"127.0.0.1:{port}",
+            "--languages",
+            languages,
+            "--metrics",
+            "",
+            "--requests",
+            str(requests),
+            "--duration",
+            "600",
+            "--deadline",
+            "120",
+        ]
+    )
     return loadtest.drive(args, profile, clients, 0.0)
 
 
@@ -107,13 +121,16 @@ def front_ends(data: Path, tokenizer, requests: int, repeats: int, concurrency: 
         stop(process)
     lines = ["| clients | API | req/s | p50 s | p99 s | errors | HTTP / gRPC req/s |", "|---|---|---|---|---|---|---|"]
     for clients in concurrency:
-        med = {api: {k: statistics.median(r[k] for r in runs[clients, api]) for k in runs[clients, api][0]}
-               for api in ("grpc", "http")}  # fmt: skip
+        med = {
+            api: {k: statistics.median(r[k] for r in runs[clients, api]) for k in runs[clients, api][0]}
+            for api in ("grpc", "http")
+        }
         for api in ("grpc", "http"):
             m = med[api]
             ratio = f"{med['http']['req_s'] / med['grpc']['req_s']:.2f}" if api == "http" else ""
             lines.append(
-                f"| {clients} | {api} | {m['req_s']:.1f} | {m['p50']:.3f} | {m['p99']:.3f} | {m['errors']:.0f} | {ratio} |"
+                f"| {clients} | {api} | {m['req_s']:.1f} | {m['p50']:.3f} | {m['p99']:.3f} | "
+                f"{m['errors']:.0f} | {ratio} |"
             )
     return lines
 
@@ -122,8 +139,12 @@ class PeakSampler(threading.Thread):
     """Peaks of the server's memory gauges, read from its metrics port every 20 ms; ``held`` is the caches
     (self- and cross-attention) held at once."""
 
-    NAMES = ("translate_memory_reserved_bytes", "translate_kv_cache_bytes", "translate_cross_attention_cache_bytes",
-             "process_resident_memory_bytes")  # fmt: skip
+    NAMES = (
+        "translate_memory_reserved_bytes",
+        "translate_kv_cache_bytes",
+        "translate_cross_attention_cache_bytes",
+        "process_resident_memory_bytes",
+    )
 
     def __init__(self, metrics_port: int) -> None:
         super().__init__(daemon=True)
@@ -134,8 +155,11 @@ class PeakSampler(threading.Thread):
     def run(self) -> None:
         while self.running:
             body = urllib.request.urlopen(self.url, timeout=5).read().decode()
-            values = {name: float(value) for name, _, value in (line.partition(" ") for line in body.splitlines())
-                      if name in self.NAMES}  # fmt: skip
+            values = {
+                name: float(value)
+                for name, _, value in (line.partition(" ") for line in body.splitlines())
+                if name in self.NAMES
+            }
             values["held"] = values["translate_kv_cache_bytes"] + values["translate_cross_attention_cache_bytes"]
             for name in self.peaks:
                 self.peaks[name] = max(self.peaks[name], values[name])
@@ -151,8 +175,10 @@ def mixed(data: Path, tokenizers: dict[str, object], requests: int, clients: int
     async def both():
         english = loadtest.Profile(f"file:{data / 'test_2016_flickr.en.gz'}", tokenizers["en:de"], 1)
         german = loadtest.Profile(f"file:{data / 'test_2016_flickr.de.gz'}", tokenizers["de:en"], 2)
-        return await asyncio.gather(drive("grpc", port, "en:de", english, clients, requests),
-                                    drive("grpc", port, "de:en", german, clients, requests))  # fmt: skip
+        return await asyncio.gather(
+            drive("grpc", port, "en:de", english, clients, requests),
+            drive("grpc", port, "de:en", german, clients, requests),
+        )
 
     try:
         forward, backward = asyncio.run(both())
@@ -170,7 +196,8 @@ def mixed(data: Path, tokenizers: dict[str, object], requests: int, clients: int
         f"memory budget {budget_mib} MiB: peak reserved by admission (the estimate the budget bounds) "
         f"{peaks['translate_memory_reserved_bytes'] / MIB:.1f} MiB; peak resident growth over idle "
         f"{(peaks['process_resident_memory_bytes'] - idle) / MIB:.1f} MiB (idle {idle / MIB:.0f} MiB); cache "
-        f"buffers allocated at peak {peaks['held'] / MIB:.1f} MiB (reserved for the longest output, paged in as written)",
+        f"buffers allocated at peak {peaks['held'] / MIB:.1f} MiB "
+        "(reserved for the longest output, paged in as written)",
     ]
     return lines
 
@@ -185,8 +212,10 @@ def main() -> int:
     parser.add_argument("--mixed-clients", type=int, default=32, help="closed-loop clients per pair")
     parser.add_argument("--mixed-budget-mib", type=int, default=8, help="small enough to bind under the load")
     args = parser.parse_args()
-    tokenizers = {pair: spm.SentencePieceProcessor(model_file=str(folder / "sentencepiece.model"))
-                  for pair, folder in (("en:de", EN_DE), ("de:en", DE_EN))}  # fmt: skip
+    tokenizers = {
+        pair: spm.SentencePieceProcessor(model_file=str(folder / "sentencepiece.model"))
+        for pair, folder in (("en:de", EN_DE), ("de:en", DE_EN))
+    }
     concurrency = [int(c) for c in args.concurrency.split(",")]
     memory = idle_memory()
     apis = front_ends(args.data, tokenizers["en:de"], args.requests, args.repeats, concurrency)

@@ -90,7 +90,8 @@ def main() -> int:
     unexpected = {code: n for code, n in summary["codes"].items() if code != "OK" and code not in REFUSALS}
     lines = [
         f"command: `python benchmarks/overload.py {' '.join(sys.argv[1:])}`",
-        f"machine: {platform.machine()}, {os.cpu_count()} cores, client on the same cores; server with the deployment's "
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, client on the same cores; "
+        "server with the deployment's "
         f"ConfigMap ({' '.join(flags)}), both default models; profile {profile_spec}",
         "",
         f"capacity (closed loop, 32 clients): {capacity:.1f} req/s; offered: {rate:.1f} req/s (Poisson) for "

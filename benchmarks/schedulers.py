@@ -1,6 +1,6 @@
 """Continuous vs static batching under a mixed, long-tailed open-loop load (not a test).
 
-    python tests/benchmarks/schedulers.py --model exported/default --out tests/benchmarks
+    python benchmarks/schedulers.py --model exported/default --out benchmarks
 
 Capacity is measured first (closed loop, the same mix, both schedulers; the
 lower one counts); then each scheduler gets Poisson arrivals at 70% of it,
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from server import loadtest  # noqa: E402
@@ -36,9 +36,19 @@ PROFILES = ("mix:90:10-30:200-500:run-on", "mix:90:10-30:200-500")
 
 def run_load(port: int, tokenizer, profile_spec: str, concurrency: int, rate: float, requests: int, seed: int) -> dict:
     args = loadtest.parse_args(
-        ["--target", f"127.0.0.1:{port}", "--metrics", "", "--requests", str(requests), "--duration", "600",
-         "--deadline", "120"]
-    )  # fmt: skip
+        [
+            "--target",
+            f"127.0.0.1:{port}",
+            "--metrics",
+            "",
+            "--requests",
+            str(requests),
+            "--duration",
+            "600",
+            "--deadline",
+            "120",
+        ]
+    )
     run = asyncio.run(loadtest.drive(args, loadtest.Profile(profile_spec, tokenizer, seed), concurrency, rate))
     short = [r.latency for r in run.results if r.code == "OK" and r.input_tokens <= SHORT_MAX]
     long = [r.latency for r in run.results if r.code == "OK" and r.input_tokens > SHORT_MAX]
@@ -56,7 +66,7 @@ def run_load(port: int, tokenizer, profile_spec: str, concurrency: int, rate: fl
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=ROOT / "exported/default")
-    parser.add_argument("--out", type=Path, default=ROOT / "tests/benchmarks")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks")
     parser.add_argument("--profiles", default=",".join(PROFILES), help="comma-separated load profiles")
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=3)
@@ -67,8 +77,10 @@ def main() -> int:
     rows = []
     try:
         for profile in args.profiles.split(","):
-            capacity = {name: run_load(port, tokenizer, profile, 32, 0.0, args.requests, 0)["requests_per_s"]
-                        for name, (_, port, _) in servers.items()}  # fmt: skip
+            capacity = {
+                name: run_load(port, tokenizer, profile, 32, 0.0, args.requests, 0)["requests_per_s"]
+                for name, (_, port, _) in servers.items()
+            }
             rate = args.load * min(capacity.values())
             print(f"{profile}: capacity {capacity}; offering {rate:.1f} requests/s", file=sys.stderr)
             results: dict[str, list[dict]] = {name: [] for name in servers}
@@ -81,7 +93,7 @@ def main() -> int:
     finally:
         stop_servers(servers)
     lines = [
-        f"command: `python tests/benchmarks/schedulers.py {' '.join(sys.argv[1:])}`",
+        f"command: `python benchmarks/schedulers.py {' '.join(sys.argv[1:])}`",
         f"machine: {platform.machine()}, {os.cpu_count()} cores; Poisson arrivals at {args.load:.0%} of the lower "
         f"measured capacity (closed loop, 32 clients); {args.requests} requests per run; medians of {args.repeats} "
         "runs, schedulers alternating; short = up to 32 source tokens",
@@ -100,9 +112,11 @@ def main() -> int:
     lines.append("")
     for profile, _, _, med in rows:
         s, c = med["static"], med["continuous"]
-        lines.append(f"- {profile}: continuous vs static: short p99 {s['short_p99'] / c['short_p99']:.1f}× lower, "
-                     f"short p50 {s['short_p50'] / c['short_p50']:.1f}× lower, "
-                     f"throughput ×{c['requests_per_s'] / s['requests_per_s']:.2f}")  # fmt: skip
+        lines.append(
+            f"- {profile}: continuous vs static: short p99 {s['short_p99'] / c['short_p99']:.1f}× lower, "
+            f"short p50 {s['short_p50'] / c['short_p50']:.1f}× lower, "
+            f"throughput ×{c['requests_per_s'] / s['requests_per_s']:.2f}"
+        )
     write_report(args.out / "schedulers.md", lines)
     return 0
 

@@ -1,7 +1,7 @@
 """Soak run (``make soak``, not in CI): a server under steady closed-loop load for
 ``--duration`` seconds; reports resident memory growth per hour after warm-up.
 
-    python tests/benchmarks/soak.py --model exported/default --duration 600
+    python benchmarks/soak.py --model exported/default --duration 600
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from server import loadtest  # noqa: E402
@@ -53,7 +53,8 @@ def main() -> int:
             samples.append((time.monotonic() - start, rss(metrics_port)))
             errors = sum(r.code != "OK" for r in run.results)
             print(
-                f"t={samples[-1][0]:6.0f}s rss={samples[-1][1] / 2**20:7.1f} MiB requests={len(run.results)} errors={errors}",
+                f"t={samples[-1][0]:6.0f}s rss={samples[-1][1] / 2**20:7.1f} MiB "
+                f"requests={len(run.results)} errors={errors}",
                 flush=True,
             )
     finally:
@@ -64,8 +65,10 @@ def main() -> int:
         print("too short to measure growth; raise --duration")
         return 1
     slope = statistics.linear_regression([t for t, _ in steady], [m for _, m in steady]).slope
-    print(f"memory growth after {args.warmup:.0f}s warm-up: {slope * 3600 / 2**20:+.1f} MiB/hour "
-          f"(from {steady[0][1] / 2**20:.1f} to {steady[-1][1] / 2**20:.1f} MiB)")  # fmt: skip
+    print(
+        f"memory growth after {args.warmup:.0f}s warm-up: {slope * 3600 / 2**20:+.1f} MiB/hour "
+        f"(from {steady[0][1] / 2**20:.1f} to {steady[-1][1] / 2**20:.1f} MiB)"
+    )
     return 0
 
 

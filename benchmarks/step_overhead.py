@@ -69,7 +69,8 @@ def main() -> int:
     print(f"command: python benchmarks/step_overhead.py {shlex.join(sys.argv[1:])}")
     print(f"machine: {platform.machine()}, {len(os.sched_getaffinity(0))} cores; {args.variant}; {len(steps)} steps")
     print(
-        f"step: median {statistics.median(steps) * 1e3:.3f} ms; inside run: median {statistics.median(runs) * 1e3:.3f} ms"
+        f"step: median {statistics.median(steps) * 1e3:.3f} ms; "
+        f"inside run: median {statistics.median(runs) * 1e3:.3f} ms"
     )
     print(
         f"outside run, per step: median {statistics.median(outside) * 1e3:.3f} ms, "

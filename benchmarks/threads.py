@@ -1,6 +1,6 @@
 """ONNX Runtime's intra-op threads in the server: spinning or not, and how many (not a test).
 
-    python tests/benchmarks/threads.py --model exported/default
+    python benchmarks/threads.py --model exported/default
 
 Every variant runs as its own server process, side by side; each gets the
 same closed-loop capacity run (32 clients) and open-loop Poisson runs at a
@@ -19,10 +19,11 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.benchmarks.schedulers import run_load, stop_servers, write_report  # noqa: E402
+from schedulers import run_load, stop_servers, write_report  # noqa: E402
+
 from tests.server.test_lifecycle import start_subprocess_server  # noqa: E402
 
 VARIANTS = {
@@ -35,7 +36,7 @@ VARIANTS = {
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=ROOT / "exported/default")
-    parser.add_argument("--out", type=Path, default=ROOT / "tests/benchmarks")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks")
     parser.add_argument("--profile", default="mix:90:10-30:200-500:run-on")
     parser.add_argument("--rate", type=float, default=23.0, help="open-loop requests/s")
     parser.add_argument("--requests", type=int, default=300)
@@ -48,8 +49,10 @@ def main() -> int:
         for name, flags in VARIANTS.items()
     }
     try:
-        capacity = {key: run_load(port, tokenizer, args.profile, 32, 0.0, args.requests, 0)["requests_per_s"]
-                    for key, (_, port, _) in servers.items()}  # fmt: skip
+        capacity = {
+            key: run_load(port, tokenizer, args.profile, 32, 0.0, args.requests, 0)["requests_per_s"]
+            for key, (_, port, _) in servers.items()
+        }
         runs: dict[tuple[str, str], list[dict]] = {key: [] for key in servers}
         for repeat in range(args.repeats):
             for key, (_, port, _) in servers.items():
@@ -58,7 +61,7 @@ def main() -> int:
     finally:
         stop_servers(servers)
     lines = [
-        f"command: `python tests/benchmarks/threads.py {' '.join(sys.argv[1:])}`",
+        f"command: `python benchmarks/threads.py {' '.join(sys.argv[1:])}`",
         f"machine: {platform.machine()}, {os.cpu_count()} cores, client on the same cores; profile {args.profile}; "
         f"capacity: closed loop, 32 clients; latency: Poisson arrivals at {args.rate:g}/s, {args.requests} requests "
         f"per run, medians of {args.repeats} runs; all variants side by side",

@@ -1,0 +1,112 @@
+"""What the service adds to the engine, in CPU: the server process's CPU seconds per sentence under 32
+closed-loop gRPC clients (one test_2016_flickr sentence per request; read from /proc, so the clients' CPU
+is not counted) against the CPU seconds per sentence of translating the same sentences offline, in
+batches of 32, through the same engine (`translate-file`'s path: export.runtime.OrtModel, model loading
+excluded). The two alternate within each repeat (not a test):
+
+    python benchmarks/service_overhead.py --data ../shared/data/multi30k --out benchmarks/service_overhead.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import sentencepiece as spm
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from export.runtime import OrtModel, RuntimeOptions  # noqa: E402
+from export.translate_file import SMALL_BATCH_THREADS  # noqa: E402
+from model.corpus import read_lines  # noqa: E402
+from server import loadtest  # noqa: E402
+from server.config import DEFAULT_MODEL_DIR  # noqa: E402
+from tests.server.test_lifecycle import start_subprocess_server  # noqa: E402
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process and all its threads (/proc/PID/stat, clock ticks)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def served(port: int, pid: int, source: Path, tokenizer, sentences: int, clients: int, seed: int) -> float:
+    args = loadtest.parse_args(
+        ["--target", f"127.0.0.1:{port}", "--metrics", "", "--requests", str(sentences), "--duration", "600"]
+    )
+    before = cpu_seconds(pid)
+    run = asyncio.run(loadtest.drive(args, loadtest.Profile(f"file:{source}", tokenizer, seed), clients, 0.0))
+    ok = sum(r.code == "OK" for r in run.results)
+    assert ok == sentences, f"{sentences - ok} requests failed"
+    return (cpu_seconds(pid) - before) / ok
+
+
+def offline(model: OrtModel, texts: list[str], batch: int) -> float:
+    started = time.process_time()
+    model.translate(texts, batch_size=batch)
+    return (time.process_time() - started) / len(texts)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR)
+    parser.add_argument("--variant", default="fp32")
+    parser.add_argument("--data", type=Path, default=Path("../shared/data/multi30k"))
+    parser.add_argument("--sentences", type=int, default=1000)
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    source = args.data / "test_2016_flickr.en.gz"
+    tokenizer = spm.SentencePieceProcessor(model_file=str(args.model / "sentencepiece.model"))
+    # The sentences the load generator sends, in order (its file profile cycles through the file).
+    texts = read_lines(source)[: args.sentences]
+    options = RuntimeOptions(
+        variant=args.variant,
+        provider="cpu",
+        spinning=False,
+        decoder_spinning=True,
+        small_batch_threads=SMALL_BATCH_THREADS,
+    )  # what translate-file runs
+    model = OrtModel(args.model, options)
+    process, port, _ = start_subprocess_server(args.model, "--variant", args.variant, "--max-repeats", "0")
+    server_s, offline_s = [], []
+    try:
+        for repeat in range(args.repeats):
+            order = ("server", "offline") if repeat % 2 == 0 else ("offline", "server")
+            for kind in order:
+                if kind == "server":
+                    server_s.append(served(port, process.pid, source, tokenizer, args.sentences, args.clients, 0))
+                else:
+                    offline_s.append(offline(model, texts, 32))
+                print(f"{kind}: {(server_s if kind == 'server' else offline_s)[-1] * 1e3:.2f} ms", file=sys.stderr)
+    finally:
+        process.terminate()
+        process.wait(30)
+    server, engine = statistics.median(server_s), statistics.median(offline_s)
+    lines = [
+        f"command: python {' '.join(sys.argv)}",
+        f"machine: {platform.machine()}, {os.cpu_count()} cores; {args.variant}; "
+        f"medians of {args.repeats}, alternating",
+        "",
+        "| path | CPU ms per sentence |",
+        "|---|---|",
+        f"| server, {args.clients} closed-loop gRPC clients, 1 sentence per request | {server * 1e3:.2f} |",
+        f"| offline through the engine, batches of 32 (translate-file's path) | {engine * 1e3:.2f} |",
+        f"| server / offline | {server / engine:.2f} |",
+    ]
+    report = "\n".join(lines) + "\n"
+    print(report)
+    if args.out:
+        args.out.write_text(report)
+
+
+if __name__ == "__main__":
+    main()
