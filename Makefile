@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 MODEL_DIR ?= exported/default
 
-.PHONY: install proto export serve test lint bench soak clean
+.PHONY: install proto export serve test lint bench soak clean image
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,18 +34,28 @@ export: $(MODEL_DIR)/manifest.json $(DE_EN_DIR)/manifest.json
 serve: $(STAMP) $(MODEL_DIR)/manifest.json $(DE_EN_DIR)/manifest.json
 	$(PY) -m server --model $(MODEL_DIR) --model $(DE_EN_DIR)
 
-test: $(STAMP)
+test: lint
 	$(PY) -m pytest -q
 
-# Benchmarks (not tests): decoding speed and the server under load. Figures go to tests/benchmarks/.
+# Benchmarks (not tests): decoding speed and the server under load. Figures go to benchmarks/ (a report
+# is replaced only when its benchmark succeeds).
 bench: $(STAMP) $(MODEL_DIR)/manifest.json
-	$(PY) -m export.benchmark --model $(MODEL_DIR) | tee tests/benchmarks/decode_speed.md
-	$(PY) tests/benchmarks/engine_report.py --model $(MODEL_DIR) --out tests/benchmarks
+	$(PY) -m export.benchmark --model $(MODEL_DIR) > benchmarks/decode_speed.md.new
+	mv benchmarks/decode_speed.md.new benchmarks/decode_speed.md && cat benchmarks/decode_speed.md
+	$(PY) benchmarks/engine_report.py --model $(MODEL_DIR) --out benchmarks
 
 # Memory growth under steady load (not in CI): SOAK_SECONDS=3600 make soak
 SOAK_SECONDS ?= 600
 soak: $(STAMP) $(MODEL_DIR)/manifest.json
-	$(PY) tests/benchmarks/soak.py --model $(MODEL_DIR) --duration $(SOAK_SECONDS)
+	$(PY) benchmarks/soak.py --model $(MODEL_DIR) --duration $(SOAK_SECONDS)
+
+# The CPU server image, with docker, podman or buildah (deploy/image/README.md builds it offline).
+IMAGE ?= translation-service:dev
+PYTHON_IMAGE ?= python:3.11-slim
+TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
+image:
+	deploy/image/build.sh $(IMAGE) runtime --build-arg PYTHON_IMAGE=$(PYTHON_IMAGE) \
+		--build-arg TORCH_INDEX_URL=$(TORCH_INDEX_URL)
 
 lint: $(STAMP)
 	$(PY) -m ruff check . && $(PY) -m ruff format --check .

@@ -222,7 +222,8 @@ def run_benchmark(args) -> int:
         name = f"batch {batch}, {'greedy' if beam == 1 else f'beam {beam}'}"
         cells = " | ".join(f"{med[n]:,.0f}" for n in engines)
         print(
-            f"| {name} | {cells} | {med[best] / med[ct2]:.2f} ({best}) | {med['ours fp32'] / med[ct2]:.2f} | {same:.1%} |",
+            f"| {name} | {cells} | {med[best] / med[ct2]:.2f} ({best}) | "
+            f"{med['ours fp32'] / med[ct2]:.2f} | {same:.1%} |",
             flush=True,
         )
     return 0

@@ -97,7 +97,7 @@ STEP_INPUTS = {"tokens", "lengths", "total_length", "groups", "row_position", "s
 
 # Below this many rows a step is too small to share between threads: waking a second intra-op thread
 # costs more than it saves (one-row step 1.10 ms on one thread vs 1.53 ms on two; 8 rows 2.34 vs 2.90;
-# 32 rows 8.29 vs 7.45: 2-core x86-64, see tests/benchmarks/threads.md).
+# 32 rows 8.29 vs 7.45: 2-core x86-64, see benchmarks/threads.md).
 SMALL_BATCH_ROWS = 16
 # Sources encoded together by OrtModel.translate_ids, sorted by length: a batch of 32 test_2016_flickr
 # sentences pads less in two groups (the encoder's work is its padded tokens): beam 4 +3-8%, greedy even.

@@ -21,7 +21,7 @@ from export.runtime import OrtModel, RuntimeOptions
 from model.search import MAX_REPEATS, translate_in_batches
 
 # CPU batches under SMALL_BATCH_ROWS rows step on sessions of this many threads: a second thread costs
-# more than it saves there (2-core x86-64, tests/benchmarks/threads.md and export/runtime.py).
+# more than it saves there (2-core x86-64, benchmarks/threads.md and export/runtime.py).
 SMALL_BATCH_THREADS = 1
 
 
@@ -56,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         variant=args.variant,
         provider=args.provider,
         intra_op_threads=args.threads,
-        spinning=False,  # spinning cost throughput and latency in tests/benchmarks/threads.md ...
+        spinning=False,  # spinning cost throughput and latency in benchmarks/threads.md ...
         decoder_spinning=True,  # ... except the decoder's alone (export/runtime.py)
         small_batch_threads=SMALL_BATCH_THREADS,
     )

@@ -322,14 +322,18 @@ def folded_start_token(
     if folded.abs().max() <= 1e-6:
         return None
     if embedding[config.decoder_start_id].any():
-        raise _unsupported(f"{where} is not supported", ["decoder position 0 differs from the sinusoid, but the "
-                                                         "decoder start token's embedding is not zero"])  # fmt: skip
+        raise _unsupported(
+            f"{where} is not supported",
+            ["decoder position 0 differs from the sinusoid, but the decoder start token's embedding is not zero"],
+        )
     scaled = embedding * (config.d_model**0.5 if config.scale_embeddings else 1.0)
     distance = (scaled - folded).abs().max(dim=1).values
     token = int(distance.argmin())
     if distance[token] > 1e-4:
-        raise _unsupported(f"{where} is not supported", ["decoder position 0 holds a vector that is no token's "
-                                                         "embedding: learned positions"])  # fmt: skip
+        raise _unsupported(
+            f"{where} is not supported",
+            ["decoder position 0 holds a vector that is no token's embedding: learned positions"],
+        )
     return token
 
 

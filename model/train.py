@@ -135,12 +135,22 @@ class Trainer:
         self.train_set, self.valid_set, self.valid_text = self._data()
         special = self.tokenizer.special_ids
         self.model_config = ModelConfig(
-            vocab_size=self.tokenizer.vocab_size, d_model=cfg.d_model, n_heads=cfg.n_heads,
-            n_encoder_layers=cfg.n_encoder_layers, n_decoder_layers=cfg.n_decoder_layers, d_ff=cfg.d_ff,
-            dropout=cfg.dropout, attention_dropout=cfg.attention_dropout, activation=cfg.activation, norm=cfg.norm,
-            pad_id=special.pad, unk_id=special.unk, bos_id=special.bos, eos_id=special.eos,
+            vocab_size=self.tokenizer.vocab_size,
+            d_model=cfg.d_model,
+            n_heads=cfg.n_heads,
+            n_encoder_layers=cfg.n_encoder_layers,
+            n_decoder_layers=cfg.n_decoder_layers,
+            d_ff=cfg.d_ff,
+            dropout=cfg.dropout,
+            attention_dropout=cfg.attention_dropout,
+            activation=cfg.activation,
+            norm=cfg.norm,
+            pad_id=special.pad,
+            unk_id=special.unk,
+            bos_id=special.bos,
+            eos_id=special.eos,
             decoder_start_id=special.bos,
-        )  # fmt: skip
+        )
         self.model = Transformer(self.model_config).to(self.device)
         self.ddp = DistributedDataParallel(self.model) if self.world_size > 1 else self.model
         if cfg.weight_decay:
@@ -201,8 +211,12 @@ class Trainer:
                     tensors[f"{key}/{name}"] = value.contiguous()
         tensors["rng/torch"] = torch.get_rng_state()
         save_file(tensors, str(state_dir / "optimizer.safetensors"))
-        scalars = {"step": self.step, "epoch": self.epoch, "best_bleu": self.best_bleu,
-                   "train_seconds": self.train_seconds}  # fmt: skip
+        scalars = {
+            "step": self.step,
+            "epoch": self.epoch,
+            "best_bleu": self.best_bleu,
+            "train_seconds": self.train_seconds,
+        }
         (state_dir / "trainer.json").write_text(json.dumps(scalars))
 
     def _load_state(self) -> None:
@@ -255,8 +269,11 @@ class Trainer:
             if self.cfg.max_steps and self.step >= self.cfg.max_steps:
                 break
         elapsed = time.perf_counter() - start
-        return {"train_loss": total_loss / max(total_tokens, 1), "train_seconds": elapsed,
-                "tokens_per_second": total_tokens * self.world_size / elapsed}  # fmt: skip
+        return {
+            "train_loss": total_loss / max(total_tokens, 1),
+            "train_seconds": elapsed,
+            "tokens_per_second": total_tokens * self.world_size / elapsed,
+        }
 
     def loss(self, batch, select: torch.Tensor) -> torch.Tensor:
         """Summed label-smoothed loss; with R-Drop, the mean over two dropout passes plus α · their symmetric KL."""
@@ -333,8 +350,14 @@ class Trainer:
         choice, source = (averaged, "average") if scores["valid_bleu"] >= self.best_bleu else (None, "best")
         if choice is None:
             choice = load_checkpoint(self.work / "best", str(self.device))[0]
-        summary = {"selected": source, "averaged_epochs": [p.name for p in last_epochs], "averaged_valid_bleu": scores["valid_bleu"],
-                   "best_valid_bleu": self.best_bleu, "steps": self.step, "epochs": self.epoch}  # fmt: skip
+        summary = {
+            "selected": source,
+            "averaged_epochs": [p.name for p in last_epochs],
+            "averaged_valid_bleu": scores["valid_bleu"],
+            "best_valid_bleu": self.best_bleu,
+            "steps": self.step,
+            "epochs": self.epoch,
+        }
         self.log({"final": summary})
         meta = {
             "name": self.cfg.name or f"{self.cfg.src_lang}-{self.cfg.tgt_lang}-transformer",

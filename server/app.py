@@ -67,8 +67,11 @@ class Server:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info(
             "serving %s on port %d, metrics on %d, HTTP API %s",
-            self.models.describe(), self.port, self.metrics_port, self.http_port or "off",
-        )  # fmt: skip
+            self.models.describe(),
+            self.port,
+            self.metrics_port,
+            self.http_port or "off",
+        )
 
     async def _reload_certificates(self) -> None:
         """The HTTP API's certificate follows its files (gRPC checks them itself at each handshake)."""
@@ -106,30 +109,17 @@ def _tolerant(parse):
 
 
 def _translator_handlers(servicer: TranslatorService) -> grpc.GenericRpcHandler:
-    """The generated registration, with tolerant request deserializers."""
-    request = _tolerant(translate_pb2.TranslateRequest.FromString)
-    handlers = {
-        "Translate": grpc.unary_unary_rpc_method_handler(
-            servicer.Translate,
-            request_deserializer=request,
-            response_serializer=translate_pb2.TranslateResponse.SerializeToString,
-        ),
-        "TranslateStream": grpc.unary_stream_rpc_method_handler(
-            servicer.TranslateStream,
-            request_deserializer=request,
-            response_serializer=translate_pb2.TranslationSegment.SerializeToString,
-        ),
-        "GetModelInfo": grpc.unary_unary_rpc_method_handler(
-            servicer.GetModelInfo,
-            request_deserializer=_tolerant(translate_pb2.GetModelInfoRequest.FromString),
-            response_serializer=translate_pb2.ModelInfo.SerializeToString,
-        ),
-        "ListModels": grpc.unary_unary_rpc_method_handler(
-            servicer.ListModels,
-            request_deserializer=_tolerant(translate_pb2.ListModelsRequest.FromString),
-            response_serializer=translate_pb2.ListModelsResponse.SerializeToString,
-        ),
-    }
+    """The service's handlers as the generated registration makes them (read from the proto's descriptor,
+    so a new RPC needs no edit here), with tolerant request deserializers."""
+    handlers = {}
+    for method in translate_pb2.DESCRIPTOR.services_by_name["Translator"].methods:
+        request, response = (getattr(translate_pb2, t.name) for t in (method.input_type, method.output_type))
+        make = grpc.unary_stream_rpc_method_handler if method.server_streaming else grpc.unary_unary_rpc_method_handler
+        handlers[method.name] = make(
+            getattr(servicer, method.name),
+            request_deserializer=_tolerant(request.FromString),
+            response_serializer=response.SerializeToString,
+        )
     return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
 
 
@@ -139,10 +129,15 @@ def create_server(config: ServerConfig, metrics: Metrics | None = None) -> Serve
     models = Models([Engine(config, folder, small_batch_threads=threads) for folder in config.model])
     metrics = metrics or Metrics()
     for engine in models:
-        metrics.model_info.labels(engine.name).info({
-            "version": engine.version, "provider": engine.provider, "variant": engine.variant,
-            "source_language": engine.source_language, "target_language": engine.target_language,
-        })  # fmt: skip
+        metrics.model_info.labels(engine.name).info(
+            {
+                "version": engine.version,
+                "provider": engine.provider,
+                "variant": engine.variant,
+                "source_language": engine.source_language,
+                "target_language": engine.target_language,
+            }
+        )
     scheduler = Scheduler(models.engines, config, metrics)
     options = [
         ("grpc.max_receive_message_length", config.max_message_bytes),
@@ -171,9 +166,19 @@ def create_server(config: ServerConfig, metrics: Metrics | None = None) -> Serve
     http_api = HttpApi(models, translations, config, access).application()
     http_runner = web.AppRunner(http_api, handler_cancellation=True, access_log=None) if config.http_port else None
     return Server(
-        server, port, metrics_http.server_port, health_servicer, scheduler, metrics, models, config, translations,
-        metrics_http, http_runner, certificates=certificates,
-    )  # fmt: skip
+        server,
+        port,
+        metrics_http.server_port,
+        health_servicer,
+        scheduler,
+        metrics,
+        models,
+        config,
+        translations,
+        metrics_http,
+        http_runner,
+        certificates=certificates,
+    )
 
 
 async def serve(config: ServerConfig) -> None:

@@ -41,9 +41,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             translations = iter([])
             if texts:
                 request = translate_pb2.TranslateRequest(
-                    texts=texts, options=options, model=args.model,
-                    source_language=args.source, target_language=args.target_language,
-                )  # fmt: skip
+                    texts=texts,
+                    options=options,
+                    model=args.model,
+                    source_language=args.source,
+                    target_language=args.target_language,
+                )
                 try:
                     translations = iter(stub.Translate(request, timeout=args.timeout).translations)
                 except grpc.RpcError as error:

@@ -9,6 +9,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, get_args
 
 from model.search import MAX_REPEATS
 
@@ -23,50 +24,70 @@ ENV_PREFIX = "TRANSLATE_"
 MIB = 1 << 20
 
 
+Variant = Literal["fp32", "int8", "fp16"]
+Provider = Literal["auto", "cpu", "cuda"]
+Scheduling = Literal["continuous", "static"]
+LongInput = Literal["split", "truncate", "reject"]
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+
+
+def setting(default, help: str):
+    """A field with its --help text (the flag's description; choices and default are added)."""
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
 @dataclass(frozen=True)
 class ServerConfig:
-    # Exported model folders (--model DIR, repeated; TRANSLATE_MODEL=DIR,DIR); the first is the default model of
-    # requests that name none. One Path is taken as a one-model tuple.
-    model: tuple[Path, ...] = tuple(DEFAULT_MODELS)
-    variant: str = "fp32"
-    provider: str = "auto"
-    host: str = "[::]"
-    port: int = 50051
-    metrics_port: int = 9464
-    http_port: int = 5000  # the LibreTranslate-compatible HTTP API (server/http.py); 0 disables it
-    http_timeout_s: float = 60.0  # HTTP has no deadline header: a request's deadline, as gRPC's (504 after it)
-    intra_op_threads: int = 0
-    short_lane_threads: int = 1  # continuous, CPU: the first lane's threads for small batches (0 = intra_op_threads)
-    intra_op_spinning: bool = False  # spinning ORT threads steal the cores the event loop needs (README)
-    scheduler: str = "continuous"  # wins the scheduler benchmark (README); static: request-level batches
-    lanes: str = "64"  # continuous: source-token bounds splitting the running batch into lanes ("" = one lane)
-    lane_niceness: int = 10  # continuous: OS niceness added per lane above the first, to its threads (Linux)
-    max_batch_size: int = 64
-    max_batch_tokens: int = 4096
-    max_batch_delay_ms: float = 5.0
-    max_queue_size: int = 1024
-    max_concurrent_rpcs: int = 512
-    memory_budget_mib: int = 512
-    max_texts: int = 64
-    max_source_tokens: int = 1024
-    long_input_tokens: int = 128
-    long_input: str = "split"
-    max_beam_size: int = 8
-    default_beam_size: int = 1
-    max_output_tokens: int = 256
-    max_repeats: int = MAX_REPEATS  # the runaway-output guard (model/search.py): an n-gram's repetitions; 0 = off
-    max_message_bytes: int = 4 * MIB
-    access_log: bool = True  # one JSON line per request on the server.access logger (server/access.py)
-    access_log_texts: bool = False  # the request's texts in its access-log line (off: no content in logs)
-    access_log_sample: float = 1.0  # the share of successful requests logged (errors always are)
-    log_level: str = "INFO"  # DEBUG, INFO, WARNING or ERROR
-    cache_mib: int = 64  # the translation cache (server/cache.py): its bound in MiB; 0 turns it off
-    grace_seconds: float = 20.0
-    max_connection_age_s: float = 300.0
-    warmup: bool = True
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    tls_client_ca: Path | None = None
+    model: tuple[Path, ...] = setting(
+        tuple(DEFAULT_MODELS),
+        "exported model folders (python -m export), the flag repeated or TRANSLATE_MODEL=DIR,DIR; the first answers "
+        "requests that name no model",
+    )
+    variant: Variant = setting("fp32", "the exported variant to load: int8 is faster on CPU, fp16 is for CUDA")
+    provider: Provider = setting("auto", "ONNX Runtime's provider (auto: CUDA where available)")
+    host: str = setting("[::]", "address the gRPC, HTTP and metrics ports listen on")
+    port: int = setting(50051, "the gRPC port")
+    metrics_port: int = setting(9464, "the Prometheus metrics port (plain HTTP)")
+    http_port: int = setting(5000, "the LibreTranslate-compatible HTTP API's port (server/http.py); 0 turns it off")
+    http_timeout_s: float = setting(60.0, "an HTTP request's deadline, as gRPC's (504 after it): HTTP sends none")
+    intra_op_threads: int = setting(0, "ONNX Runtime threads per session (0: one per core)")
+    short_lane_threads: int = setting(
+        1, "continuous, CPU: the first lane's threads for batches under 16 rows (0: as intra_op_threads)"
+    )
+    intra_op_spinning: bool = setting(False, "let ONNX Runtime's threads spin between tasks (they steal cores)")
+    scheduler: Scheduling = setting("continuous", "continuous (sources join and leave a running batch) or static")
+    lanes: str = setting("64", "continuous: source-token bounds splitting the running batch into lanes ('': one)")
+    lane_niceness: int = setting(10, "continuous: OS niceness added per lane above the first, to its threads (0..19)")
+    max_batch_size: int = setting(64, "sentences decoding at once (continuous: per lane)")
+    max_batch_tokens: int = setting(4096, "padded source tokens per encoder batch")
+    max_batch_delay_ms: float = setting(5.0, "how long an idle server waits for more arrivals")
+    max_queue_size: int = setting(1024, "sentences waiting; more are RESOURCE_EXHAUSTED")
+    max_concurrent_rpcs: int = setting(512, "RPCs in flight")
+    memory_budget_mib: int = setting(512, "the admission budget: caches and attention scores of admitted sentences")
+    max_texts: int = setting(64, "texts per request")
+    max_source_tokens: int = setting(1024, "source tokens per text")
+    long_input_tokens: int = setting(128, "texts over this many tokens follow --long-input")
+    long_input: LongInput = setting("split", "what happens to long texts")
+    max_beam_size: int = setting(8, "the largest beam a request may ask for")
+    default_beam_size: int = setting(1, "the beam of requests that ask for none (1: greedy)")
+    max_output_tokens: int = setting(256, "the longest output per sentence a request may ask for (eos included)")
+    max_repeats: int = setting(
+        MAX_REPEATS, "the runaway-output guard (model/search.py): repetitions of an n-gram allowed in a row; 0: off"
+    )
+    max_message_bytes: int = setting(4 * MIB, "the largest request message")
+    access_log: bool = setting(True, "one JSON line per request on the server.access logger (server/access.py)")
+    access_log_texts: bool = setting(False, "the request's texts in its access-log line (off: no content in logs)")
+    access_log_sample: float = setting(1.0, "the share of successful requests logged, 0..1 (errors always are)")
+    log_level: LogLevel = setting("INFO", "the log level")
+    cache_mib: int = setting(64, "the translation cache's bound in MiB (server/cache.py); 0 turns it off")
+    grace_seconds: float = setting(20.0, "drain time on SIGTERM")
+    max_connection_age_s: float = setting(
+        300.0, "connections close after this, so clients balancing per connection find new replicas"
+    )
+    warmup: bool = setting(True, "decode a few inputs before reporting SERVING, so first requests are not slow")
+    tls_cert: Path | None = setting(None, "TLS certificate (PEM) for gRPC and HTTPS; reloaded when the file changes")
+    tls_key: Path | None = setting(None, "its private key (PEM)")
+    tls_client_ca: Path | None = setting(None, "a CA (PEM) client certificates must chain to: mutual TLS")
 
     @property
     def first_lane_small_batch_threads(self) -> int | None:
@@ -88,8 +109,18 @@ class ServerConfig:
             problems.append(f"long_input={self.long_input!r}: use split, truncate or reject")
         if self.variant not in ("fp32", "int8", "fp16"):
             problems.append(f"variant={self.variant!r}: use fp32, int8 or fp16")
-        for name in ("max_batch_size", "max_batch_tokens", "max_queue_size", "max_concurrent_rpcs", "memory_budget_mib", "max_texts",
-                     "max_source_tokens", "long_input_tokens", "max_beam_size", "max_output_tokens"):  # fmt: skip
+        for name in (
+            "max_batch_size",
+            "max_batch_tokens",
+            "max_queue_size",
+            "max_concurrent_rpcs",
+            "memory_budget_mib",
+            "max_texts",
+            "max_source_tokens",
+            "long_input_tokens",
+            "max_beam_size",
+            "max_output_tokens",
+        ):
             if getattr(self, name) < 1:
                 problems.append(f"{name}={getattr(self, name)} must be at least 1")
         if not 0 <= self.http_port <= 65535:
@@ -136,8 +167,13 @@ class ServerConfig:
         return self.memory_budget_mib * MIB
 
 
+CHOICES = {name: get_args(kind) for name, kind in vars().items() if getattr(kind, "__origin__", None) is Literal}
+
+
 def _field_type(field: dataclasses.Field) -> type:
     text = str(field.type)
+    if text in CHOICES:
+        return str
     if text.startswith("tuple[Path"):
         return tuple
     if "Path" in text:
@@ -169,13 +205,17 @@ def parse_config(argv: Sequence[str] | None = None, environ: dict[str, str] | No
             if env in environ:
                 default = tuple(Path(item.strip()) for item in environ[env].split(",") if item.strip())
             shown = ",".join(map(str, default))
-            parser.add_argument(flag, type=Path, action="append", help=f"repeatable (env {env}, default {shown})")
+            help = f"{field.metadata['help']} (env {env}; default {shown})"
+            parser.add_argument(flag, type=Path, action="append", help=help)
             lists[field.name] = default
             continue
         if env in environ:
             default = _parse_bool(environ[env]) if kind is bool else kind(environ[env])
+        choices = CHOICES.get(str(field.type)) or ((True, False) if kind is bool else None)
+        allowed = f"; one of {', '.join(map(str, choices))}" if choices else ""
+        help = f"{field.metadata['help']} (env {env}; default {default}{allowed})"
         parser.add_argument(
-            flag, type=_parse_bool if kind is bool else kind, default=default, help=f"(env {env}, default {default})"
+            flag, type=_parse_bool if kind is bool else kind, default=default, choices=choices, help=help
         )
     args = vars(parser.parse_args(argv))
     for name, default in lists.items():  # append extends its default, so a given flag replaces it here

@@ -1,13 +1,16 @@
 """Typed errors and the one place they map to gRPC status codes and HTTP statuses.
 
-| error                | gRPC code            | HTTP | when                                                   |
-|----------------------|----------------------|------|--------------------------------------------------------|
-| InvalidRequest       | INVALID_ARGUMENT     | 400  | empty/too many texts, too long input, bad options or languages |
-| Overloaded           | RESOURCE_EXHAUSTED   | 429  | queue full, or the request needs more memory than the budget (HTTP adds Retry-After) |
-| ShuttingDown         | UNAVAILABLE          | 503  | the server is draining (SIGTERM)                       |
-| DeadlineExceeded     | DEADLINE_EXCEEDED    | 504  | the caller's deadline (HTTP: http_timeout_s) passed while queued or decoding |
-| Cancelled            | CANCELLED            | 499  | the caller went away (nobody reads the answer)         |
-| InferenceFailed      | INTERNAL             | 500  | the model failed on the batch holding this request     |
+| error            | gRPC code          | HTTP | when                                                          |
+|------------------|--------------------|------|---------------------------------------------------------------|
+| InvalidRequest   | INVALID_ARGUMENT   | 400  | empty/too many texts, too long input, bad options, languages   |
+|                  |                    |      | or markup (MarkupError)                                       |
+| Overloaded       | RESOURCE_EXHAUSTED | 429  | queue full, or the request needs more memory than the budget  |
+|                  |                    |      | (HTTP adds Retry-After)                                       |
+| ShuttingDown     | UNAVAILABLE        | 503  | the server is draining (SIGTERM)                              |
+| DeadlineExceeded | DEADLINE_EXCEEDED  | 504  | the caller's deadline (HTTP: http_timeout_s) passed while     |
+|                  |                    |      | queued or decoding                                            |
+| Cancelled        | CANCELLED          | 499  | the caller went away (nobody reads the answer)                |
+| InferenceFailed  | INTERNAL           | 500  | the model failed on the batch holding this request            |
 """
 
 from __future__ import annotations

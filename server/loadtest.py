@@ -140,9 +140,16 @@ def scrape(url: str | None) -> dict[str, float]:
     """Selected samples of the server's metrics (sums over labels)."""
     if not url:
         return {}
-    wanted = ("translate_queue_wait_seconds_sum", "translate_queue_wait_seconds_count", "translate_batch_size_sentences_sum",
-              "translate_batch_size_sentences_count", "translate_kv_cache_bytes", "translate_memory_reserved_bytes",
-              "process_resident_memory_bytes", "translate_requests_total")  # fmt: skip
+    wanted = (
+        "translate_queue_wait_seconds_sum",
+        "translate_queue_wait_seconds_count",
+        "translate_batch_size_sentences_sum",
+        "translate_batch_size_sentences_count",
+        "translate_kv_cache_bytes",
+        "translate_memory_reserved_bytes",
+        "process_resident_memory_bytes",
+        "translate_requests_total",
+    )
     body = urllib.request.urlopen(url, timeout=5).read().decode()
     values: dict[str, float] = {}
     for family in text_string_to_metric_families(body):
@@ -153,8 +160,15 @@ def scrape(url: str | None) -> dict[str, float]:
 
 
 # HTTP statuses under their gRPC twins' names (server/errors.py), so both APIs report alike.
-HTTP_CODES = {200: "OK", 400: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED", 499: "CANCELLED", 500: "INTERNAL",
-              503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}  # fmt: skip
+HTTP_CODES = {
+    200: "OK",
+    400: "INVALID_ARGUMENT",
+    429: "RESOURCE_EXHAUSTED",
+    499: "CANCELLED",
+    500: "INTERNAL",
+    503: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}
 Send = Callable[[str], Awaitable[tuple[str, int, int]]]  # text -> (status code name, output tokens, attempts)
 
 
@@ -305,27 +319,48 @@ def summarize(run: Run) -> dict:
         buckets.setdefault(length_bucket(r.input_tokens), []).append(r.latency)
 
     def stats(latencies: list[float]) -> dict[str, float]:
-        return {"count": len(latencies), "p50": percentile(latencies, 0.5), "p90": percentile(latencies, 0.9),
-                "p99": percentile(latencies, 0.99), "max": max(latencies, default=float("nan"))}  # fmt: skip
+        return {
+            "count": len(latencies),
+            "p50": percentile(latencies, 0.5),
+            "p90": percentile(latencies, 0.9),
+            "p99": percentile(latencies, 0.99),
+            "max": max(latencies, default=float("nan")),
+        }
 
     s = run.server
     return {
-        "mode": run.mode, "concurrency": run.concurrency, "rate": run.rate, "requests": len(run.results),
-        "seconds": run.seconds, "requests_per_second": len(ok) / run.seconds if run.seconds else 0.0,
+        "mode": run.mode,
+        "concurrency": run.concurrency,
+        "rate": run.rate,
+        "requests": len(run.results),
+        "seconds": run.seconds,
+        "requests_per_second": len(ok) / run.seconds if run.seconds else 0.0,
         "input_tokens_per_second": sum(r.input_tokens for r in ok) / run.seconds if run.seconds else 0.0,
         "output_tokens_per_second": sum(r.output_tokens for r in ok) / run.seconds if run.seconds else 0.0,
-        "latency": stats([r.latency for r in ok]), "by_length": {b: stats(v) for b, v in sorted(buckets.items(), key=lambda kv: int(kv[0].split("-")[0].rstrip("+")))},
-        "codes": codes, "server": s, "answered": len(ok), "lost": len(run.results) - len(ok),
+        "latency": stats([r.latency for r in ok]),
+        "by_length": {
+            b: stats(v) for b, v in sorted(buckets.items(), key=lambda kv: int(kv[0].split("-")[0].rstrip("+")))
+        },
+        "codes": codes,
+        "server": s,
+        "answered": len(ok),
+        "lost": len(run.results) - len(ok),
         "retried": sum(r.attempts > 1 for r in run.results),
-        "server_mean_queue_wait_seconds": s.get("translate_queue_wait_seconds_sum_delta", 0) / max(s.get("translate_queue_wait_seconds_count_delta", 0), 1),
-        "server_mean_batch_sentences": s.get("translate_batch_size_sentences_sum_delta", 0) / max(s.get("translate_batch_size_sentences_count_delta", 0), 1),
-    }  # fmt: skip
+        "server_mean_queue_wait_seconds": s.get("translate_queue_wait_seconds_sum_delta", 0)
+        / max(s.get("translate_queue_wait_seconds_count_delta", 0), 1),
+        "server_mean_batch_sentences": s.get("translate_batch_size_sentences_sum_delta", 0)
+        / max(s.get("translate_batch_size_sentences_count_delta", 0), 1),
+    }
 
 
 def markdown(summaries: list[dict], command: str) -> str:
-    lines = [f"command: `{command}`", "",
-             "| mode | concurrency / rate | sent | answered / retried / lost | req/s | in tok/s | p50 s | p90 s | p99 s | max s | codes | server batch | server queue wait s | peak KV bytes | peak RSS MiB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"command: `{command}`",
+        "",
+        "| mode | concurrency / rate | sent | answered / retried / lost | req/s | in tok/s | p50 s | p90 s | p99 s "
+        "| max s | codes | server batch | server queue wait s | peak KV bytes | peak RSS MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for s in summaries:
         lat, srv = s["latency"], s["server"]
         load = f"{s['rate']}/s" if s["mode"] == "open" else str(s["concurrency"])
@@ -334,13 +369,15 @@ def markdown(summaries: list[dict], command: str) -> str:
             f"{s['requests_per_second']:.1f} | {s['input_tokens_per_second']:.0f} | "
             f"{lat['p50']:.3f} | {lat['p90']:.3f} | {lat['p99']:.3f} | {lat['max']:.3f} | {s['codes']} | "
             f"{s['server_mean_batch_sentences']:.1f} | {s['server_mean_queue_wait_seconds']:.3f} | "
-            f"{srv.get('translate_kv_cache_bytes_peak', 0):.0f} | {srv.get('process_resident_memory_bytes_peak', 0) / 2**20:.0f} |"
+            f"{srv.get('translate_kv_cache_bytes_peak', 0):.0f} | "
+            f"{srv.get('process_resident_memory_bytes_peak', 0) / 2**20:.0f} |"
         )
     lines += ["", "| length bucket | count | p50 s | p99 s |", "|---|---|---|---|"]
     for s in summaries:
         for bucket, b in s["by_length"].items():
             lines.append(
-                f"| {bucket} ({s['mode']} {s['concurrency'] or s['rate']}) | {b['count']} | {b['p50']:.3f} | {b['p99']:.3f} |"
+                f"| {bucket} ({s['mode']} {s['concurrency'] or s['rate']}) | {b['count']} | "
+                f"{b['p50']:.3f} | {b['p99']:.3f} |"
             )
     return "\n".join(lines) + "\n"
 
@@ -420,8 +457,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(report)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "report.json").write_text(json.dumps({"command": command, "runs": summaries,
-                                                          "results": [[asdict(r) for r in run.results] for run in runs]}, indent=1))  # fmt: skip
+        (args.out / "report.json").write_text(
+            json.dumps(
+                {"command": command, "runs": summaries, "results": [[asdict(r) for r in run.results] for run in runs]},
+                indent=1,
+            )
+        )
         (args.out / "report.md").write_text(report)
         for path in plot(runs, summaries, args.out):
             print(f"wrote {path}", file=sys.stderr)

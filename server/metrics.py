@@ -41,9 +41,12 @@ class Metrics:
             registry=r,
         )
         self.request_latency = Histogram(
-            "translate_request_duration_seconds", "Time from arrival to answer of each text, by model and input length (source tokens).",
-            ["model", "length_bucket"], buckets=LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
+            "translate_request_duration_seconds",
+            "Time from arrival to answer of each text, by model and input length (source tokens).",
+            ["model", "length_bucket"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.queue_wait = Histogram(
             "translate_queue_wait_seconds",
             "Time a sentence waits before it starts decoding.",
@@ -51,9 +54,12 @@ class Metrics:
             registry=r,
         )
         self.encoder_latency = Histogram(
-            "translate_encoder_duration_seconds", "Encoder time per batch, by its longest input.",
-            ["length_bucket"], buckets=STEP_BUCKETS + (1.0, 2.5), registry=r,
-        )  # fmt: skip
+            "translate_encoder_duration_seconds",
+            "Encoder time per batch, by its longest input.",
+            ["length_bucket"],
+            buckets=STEP_BUCKETS + (1.0, 2.5),
+            registry=r,
+        )
         self.decoder_step = Histogram(
             "translate_decoder_step_duration_seconds",
             "Time of one decoder step over a running batch, by model.",

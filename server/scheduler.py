@@ -212,7 +212,8 @@ class Scheduler:
         if need > self.budget:
             self.metrics.rejected.labels("memory").inc()
             raise Overloaded(
-                f"a segment of {largest.source_tokens} tokens with beam {job.beam} needs about {need >> 20} MiB, over the "
+                f"a segment of {largest.source_tokens} tokens with beam {job.beam} needs about {need >> 20} MiB, "
+                "over the "
                 f"memory budget of {self.budget >> 20} MiB; use a smaller beam or shorter texts"
             )
         with self.lock:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
+import inspect
 import logging
 import time
 
@@ -31,6 +34,35 @@ def model_name(engine: Engine | None) -> str:
     return f"{engine.name}@{engine.version}" if engine is not None else ""
 
 
+def rpc(method: str):
+    """An RPC handler's one path for what every RPC does alike: its access record (``Exchange``, passed to
+    the handler), and any exception as the status code and message of ``server.errors``' table (the
+    call is aborted with it, the record finished with the code). Handlers raise; they never abort."""
+
+    def decorate(handler):
+        if inspect.isasyncgenfunction(handler):
+
+            @functools.wraps(handler)
+            async def stream(self: TranslatorService, request, context: grpc.aio.ServicerContext):
+                exchange = self._exchange(method, context)
+                async with self._answering(exchange, context):
+                    async for reply in handler(self, request, context, exchange):
+                        yield reply
+
+            return stream
+
+        @functools.wraps(handler)
+        async def unary(self: TranslatorService, request, context: grpc.aio.ServicerContext):
+            exchange = self._exchange(method, context)
+            async with self._answering(exchange, context):
+                reply = await handler(self, request, context, exchange)
+            return reply
+
+        return unary
+
+    return decorate
+
+
 class TranslatorService(translate_pb2_grpc.TranslatorServicer):
     def __init__(self, models: Models, translations: Translations, config: ServerConfig, access: AccessLog) -> None:
         self.models = models
@@ -49,7 +81,8 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
         max_output = request.options.max_output_tokens or self.config.max_output_tokens
         if max_output > self.config.max_output_tokens:
             raise InvalidRequest(
-                f"options.max_output_tokens={max_output} is over the limit {self.config.max_output_tokens} (max_output_tokens)"
+                f"options.max_output_tokens={max_output} is over the limit {self.config.max_output_tokens} "
+                "(max_output_tokens)"
             )
         return beam, max_output
 
@@ -80,6 +113,18 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
         context.set_trailing_metadata(tuple(trailing))
         return exchange
 
+    @contextlib.asynccontextmanager
+    async def _answering(self, exchange: Exchange, context: grpc.aio.ServicerContext):
+        """The RPC's outcome into its access record; an exception aborts the call with its status code."""
+        try:
+            yield
+        except asyncio.CancelledError:
+            self.access.finish(exchange, "CANCELLED")
+            raise
+        except Exception as error:
+            await self._fail(exchange, error, context)
+        self.access.finish(exchange, "OK")
+
     async def _fail(self, exchange: Exchange, error: BaseException, context: grpc.aio.ServicerContext) -> None:
         code, message = status_of(error)
         if not isinstance(error, ServiceError):
@@ -87,84 +132,79 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
         self.access.finish(exchange, code.name)
         await context.abort(code, message)
 
-    # --- RPCs -------------------------------------------------------------------------
+    # --- RPCs (each through ``rpc``: its access record, and its errors as status codes) ---------------
 
-    async def Translate(self, request, context):  # noqa: N802 (gRPC's method names)
-        exchange = self._exchange("Translate", context)
-        try:
-            exchange.engine = self._model(request)
-            exchange.texts = list(request.texts)
-            results = await self.translations.translate(
-                exchange.engine,
-                *self._job(request, context),
-                min_confidence=self._min_confidence(request),
-                exchange=exchange,
-                format=request.options.format or "text",
-            )
-        except asyncio.CancelledError:
-            self.access.finish(exchange, "CANCELLED")
-            raise
-        except Exception as error:
-            await self._fail(exchange, error, context)
-        self.access.finish(exchange, "OK")
+    @rpc("Translate")
+    async def Translate(self, request, context, exchange: Exchange):  # noqa: N802 (gRPC's method names)
+        exchange.engine = self._model(request)
+        exchange.texts = list(request.texts)
+        results = await self.translations.translate(
+            exchange.engine,
+            *self._job(request, context),
+            min_confidence=self._min_confidence(request),
+            exchange=exchange,
+            format=request.options.format or "text",
+        )
         return translate_pb2.TranslateResponse(
             translations=[translate_pb2.Translation(**vars(result)) for result in results],
             model=model_name(exchange.engine),
         )
 
-    async def TranslateStream(self, request, context):  # noqa: N802
-        exchange = self._exchange("TranslateStream", context)
+    @rpc("TranslateStream")
+    async def TranslateStream(self, request, context, exchange: Exchange):  # noqa: N802
+        engine = exchange.engine = self._model(request)
+        exchange.texts = list(request.texts)
+        if request.options.format not in ("", "text"):
+            raise InvalidRequest(
+                f"options.format={request.options.format!r}: TranslateStream streams sentences of plain text; "
+                "use Translate for markup"
+            )
         segments = []
-        try:
-            engine = exchange.engine = self._model(request)
-            exchange.texts = list(request.texts)
-            if request.options.format not in ("", "text"):
-                raise InvalidRequest(
-                    f"options.format={request.options.format!r}: TranslateStream streams sentences of plain text; "
-                    "use Translate for markup"
-                )
-            async for segment in self.translations.segments(engine, *self._job(request, context)):
-                segments.append(segment)
-                spec = segment.spec
-                yield translate_pb2.TranslationSegment(
-                    text_index=spec.text_index, segment_index=spec.segment_index, source=spec.source,
-                    translation=engine.detokenize([segment.output])[0], input_tokens=segment.source_tokens,
-                    output_tokens=len(segment.output), last_in_text=segment.last_in_text, model=model_name(engine),
-                    confidence=segment.result.score, guard=segment.guard,
-                    low_confidence=segment.low_confidence(self._min_confidence(request)),
-                )  # fmt: skip
-        except asyncio.CancelledError:
-            self.access.finish(exchange, "CANCELLED")
-            raise
-        except Exception as error:
-            await self._fail(exchange, error, context)
+        async for segment in self.translations.segments(engine, *self._job(request, context)):
+            segments.append(segment)
+            spec = segment.spec
+            yield translate_pb2.TranslationSegment(
+                text_index=spec.text_index,
+                segment_index=spec.segment_index,
+                source=spec.source,
+                translation=engine.detokenize([segment.output])[0],
+                input_tokens=segment.source_tokens,
+                output_tokens=len(segment.output),
+                last_in_text=segment.last_in_text,
+                model=model_name(engine),
+                confidence=segment.result.score,
+                guard=segment.guard,
+                low_confidence=segment.low_confidence(self._min_confidence(request)),
+            )
         self.translations.observe(engine, segments, exchange.started, exchange)
-        self.access.finish(exchange, "OK")
+
+    @rpc("GetModelInfo")
+    async def GetModelInfo(self, request, context, exchange: Exchange):  # noqa: N802
+        exchange.engine = self._model(request)
+        return self._info(exchange.engine)
+
+    @rpc("ListModels")
+    async def ListModels(self, request, context, exchange: Exchange):  # noqa: N802
+        if request is MALFORMED:
+            raise InvalidRequest("the request is not a valid ListModelsRequest")
+        return translate_pb2.ListModelsResponse(models=[self._info(engine) for engine in self.models])
 
     def _info(self, engine: Engine) -> translate_pb2.ModelInfo:
         c = self.config
         return translate_pb2.ModelInfo(
-            name=engine.name, source_language=engine.source_language, target_language=engine.target_language,
-            version=engine.version, provider=engine.provider, variant=engine.variant,
+            name=engine.name,
+            source_language=engine.source_language,
+            target_language=engine.target_language,
+            version=engine.version,
+            provider=engine.provider,
+            variant=engine.variant,
             limits=translate_pb2.Limits(
-                max_texts=c.max_texts, max_source_tokens=c.max_source_tokens, long_input_tokens=c.long_input_tokens,
-                max_beam_size=c.max_beam_size, max_output_tokens=c.max_output_tokens,
-                max_message_bytes=c.max_message_bytes, long_input_policy=c.long_input,
+                max_texts=c.max_texts,
+                max_source_tokens=c.max_source_tokens,
+                long_input_tokens=c.long_input_tokens,
+                max_beam_size=c.max_beam_size,
+                max_output_tokens=c.max_output_tokens,
+                max_message_bytes=c.max_message_bytes,
+                long_input_policy=c.long_input,
             ),
-        )  # fmt: skip
-
-    async def GetModelInfo(self, request, context):  # noqa: N802
-        exchange = self._exchange("GetModelInfo", context)
-        try:
-            exchange.engine = self._model(request)
-        except ServiceError as error:
-            await self._fail(exchange, error, context)
-        self.access.finish(exchange, "OK")
-        return self._info(exchange.engine)
-
-    async def ListModels(self, request, context):  # noqa: N802
-        exchange = self._exchange("ListModels", context)
-        if request is MALFORMED:
-            await self._fail(exchange, InvalidRequest("the request is not a valid ListModelsRequest"), context)
-        self.access.finish(exchange, "OK")
-        return translate_pb2.ListModelsResponse(models=[self._info(engine) for engine in self.models])
+        )

@@ -205,11 +205,14 @@ class Translations:
             loop = asyncio.get_running_loop()
             finished: asyncio.Queue[Segment | ServiceError | None] = asyncio.Queue()
             job = Job(
-                [spec for i, spec in enumerate(specs) if i not in ready], beam, max_output,
+                [spec for i, spec in enumerate(specs) if i not in ready],
+                beam,
+                max_output,
                 on_segment=lambda segment: loop.call_soon_threadsafe(finished.put_nowait, segment),
                 on_done=lambda error: loop.call_soon_threadsafe(finished.put_nowait, error),
-                deadline=deadline, model=engine.name,
-            )  # fmt: skip
+                deadline=deadline,
+                model=engine.name,
+            )
             self.scheduler.submit(job)
         timings: dict[int, tuple[float, float, float, float]] = {}  # by index, those the engine translated
         next_index = 0

@@ -56,8 +56,19 @@ def test_minimal_builder_matches_kubectl_kustomize(overlays, overlay):
 @pytest.mark.parametrize("overlay", OVERLAY_NAMES)
 def test_manifests_validate_against_the_kubernetes_schemas(overlays, overlay, version):
     kinds = sorted(m["kind"] for m in overlays[overlay])
-    assert kinds == sorted(["Namespace", "ConfigMap", "Deployment", "Service", "Service", "HorizontalPodAutoscaler",
-                            "PodDisruptionBudget", "NetworkPolicy", "ServiceMonitor"])  # fmt: skip
+    assert kinds == sorted(
+        [
+            "Namespace",
+            "ConfigMap",
+            "Deployment",
+            "Service",
+            "Service",
+            "HorizontalPodAutoscaler",
+            "PodDisruptionBudget",
+            "NetworkPolicy",
+            "ServiceMonitor",
+        ]
+    )
     for manifest in overlays[overlay]:
         if manifest["kind"] not in CRD_KINDS:
             kubernetes_validate.validate(manifest, version, strict=True)
@@ -90,8 +101,11 @@ def test_selectors_select_the_pods(overlays, overlay):
     manifests = overlays[overlay]
     deployment = find(manifests, "Deployment")
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
-    selectors = [deployment["spec"]["selector"]["matchLabels"], find(manifests, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"],
-                 find(manifests, "NetworkPolicy")["spec"]["podSelector"]["matchLabels"]]  # fmt: skip
+    selectors = [
+        deployment["spec"]["selector"]["matchLabels"],
+        find(manifests, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"],
+        find(manifests, "NetworkPolicy")["spec"]["podSelector"]["matchLabels"],
+    ]
     selectors += [s["spec"]["selector"] for s in manifests if s["kind"] == "Service"]
     for selector in selectors:
         assert selector.items() <= pod_labels.items()

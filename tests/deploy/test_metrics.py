@@ -25,8 +25,13 @@ GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$__interval": "1m", "$__range": 
 PROMETHEUS_SERIES = {"up"}
 # Labels Prometheus attaches to every scraped series.
 TARGET_LABELS = {"instance", "job"}
-SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count", "_created"),
-            "gauge": ("",), "info": ("_info",), "summary": ("", "_sum", "_count", "_created")}  # fmt: skip
+SUFFIXES = {
+    "counter": ("_total", "_created"),
+    "histogram": ("_bucket", "_sum", "_count", "_created"),
+    "gauge": ("",),
+    "info": ("_info",),
+    "summary": ("", "_sum", "_count", "_created"),
+}
 
 
 def dashboard_expressions() -> list[str]:
@@ -93,8 +98,12 @@ def test_dashboard_has_a_panel_for_every_server_metric(scraped):
 def test_dashboard_panels_tile_the_grid():
     panels = json.loads(DASHBOARD.read_text())["panels"]
     assert len({p["id"] for p in panels}) == len(panels)
-    cells = [(p["gridPos"]["y"] + dy, p["gridPos"]["x"] + dx) for p in panels
-             for dy in range(p["gridPos"]["h"]) for dx in range(p["gridPos"]["w"])]  # fmt: skip
+    cells = [
+        (p["gridPos"]["y"] + dy, p["gridPos"]["x"] + dx)
+        for p in panels
+        for dy in range(p["gridPos"]["h"])
+        for dx in range(p["gridPos"]["w"])
+    ]
     assert all(x < 24 for _, x in cells), "Grafana's grid is 24 columns wide"
     assert len(set(cells)) == len(cells), "panels overlap"
 

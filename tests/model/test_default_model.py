@@ -33,8 +33,10 @@ def test_translate_command_reads_stdin():
     result = subprocess.run(
         [sys.executable, "-m", "model.translate", "--beam", "2"],
         input="Two dogs are playing in the snow.\nA man is riding a bicycle.\n",
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert len(lines) == 2

@@ -16,9 +16,30 @@ from model.train import learning_rate, main, symmetric_kl
 from model.translate import TorchTranslator
 
 LETTERS = "abcdefghij"
-TINY = ["--vocab-size", "16", "--d-model", "64", "--n-heads", "4", "--n-encoder-layers", "2",
-        "--n-decoder-layers", "2", "--d-ff", "128", "--dropout", "0", "--lr", "3e-3", "--warmup", "100",
-        "--max-tokens", "500", "--threads", "1"]  # fmt: skip
+TINY = [
+    "--vocab-size",
+    "16",
+    "--d-model",
+    "64",
+    "--n-heads",
+    "4",
+    "--n-encoder-layers",
+    "2",
+    "--n-decoder-layers",
+    "2",
+    "--d-ff",
+    "128",
+    "--dropout",
+    "0",
+    "--lr",
+    "3e-3",
+    "--warmup",
+    "100",
+    "--max-tokens",
+    "500",
+    "--threads",
+    "1",
+]
 
 
 def write_reverse_task(directory: Path, seed: int = 0) -> list[str]:
@@ -83,9 +104,27 @@ def test_tiny_model_learns_to_reverse(tmp_path: Path):
 def test_distributed_training_with_two_gloo_processes(tmp_path: Path):
     write_reverse_task(tmp_path)
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "model.train", "--data", str(tmp_path), "--out", str(out), "--epochs", "1", "--max-steps", "8",
-           "--average", "1", *TINY]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "model.train",
+        "--data",
+        str(tmp_path),
+        "--out",
+        str(out),
+        "--epochs",
+        "1",
+        "--max-steps",
+        "8",
+        "--average",
+        "1",
+        *TINY,
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]

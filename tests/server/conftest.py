@@ -67,9 +67,16 @@ class RunningServer:
 
 def server_config(model: Path, **overrides) -> ServerConfig:
     base = ServerConfig(
-        model=model, provider="cpu", host="127.0.0.1", port=0, metrics_port=0, http_port=0, warmup=False,
-        grace_seconds=5.0, cache_mib=0,  # the engine answers every sentence (test_cache.py turns the cache on)
-    )  # fmt: skip
+        model=model,
+        provider="cpu",
+        host="127.0.0.1",
+        port=0,
+        metrics_port=0,
+        http_port=0,
+        warmup=False,
+        grace_seconds=5.0,
+        cache_mib=0,  # the engine answers every sentence (test_cache.py turns the cache on)
+    )
     return dataclasses.replace(base, **overrides)
 
 

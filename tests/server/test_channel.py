@@ -63,8 +63,20 @@ def test_the_load_generator_counts_retries_and_losses(tiny_export: Path, tmp_pat
     try:
         replicas[0].server.scheduler.stop_accepting()
         target = "ipv4:" + ",".join(f"127.0.0.1:{r.server.port}" for r in replicas)
-        args = ["--target", target, "--metrics", "", "--requests", "12", "--concurrency", "2",
-                "--tokenizer", str(tiny_export / "sentencepiece.model"), "--out", str(tmp_path)]  # fmt: skip
+        args = [
+            "--target",
+            target,
+            "--metrics",
+            "",
+            "--requests",
+            "12",
+            "--concurrency",
+            "2",
+            "--tokenizer",
+            str(tiny_export / "sentencepiece.model"),
+            "--out",
+            str(tmp_path),
+        ]
         assert loadtest.main(args) == 0
         (run,) = json.loads((tmp_path / "report.json").read_text())["runs"]
         assert (run["requests"], run["answered"], run["lost"]) == (12, 12, 0)

@@ -65,8 +65,11 @@ def test_a_libretranslate_client_translates_as_grpc_does(server: RunningServer):
 def test_json_with_a_list_keeps_order_and_empty_texts(server: RunningServer):
     sentences = own_sentences(4)
     expected = [t.text for t in server.translate(sentences).translations]
-    status, headers, body = http(server, "/translate", {"q": [sentences[0], "", *sentences[1:]], "source": "en",
-                                                        "target": "de", "format": "text", "api_key": ""})  # fmt: skip
+    status, headers, body = http(
+        server,
+        "/translate",
+        {"q": [sentences[0], "", *sentences[1:]], "source": "en", "target": "de", "format": "text", "api_key": ""},
+    )
     assert status == 200 and body["translatedText"] == [expected[0], "", *expected[1:]]
     assert headers["X-Translation-Model"] == server.translate(["x"]).model
     status, _, body = http(server, "/translate", {"q": sentences[0], "source": "en", "target": "de"})

@@ -22,8 +22,12 @@ PARAGRAPHS = [  # written for these tests, after real news and help-page paragra
         "en",
         "Mr. Smith rides a bike to work. He lives 3.5 km away, e.g. near the U.S. border! "
         'His wife asked: "Is it safe?" He said yes.',
-        ["Mr. Smith rides a bike to work.", "He lives 3.5 km away, e.g. near the U.S. border!",
-         'His wife asked: "Is it safe?"', "He said yes."],
+        [
+            "Mr. Smith rides a bike to work.",
+            "He lives 3.5 km away, e.g. near the U.S. border!",
+            'His wife asked: "Is it safe?"',
+            "He said yes.",
+        ],
     ),
     (
         "en",
@@ -40,7 +44,7 @@ PARAGRAPHS = [  # written for these tests, after real news and help-page paragra
         "Prices rose 2.5% in Q3. Sales fell... See p. 12 for details. Thanks, Prof. Lee!",
         ["Prices rose 2.5% in Q3.", "Sales fell...", "See p. 12 for details.", "Thanks, Prof. Lee!"],
     ),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("language", "text", "sentences"), PARAGRAPHS)
@@ -92,8 +96,11 @@ def test_the_client_translates_a_file_with_blank_lines_line_for_line(server: Run
     expected = [t.text for t in server.translate(lines).translations]
     result = subprocess.run(
         [sys.executable, "-m", "server.client", "--target", f"127.0.0.1:{server.server.port}"],
-        input=source, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        input=source,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [expected[0], "", expected[1], "", expected[2]]
     assert io.StringIO(source).read().count("\n") == result.stdout.count("\n")

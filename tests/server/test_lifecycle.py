@@ -26,8 +26,26 @@ from tests.server.fake_engine import FakeEngine
 
 
 def start_subprocess_server(model: Path, *flags: str) -> tuple[subprocess.Popen, int, int]:
-    cmd = [sys.executable, "-m", "server", "--model", str(model), "--port", "0", "--metrics-port", "0", "--http-port", "0",
-           "--host", "127.0.0.1", "--provider", "cpu", "--cache-mib", "0", *flags]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "server",
+        "--model",
+        str(model),
+        "--port",
+        "0",
+        "--metrics-port",
+        "0",
+        "--http-port",
+        "0",
+        "--host",
+        "127.0.0.1",
+        "--provider",
+        "cpu",
+        "--cache-mib",
+        "0",
+        *flags,
+    ]
     process = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -76,12 +94,22 @@ def test_sigterm_drains_in_flight_requests(tiny_export: Path):
 
 def test_client_command_prints_translations_and_errors(running: RunningServer):
     target = f"localhost:{running.server.port}"
-    ok = subprocess.run([sys.executable, "-m", "server.client", "--target", target], input="A man is walking.\nA cat is sleeping.\n",
-                        capture_output=True, text=True, timeout=60)  # fmt: skip
+    ok = subprocess.run(
+        [sys.executable, "-m", "server.client", "--target", target],
+        input="A man is walking.\nA cat is sleeping.\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert ok.returncode == 0, ok.stderr
     assert len(ok.stdout.splitlines()) == 2
-    bad = subprocess.run([sys.executable, "-m", "server.client", "--target", target, "--beam", "99"], input="A man.\n",
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    bad = subprocess.run(
+        [sys.executable, "-m", "server.client", "--target", target, "--beam", "99"],
+        input="A man.\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 1
     assert "INVALID_ARGUMENT" in bad.stderr and "beam_size=99" in bad.stderr
 

@@ -41,9 +41,22 @@ def test_run_on_profile_gives_one_sentence_texts(tokenizer):
 
 
 def test_bounded_load_is_counted_exactly(running: RunningServer, tiny_export: Path, tmp_path: Path):
-    args = ["--target", f"localhost:{running.server.port}", "--metrics", f"http://127.0.0.1:{running.server.metrics_port}/metrics",
-            "--tokenizer", str(tiny_export / "sentencepiece.model"), "--profile", "uniform:4-40", "--concurrency", "1,4",
-            "--requests", "12", "--out", str(tmp_path)]  # fmt: skip
+    args = [
+        "--target",
+        f"localhost:{running.server.port}",
+        "--metrics",
+        f"http://127.0.0.1:{running.server.metrics_port}/metrics",
+        "--tokenizer",
+        str(tiny_export / "sentencepiece.model"),
+        "--profile",
+        "uniform:4-40",
+        "--concurrency",
+        "1,4",
+        "--requests",
+        "12",
+        "--out",
+        str(tmp_path),
+    ]
     assert loadtest.main(args) == 0
     report = json.loads((tmp_path / "report.json").read_text())
     assert [run["requests"] for run in report["runs"]] == [12, 12]
@@ -57,8 +70,24 @@ def test_bounded_load_is_counted_exactly(running: RunningServer, tiny_export: Pa
 
 
 def test_open_loop_with_deadlines_counts_errors(running: RunningServer, tiny_export: Path, tmp_path: Path):
-    args = ["--target", f"localhost:{running.server.port}", "--metrics", "", "--tokenizer", str(tiny_export / "sentencepiece.model"),
-            "--profile", "fixed:30", "--rate", "50", "--requests", "10", "--deadline", "0.0001", "--out", str(tmp_path)]  # fmt: skip
+    args = [
+        "--target",
+        f"localhost:{running.server.port}",
+        "--metrics",
+        "",
+        "--tokenizer",
+        str(tiny_export / "sentencepiece.model"),
+        "--profile",
+        "fixed:30",
+        "--rate",
+        "50",
+        "--requests",
+        "10",
+        "--deadline",
+        "0.0001",
+        "--out",
+        str(tmp_path),
+    ]
     assert loadtest.main(args) == 0
     run = json.loads((tmp_path / "report.json").read_text())["runs"][0]
     assert run["requests"] == 10 and sum(run["codes"].values()) == 10
@@ -70,17 +99,43 @@ def test_http_api_is_driven_the_same_way(tiny_export: Path, tmp_path: Path):
 
     server = start(tiny_export)
     try:
-        args = ["--api", "http", "--target", f"127.0.0.1:{server.server.http_port}",
-                "--metrics", f"http://127.0.0.1:{server.server.metrics_port}/metrics",
-                "--tokenizer", str(tiny_export / "sentencepiece.model"), "--profile", "uniform:4-40",
-                "--concurrency", "1,4", "--requests", "12", "--out", str(tmp_path)]  # fmt: skip
+        args = [
+            "--api",
+            "http",
+            "--target",
+            f"127.0.0.1:{server.server.http_port}",
+            "--metrics",
+            f"http://127.0.0.1:{server.server.metrics_port}/metrics",
+            "--tokenizer",
+            str(tiny_export / "sentencepiece.model"),
+            "--profile",
+            "uniform:4-40",
+            "--concurrency",
+            "1,4",
+            "--requests",
+            "12",
+            "--out",
+            str(tmp_path),
+        ]
         assert loadtest.main(args) == 0
         report = json.loads((tmp_path / "report.json").read_text())
         assert all(run["codes"] == {"OK": 12} for run in report["runs"])
         assert report["runs"][1]["server"]["translate_requests_total_delta"] == 12
         assert all(r["output_tokens"] > 0 for r in report["results"][1])
-        bad = ["--api", "http", "--target", f"127.0.0.1:{server.server.http_port}", "--metrics", "",
-               "--tokenizer", str(tiny_export / "sentencepiece.model"), "--languages", "de:en", "--requests", "3"]  # fmt: skip
+        bad = [
+            "--api",
+            "http",
+            "--target",
+            f"127.0.0.1:{server.server.http_port}",
+            "--metrics",
+            "",
+            "--tokenizer",
+            str(tiny_export / "sentencepiece.model"),
+            "--languages",
+            "de:en",
+            "--requests",
+            "3",
+        ]
         assert loadtest.main(bad + ["--out", str(tmp_path / "bad")]) == 0
         bad_report = json.loads((tmp_path / "bad" / "report.json").read_text())
         assert bad_report["runs"][0]["codes"] == {"INVALID_ARGUMENT": 3}

@@ -33,8 +33,15 @@ def wide_export(tmp_path_factory) -> Path:
 
     texts = own_sentences(240) + [german for _, german in OWN_SENTENCES]
     tokenizer, blob = Tokenizer.train(texts * 3, vocab_size=120)
-    config = ModelConfig(vocab_size=tokenizer.vocab_size, d_model=256, n_heads=4, n_encoder_layers=2,
-                         n_decoder_layers=2, d_ff=512, dropout=0.0)  # fmt: skip
+    config = ModelConfig(
+        vocab_size=tokenizer.vocab_size,
+        d_model=256,
+        n_heads=4,
+        n_encoder_layers=2,
+        n_decoder_layers=2,
+        d_ff=512,
+        dropout=0.0,
+    )
     torch.manual_seed(0)
     checkpoint = tmp_path_factory.mktemp("wide_checkpoint")
     save_checkpoint(checkpoint, Transformer(config), blob, {"name": "wide-test"})
@@ -65,8 +72,15 @@ def test_concurrent_long_inputs_stay_within_the_memory_budget(wide_export: Path)
     max_output = 16
     one = engine.sequence_bytes(n, max_output, 4) + engine.encoder_scores_bytes(1, n)
     budget_mib = math.ceil(1.5 * one / MIB)  # room for one such request being encoded at a time, not eight
-    server = RunningServer(server_config(wide_export, memory_budget_mib=budget_mib, max_source_tokens=1024,
-                                         long_input_tokens=1024, max_output_tokens=max_output))  # fmt: skip
+    server = RunningServer(
+        server_config(
+            wide_export,
+            memory_budget_mib=budget_mib,
+            max_source_tokens=1024,
+            long_input_tokens=1024,
+            max_output_tokens=max_output,
+        )
+    )
     process = psutil.Process()
     try:
         server.translate([text], beam=4)  # the first long request's one-time allocations are not the budget's

@@ -44,8 +44,11 @@ def test_a_request_chooses_by_languages_or_name_and_gets_the_default_otherwise()
     assert models.resolve(source="de", target="en") is de_en
     assert models.resolve(source="de") is de_en and models.resolve(target="fr") is en_fr
     assert models.resolve(model="en-fr") is en_fr and models.resolve(model="en-fr@0") is en_fr
-    with pytest.raises(InvalidRequest, match=r"no model here matches source='fr' target='en'; this server "
-                                             r"translates en→de \(en-de\), de→en \(de-en\), en→fr \(en-fr\)"):  # fmt: skip
+    with pytest.raises(
+        InvalidRequest,
+        match=r"no model here matches source='fr' target='en'; this server "
+        r"translates en→de \(en-de\), de→en \(de-en\), en→fr \(en-fr\)",
+    ):
         models.resolve(source="fr", target="en")
     with pytest.raises(InvalidRequest, match=r"no model here matches model='en-de@1'"):
         models.resolve(model="en-de@1")  # another version than the one served
@@ -165,8 +168,9 @@ def test_concurrent_traffic_to_both_models_is_answered_by_each(two: RunningServe
 def _job(engine: FakeEngine, words: int, answers: list, model: str) -> Job:
     text = " ".join(["word"] * words)
     spec = SegmentSpec(0, 0, text, engine.tokenize([text])[0])
-    return Job([spec], 1, 512, on_segment=lambda s: answers.append((model, s.output)), on_done=lambda e: None,
-               model=model)  # fmt: skip
+    return Job(
+        [spec], 1, 512, on_segment=lambda s: answers.append((model, s.output)), on_done=lambda e: None, model=model
+    )
 
 
 def test_each_model_has_its_own_lanes_and_neither_waits_for_the_other():
@@ -175,8 +179,12 @@ def test_each_model_has_its_own_lanes_and_neither_waits_for_the_other():
     a, b = fake("a", "en", "de", step_seconds=0.002), fake("b", "de", "en", step_seconds=0.002)
     config = server_config(Path("unused"), lanes="16", max_output_tokens=512)
     scheduler = Scheduler([a, b], config, Metrics())
-    assert [(lane.model, lane.name) for lane in scheduler.lanes] == [("a", "1-16"), ("a", "17+"),
-                                                                     ("b", "1-16"), ("b", "17+")]  # fmt: skip
+    assert [(lane.model, lane.name) for lane in scheduler.lanes] == [
+        ("a", "1-16"),
+        ("a", "17+"),
+        ("b", "1-16"),
+        ("b", "17+"),
+    ]
     scheduler.start()
     try:
         answers: list = []

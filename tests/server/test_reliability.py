@@ -221,8 +221,24 @@ def test_broken_model_files_fail_startup_naming_the_file(tiny_export: Path, tmp_
     else:
         with open(folder / "encoder.onnx", "r+b") as f:
             f.truncate(100)
-    result = subprocess.run([sys.executable, "-m", "server", "--model", str(folder), "--port", "0", "--metrics-port", "0", "--http-port", "0"],
-                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "server",
+            "--model",
+            str(folder),
+            "--port",
+            "0",
+            "--metrics-port",
+            "0",
+            "--http-port",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode != 0
     assert "encoder.onnx" in result.stderr and message in result.stderr
 

@@ -65,7 +65,21 @@ def test_a_folder_that_fails_its_checksum_never_serves(versions: tuple[Path, Pat
     weights = broken / "decoder.onnx"
     weights.write_bytes(weights.read_bytes()[:-1] + b"\0")  # one byte changed, same size
     result = subprocess.run(
-        [sys.executable, "-m", "server", "--model", str(broken), "--port", "0", "--metrics-port", "0",
-         "--http-port", "0"], capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "server",
+            "--model",
+            str(broken),
+            "--port",
+            "0",
+            "--metrics-port",
+            "0",
+            "--http-port",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode != 0 and "decoder.onnx" in result.stderr and "SERVING" not in result.stderr

@@ -27,8 +27,17 @@ LONG_TEXT = " ".join(
 
 @pytest.fixture(scope="module", params=["static", "continuous"])
 def scheduled(request, tiny_export: Path):
-    server = RunningServer(server_config(tiny_export, scheduler=request.param, max_output_tokens=200, long_input_tokens=400, max_repeats=0,
-                                         max_batch_delay_ms=10.0, memory_budget_mib=64))  # fmt: skip
+    server = RunningServer(
+        server_config(
+            tiny_export,
+            scheduler=request.param,
+            max_output_tokens=200,
+            long_input_tokens=400,
+            max_repeats=0,
+            max_batch_delay_ms=10.0,
+            memory_budget_mib=64,
+        )
+    )
     yield request.param, server
     server.close()
 
@@ -143,8 +152,13 @@ def test_every_request_gets_its_own_answer_once(policy: str):
     try:
         for i in range(40):
             sentences = own_sentences(1 + i % 3) if i % 7 else [" ".join(own_sentences(3))]
-            job = _job(engine, sentences, beam=1 + i % 4, on_segment=lambda s: answers.setdefault(s.job.id, []).append(s),
-                       on_done=lambda error: done.release() if error is None else None)  # fmt: skip
+            job = _job(
+                engine,
+                sentences,
+                beam=1 + i % 4,
+                on_segment=lambda s: answers.setdefault(s.job.id, []).append(s),
+                on_done=lambda error: done.release() if error is None else None,
+            )
             jobs.append(job)
             scheduler.submit(job)
             time.sleep(0.002 * (i % 2))
@@ -215,8 +229,9 @@ def test_a_segment_starving_for_room_stops_other_lanes():
 def test_longer_lanes_run_at_lower_os_priority(tiny_export: Path):
     """The long lane's inference thread and the threads of its ONNX Runtime sessions are niced; the short
     lane's are not, so the kernel runs short work first."""
-    server = RunningServer(server_config(tiny_export, scheduler="continuous", lanes="16", lane_niceness=7,
-                                         intra_op_threads=2))  # fmt: skip
+    server = RunningServer(
+        server_config(tiny_export, scheduler="continuous", lanes="16", lane_niceness=7, intra_op_threads=2)
+    )
     try:
         short_lane, long_lane = server.server.scheduler.lanes
         own = os.getpriority(os.PRIO_PROCESS, 0)
@@ -230,7 +245,8 @@ def test_longer_lanes_run_at_lower_os_priority(tiny_export: Path):
         assert len(niced) >= 2, "the long lane's ONNX Runtime threads inherit its priority"
         assert server.translate([LONG_TEXT]).translations[0].text  # and the lane works
 
-        # The first lane runs small batches on short_lane_threads (1), larger ones and the long lane on intra_op_threads.
+        # The first lane runs small batches on short_lane_threads (1), larger ones and the long lane on
+        # intra_op_threads.
         def threads(session) -> int:
             return session.get_session_options().intra_op_num_threads
 

@@ -93,13 +93,26 @@ def test_model_info_health_and_reflection(running: RunningServer):
 
 
 DOCUMENTED_METRICS = [
-    "translate_requests_total", "translate_request_duration_seconds_bucket", "translate_queue_wait_seconds_bucket",
-    "translate_encoder_duration_seconds_bucket", "translate_decoder_step_duration_seconds_bucket",
-    "translate_batch_size_sentences_bucket", "translate_batch_size_tokens_bucket", "translate_batch_padding_ratio_bucket",
-    "translate_input_tokens_total", "translate_output_tokens_total", "translate_queue_depth", "translate_inflight_sequences",
-    "translate_kv_cache_bytes", "translate_memory_budget_bytes", "translate_attention_scores_bytes", "translate_model_info",
-    "process_resident_memory_bytes", "translate_cross_attention_cache_bytes", "translate_decode_batch_rows_bucket",
-]  # fmt: skip
+    "translate_requests_total",
+    "translate_request_duration_seconds_bucket",
+    "translate_queue_wait_seconds_bucket",
+    "translate_encoder_duration_seconds_bucket",
+    "translate_decoder_step_duration_seconds_bucket",
+    "translate_batch_size_sentences_bucket",
+    "translate_batch_size_tokens_bucket",
+    "translate_batch_padding_ratio_bucket",
+    "translate_input_tokens_total",
+    "translate_output_tokens_total",
+    "translate_queue_depth",
+    "translate_inflight_sequences",
+    "translate_kv_cache_bytes",
+    "translate_memory_budget_bytes",
+    "translate_attention_scores_bytes",
+    "translate_model_info",
+    "process_resident_memory_bytes",
+    "translate_cross_attention_cache_bytes",
+    "translate_decode_batch_rows_bucket",
+]
 
 
 def test_metrics_port_exposes_documented_metrics(running: RunningServer):

@@ -62,8 +62,24 @@ def make_certificates(d: Path) -> Path:
             f"/CN={name}",
             cwd=d,
         )
-        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out", f"{name}.pem",
-                "-days", "1", "-extfile", "san.cnf", cwd=d)  # fmt: skip
+        openssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            f"{name}.pem",
+            "-days",
+            "1",
+            "-extfile",
+            "san.cnf",
+            cwd=d,
+        )
     return d
 
 
@@ -114,9 +130,10 @@ def test_tls_settings_are_checked():
 def https_translate(port: int, ca: Path) -> str:
     context = ssl.create_default_context(cafile=str(ca))
     request = urllib.request.Request(
-        f"https://localhost:{port}/translate", data=b'{"q": "A man.", "source": "en", "target": "de"}',
+        f"https://localhost:{port}/translate",
+        data=b'{"q": "A man.", "source": "en", "target": "de"}',
         headers={"Content-Type": "application/json"},
-    )  # fmt: skip
+    )
     with urllib.request.urlopen(request, timeout=20, context=context) as response:
         return response.read().decode()
 
@@ -129,8 +146,9 @@ def test_certificates_reload_without_a_restart(tiny_export: Path, certificates: 
     served.mkdir()
     for name in ("server.pem", "server.key"):
         shutil.copy(certificates / name, served / name)
-    config = server_config(tiny_export, tls_cert=served / "server.pem", tls_key=served / "server.key",
-                           http_port=free_port())  # fmt: skip
+    config = server_config(
+        tiny_export, tls_cert=served / "server.pem", tls_key=served / "server.key", http_port=free_port()
+    )
     server = RunningServer(config)
     try:
         port, http_port = server.server.port, server.server.http_port
@@ -161,13 +179,19 @@ def test_the_container_health_check_speaks_tls(tiny_export: Path, certificates: 
     server = RunningServer(server_config(tiny_export, tls_cert=d / "server.pem", tls_key=d / "server.key", **client_ca))
     try:
         environment = {
-            **os.environ, "PYTHONPATH": str(HEALTHCHECK.parents[2]), "TRANSLATE_PORT": str(server.server.port),
-            "TRANSLATE_TLS_CERT": str(d / "server.pem"), "TRANSLATE_TLS_KEY": str(d / "server.key"),
+            **os.environ,
+            "PYTHONPATH": str(HEALTHCHECK.parents[2]),
+            "TRANSLATE_PORT": str(server.server.port),
+            "TRANSLATE_TLS_CERT": str(d / "server.pem"),
+            "TRANSLATE_TLS_KEY": str(d / "server.key"),
             "TRANSLATE_HEALTHCHECK_CA": str(d / "ca.pem"),
-        }  # fmt: skip
+        }
         if mutual:
-            environment |= {"TRANSLATE_TLS_CLIENT_CA": str(d / "ca.pem"), "TRANSLATE_HEALTHCHECK_CERT": str(d / "client.pem"),
-                            "TRANSLATE_HEALTHCHECK_KEY": str(d / "client.key")}  # fmt: skip
+            environment |= {
+                "TRANSLATE_TLS_CLIENT_CA": str(d / "ca.pem"),
+                "TRANSLATE_HEALTHCHECK_CERT": str(d / "client.pem"),
+                "TRANSLATE_HEALTHCHECK_KEY": str(d / "client.key"),
+            }
         check = lambda env: subprocess.run(
             [sys.executable, str(HEALTHCHECK)], env=env, capture_output=True, text=True, timeout=60
         )  # noqa: E731
@@ -185,14 +209,36 @@ def test_the_load_generator_speaks_mutual_tls(tiny_export: Path, certificates: P
     from tests.server.test_http import free_port
 
     d = certificates
-    config = server_config(tiny_export, tls_cert=d / "server.pem", tls_key=d / "server.key",
-                           tls_client_ca=d / "ca.pem", http_port=free_port())  # fmt: skip
+    config = server_config(
+        tiny_export,
+        tls_cert=d / "server.pem",
+        tls_key=d / "server.key",
+        tls_client_ca=d / "ca.pem",
+        http_port=free_port(),
+    )
     server = RunningServer(config)
     try:
         port = server.server.port if api == "grpc" else server.server.http_port
-        args = ["--api", api, "--target", f"localhost:{port}", "--metrics", "", "--requests", "6",
-                "--tokenizer", str(tiny_export / "sentencepiece.model"), "--out", str(tmp_path / api),
-                "--tls-ca", str(d / "ca.pem"), "--tls-cert", str(d / "client.pem"), "--tls-key", str(d / "client.key")]  # fmt: skip
+        args = [
+            "--api",
+            api,
+            "--target",
+            f"localhost:{port}",
+            "--metrics",
+            "",
+            "--requests",
+            "6",
+            "--tokenizer",
+            str(tiny_export / "sentencepiece.model"),
+            "--out",
+            str(tmp_path / api),
+            "--tls-ca",
+            str(d / "ca.pem"),
+            "--tls-cert",
+            str(d / "client.pem"),
+            "--tls-key",
+            str(d / "client.key"),
+        ]
         assert loadtest.main(args) == 0
         report = json.loads((tmp_path / api / "report.json").read_text())
         assert report["runs"][0]["codes"] == {"OK": 6}
