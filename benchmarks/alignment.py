@@ -20,8 +20,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 
+from export.aligner import build_aligner
 from export.runtime import OrtModel, RuntimeOptions
+from model.checkpoint import load_checkpoint
 from model.corpus import corpus_path, read_lines
 from server.markup import align_units, source_words, unit_spans
 
@@ -126,7 +129,11 @@ def main(argv=None) -> None:
     sources = read_lines(corpus_path(args.data, args.split, "en"))[: args.sentences]
     ids = tokenizer.encode_source(sources)
     outputs = model.translate_ids(ids)
-    every = model.alignments(list(zip(ids, outputs, strict=True)))
+    # Every layer, not only those the export's aligner keeps: a full aligner from the checkpoint.
+    checkpoint, _ = load_checkpoint(Path(model.manifest["checkpoint"]["path"]))
+    full = build_aligner(checkpoint, checkpoint.config.n_decoder_layers).SerializeToString()
+    session = ort.InferenceSession(full, providers=["CPUExecutionProvider"])
+    every = model.alignments(list(zip(ids, outputs, strict=True)), session)
     layers = every[0].shape[0]
     choices = [(layer, offset) for layer in [*range(layers), "mean"] for offset in (0, 1)]
     choices += [(f"{a}+{b}", f"{x}+{y}") for a, x, b, y in COMBINATIONS if max(a, b) < layers]

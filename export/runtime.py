@@ -332,10 +332,13 @@ class OrtModel:
             for every, (source, output) in zip(self.alignments(pairs), pairs, strict=True)
         ]
 
-    def alignments(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[np.ndarray]:
-        """For each (source ids, output ids) pair, every layer's cross-attention probabilities
-        (L, len(output) + 1, len(source) + 1): ``align`` before choosing a layer and rows."""
-        session, _ = self._aligner_session()
+    def alignments(
+        self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], session: ort.InferenceSession | None = None
+    ) -> list[np.ndarray]:
+        """For each (source ids, output ids) pair, the aligner's layers' cross-attention probabilities
+        (L', len(output) + 1, len(source) + 1): ``align`` before choosing layers and rows. ``session``: another
+        aligner graph than the folder's (benchmarks/alignment.py compares every layer)."""
+        session = session or self._aligner_session()[0]
         c, results = self.config, [np.zeros((0, 0, 0), np.float32)] * len(pairs)
         order = sorted(range(len(pairs)), key=lambda i: (len(pairs[i][0]), len(pairs[i][1])))
         for start in range(0, len(order), ALIGN_GROUP):
