@@ -1,4 +1,6 @@
-"""Admission, batching and the decode loop, on inference threads.
+"""Admission, batching and the decode loop, on inference threads: the glue of its parts, the memory
+budget (server/budget.py), the lanes and their threads (server/lanes.py) and the admission policies
+(server/policies.py), each testable alone.
 
 Requests become jobs of segments (sentences). Segments wait in a bounded
 queue; inference threads admit them into their engine's running batches:
@@ -35,22 +37,25 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from model.search import Hypothesis
+from server.budget import MemoryBudget
 from server.config import ServerConfig
 from server.errors import Cancelled, DeadlineExceeded, InferenceFailed, Overloaded, ServiceError, ShuttingDown
-from server.interface import Batch, Engine
-from server.metrics import LENGTH_BUCKETS, Metrics, length_bucket
+from server.interface import Engine
+from server.lanes import Lane, bucket_index, lane_names, lower_thread_priority
+from server.metrics import Metrics, length_bucket
+from server.policies import STARVATION_SECONDS, admit_in_order, admit_static, join_later
 from server.text import SegmentSpec
 
 log = logging.getLogger(__name__)
-STARVATION_SECONDS = 1.0  # continuous: after this, a segment waiting for room lets nobody pass
-INITIAL_TARGET_RATIO = 1.3  # output/input tokens before any segment finished (Multi30k en→de: about 1.1-1.2)
+BACKLOG_WINDOW_S = 10.0  # Retry-After: the queue over the source tokens finished in this window
+IDLE_WAIT_S = 0.05  # a lane whose arrivals do not fit waits this long for others to free room (or a notify)
+__all__ = ["STARVATION_SECONDS", "Job", "Scheduler", "Segment"]
 _ids = itertools.count()
 
 
@@ -107,39 +112,6 @@ def _notify(callback: Callable, value) -> None:
         log.warning("a result could not be delivered: its caller is gone")
 
 
-def bucket_index(tokens: int) -> int:
-    return next((i for i, high in enumerate(LENGTH_BUCKETS) if tokens <= high), len(LENGTH_BUCKETS))
-
-
-@dataclass(eq=False)
-class Lane:
-    """A share of the running work: its queue, running batch, engine and inference thread."""
-
-    index: int
-    name: str  # by its source-token bounds, e.g. "1-64"
-    model: str  # the name of the engine whose work it runs
-    niceness: int  # added to the thread's OS niceness (Linux), for it and its ONNX Runtime threads
-    waiting: collections.deque[Segment] = field(default_factory=collections.deque)
-    running: dict[Segment, None] = field(default_factory=dict)  # segments in the batch, in join order
-    engine: Engine | None = None
-    batch: Batch | None = None
-    thread: threading.Thread | None = None
-    ready: threading.Event = field(default_factory=threading.Event)
-    error: BaseException | None = None
-    join_seconds: float = 0.0  # a join's duration (encoder call and cache resizes), a running average
-
-
-def lower_thread_priority(niceness: int) -> None:
-    """Add ``niceness`` to the calling thread's (Linux: per thread; threads it starts inherit it)."""
-    if niceness <= 0:
-        return
-    try:
-        thread = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, thread, os.getpriority(os.PRIO_PROCESS, thread) + niceness)
-    except (AttributeError, OSError) as error:
-        log.warning("could not lower a lane's thread priority (%s); lanes share the CPU equally", error)
-
-
 class Scheduler:
     def __init__(self, engines: Sequence[Engine], config: ServerConfig, metrics: Metrics) -> None:
         """``engines``: one per model (distinct names), the first the default; each is its first lane's
@@ -149,10 +121,9 @@ class Scheduler:
         self.config = config
         self.metrics = metrics
         self.continuous = config.scheduler == "continuous"
-        self.budget = config.memory_budget_bytes
+        self.memory = MemoryBudget(config.memory_budget_bytes, self.engines)
         self.bounds = config.lane_bounds if self.continuous else ()
-        lows = [1] + [bound + 1 for bound in self.bounds]
-        names = [f"{low}-{high}" for low, high in zip(lows[:-1], self.bounds, strict=True)] + [f"{lows[-1]}+"]
+        names = lane_names(self.bounds)
         self.lanes: list[Lane] = []
         self.lanes_of: dict[str, list[Lane]] = {}  # a model's lanes, shortest first
         for model, engine in self.engines.items():
@@ -163,13 +134,10 @@ class Scheduler:
         self.lock = threading.Condition()
         self.accepting = True
         self.stopped = False
-        self.reserved_bytes = 0
         self.starving: Segment | None = None  # waited too long for room: other lanes admit nobody meanwhile
-        # Output/input tokens per model, updated from finished segments.
-        self.target_ratio = {model: INITIAL_TARGET_RATIO for model in self.engines}
         self.largest_scores_bytes = 0
         self.recently_finished: collections.deque[tuple[float, int]] = collections.deque()  # (time, source tokens)
-        metrics.budget_bytes.set(self.budget)
+        metrics.budget_bytes.set(config.memory_budget_bytes)
 
     @property
     def waiting(self) -> int:
@@ -191,12 +159,6 @@ class Scheduler:
             if lane.error is not None:
                 raise RuntimeError(f"lane {lane.name} could not start its engine") from lane.error
 
-    def estimate(self, model: str, source_tokens: int, beam: int, max_output: int) -> tuple[int, int]:
-        """(bytes reserved while decoding, predicted output tokens) of one segment on ``model``."""
-        predicted = min(max_output, int(self.target_ratio[model] * source_tokens * 1.25) + 8)
-        reserved = self.engines[model].sequence_bytes(source_tokens, predicted, beam)
-        return reserved, predicted
-
     def submit(self, job: Job) -> None:
         """Queue a job, or refuse it at once (Overloaded, ShuttingDown)."""
         job.model = job.model or self.default_model
@@ -205,16 +167,17 @@ class Scheduler:
         lane = self._lane(job.model, sum(len(spec.ids) for spec in job.specs))
         for spec in job.specs:
             max_length = engine.max_length(len(spec.ids), job.max_output_tokens)
-            reserved, predicted = self.estimate(job.model, len(spec.ids), job.beam, max_length)
+            reserved, predicted = self.memory.estimate(job.model, len(spec.ids), job.beam, max_length)
             segments.append(Segment(job, spec, max_length, reserved, predicted, lane))
-        largest = max(segments, key=lambda s: s.reserved_bytes + engine.encoder_scores_bytes(1, s.source_tokens))
-        need = largest.reserved_bytes + engine.encoder_scores_bytes(1, largest.source_tokens)
-        if need > self.budget:
+        peak = lambda s: self.memory.peak_bytes(job.model, s.reserved_bytes, s.source_tokens)  # noqa: E731
+        largest = max(segments, key=peak)
+        need, budget = peak(largest), self.memory.budget_bytes
+        if need > budget:
             self.metrics.rejected.labels("memory").inc()
             raise Overloaded(
                 f"a segment of {largest.source_tokens} tokens with beam {job.beam} needs about {need >> 20} MiB, "
                 "over the "
-                f"memory budget of {self.budget >> 20} MiB; use a smaller beam or shorter texts"
+                f"memory budget of {budget >> 20} MiB; use a smaller beam or shorter texts"
             )
         with self.lock:
             if not self.accepting:
@@ -234,10 +197,10 @@ class Scheduler:
             self.lock.notify_all()
 
     def _backlog_seconds(self) -> float:
-        """Seconds to work off the queue at the source-token rate of the last 10 seconds."""
+        """Seconds to work off the queue at the source-token rate of the last BACKLOG_WINDOW_S."""
         queued_tokens = sum(s.source_tokens for lane in self.lanes for s in lane.waiting)
         window = list(self.recently_finished)
-        rate = sum(t for _, t in window) / 10.0 if window else 0.0
+        rate = sum(t for _, t in window) / BACKLOG_WINDOW_S if window else 0.0
         return max(0.1, queued_tokens / max(rate, 1.0))
 
     def cancel(self, job: Job) -> None:
@@ -296,7 +259,7 @@ class Scheduler:
                     self._step(lane)
                 else:  # nothing fit: waiting for room other lanes hold; they notify when they free some
                     with self.lock:
-                        self.lock.wait(0.05)
+                        self.lock.wait(IDLE_WAIT_S)
             except Exception as error:  # one failed batch must not take the server down
                 log.exception("inference failed; answering the batch with INTERNAL")
                 failure = InferenceFailed(f"inference failed on the batch holding this request: {type(error).__name__}")
@@ -321,46 +284,20 @@ class Scheduler:
                 self._wait_for_batch(lane)
             elif self._join_later(lane):
                 return []
+            fits = lambda group: self._fits(lane, group)  # noqa: E731
             if self.continuous:
-                admitted = self._admit_in_order(lane)
-            else:  # static: the oldest segment's length bucket first, then the nearest
-                candidates = list(lane.waiting)
-                oldest = bucket_index(candidates[0].source_tokens)
-                candidates.sort(key=lambda s: (abs(bucket_index(s.source_tokens) - oldest), s.enqueued_at))
-                admitted = []
-                for segment in candidates:
-                    if self._fits(lane, admitted + [segment]):
-                        admitted.append(segment)
+                now = time.monotonic()
+                admitted, self.starving = admit_in_order(lane.waiting, fits, lane.index, self.starving, now)
+            else:
+                admitted = admit_static(lane.waiting, fits)
             for segment in admitted:
                 lane.waiting.remove(segment)
-            self.reserved_bytes += sum(s.reserved_bytes for s in admitted)
+            self.memory.reserve(sum(s.reserved_bytes for s in admitted))
             return admitted
 
     def _join_later(self, lane: Lane) -> bool:
-        """Whether the lane's arrivals should gather a little longer before they join. A join (an encoder call,
-        the caches resized) holds up every running row for about its measured duration, for one arrival as for
-        ten; arrivals join once the time they have waited in all reaches the time the join costs the running
-        rows in all. Alone or nearly, arrivals join at once; a busy lane takes them in batches. (Asked only
-        of a lane with rows running: the static scheduler admits into an empty batch only.)"""
-        now = time.monotonic()
-        waited = sum(now - s.enqueued_at for s in lane.waiting)
-        return waited < lane.batch.rows * lane.join_seconds
-
-    def _admit_in_order(self, lane: Lane) -> list[Segment]:
-        """First come, first served within the lane, while the arrivals fit. A segment that has waited
-        STARVATION_SECONDS for room other lanes hold stops them from admitting until it fits."""
-        if self.starving is not None and self.starving.lane != lane.index:
-            return []
-        admitted: list[Segment] = []
-        for segment in lane.waiting:
-            if not self._fits(lane, admitted + [segment]):
-                if not admitted and time.monotonic() - segment.enqueued_at > STARVATION_SECONDS:
-                    self.starving = segment
-                break
-            admitted.append(segment)
-        if self.starving is not None and self.starving in admitted:
-            self.starving = None
-        return admitted
+        """(Asked only of a lane with rows running: the static scheduler admits into an empty batch only.)"""
+        return join_later(lane.waiting, lane.batch.rows, lane.join_seconds, time.monotonic())
 
     def _fits(self, lane: Lane, group: list[Segment]) -> bool:
         """Room for the group: max_batch_size sentences in the lane, max_batch_tokens, the memory budget."""
@@ -369,14 +306,12 @@ class Scheduler:
         longest = max(s.source_tokens + 1 for s in group)
         if len(group) * longest > self.config.max_batch_tokens and len(group) > 1:
             return False
-        need = self.reserved_bytes + sum(s.reserved_bytes for s in group)
-        need += self.engines[lane.model].encoder_scores_bytes(len(group), longest - 1)
-        return need <= self.budget
+        return self.memory.fits(lane.model, [s.reserved_bytes for s in group], longest - 1)
 
     def _encode_and_join(self, lane: Lane, admitted: list[Segment]) -> None:
         started = time.perf_counter()
         self._join(lane, admitted)
-        lane.join_seconds = 0.9 * lane.join_seconds + 0.1 * (time.perf_counter() - started)
+        lane.joined(time.perf_counter() - started)
 
     def _join(self, lane: Lane, admitted: list[Segment]) -> None:
         now = time.monotonic()
@@ -432,11 +367,10 @@ class Scheduler:
         self._leave(segment)
         model, tokens = segment.job.model, hypothesis.tokens
         with self.lock:  # read by other lanes' threads and by submit
-            ratio = (len(tokens) + 1) / (segment.source_tokens + 1)
-            self.target_ratio[model] = 0.98 * self.target_ratio[model] + 0.02 * ratio
+            self.memory.learn(model, segment.source_tokens, len(tokens))
             now = time.monotonic()
             self.recently_finished.append((now, segment.source_tokens))
-            while self.recently_finished and self.recently_finished[0][0] < now - 10.0:
+            while self.recently_finished and self.recently_finished[0][0] < now - BACKLOG_WINDOW_S:
                 self.recently_finished.popleft()
         segment.result, segment.finished_at = hypothesis, time.monotonic()
         self.metrics.confidence.labels(model).observe(hypothesis.score)
@@ -460,7 +394,7 @@ class Scheduler:
             if segment not in lane.running:
                 return
             del lane.running[segment]
-            self.reserved_bytes -= segment.reserved_bytes
+            self.memory.release(segment.reserved_bytes)
             if len(self.lanes) > 1:
                 self.lock.notify_all()  # a lane waiting for room may now have it
 
@@ -499,7 +433,7 @@ class Scheduler:
         jobs = {s.job for s in lane.running}
         lane.batch = lane.engine.new_batch()
         with self.lock:
-            self.reserved_bytes -= sum(s.reserved_bytes for s in lane.running)
+            self.memory.release(sum(s.reserved_bytes for s in lane.running))
             lane.running.clear()
         for job in jobs:
             self._end_job(job, error)
@@ -513,4 +447,4 @@ class Scheduler:
             m.lane_rows.labels(lane.model, lane.name).set(lane.batch.rows if lane.batch is not None else 0)
         m.kv_cache_bytes.set(sum(batch.cache_bytes for batch in batches))
         m.cross_cache_bytes.set(sum(batch.cross_bytes for batch in batches))
-        m.reserved_bytes.set(self.reserved_bytes)
+        m.reserved_bytes.set(self.memory.reserved_bytes)

@@ -212,9 +212,9 @@ def test_the_models_share_one_memory_budget():
     scheduler.submit(_job(a, 200, [], "a"))
     first = scheduler._admit(lane_a)
     scheduler._encode_and_join(lane_a, first)
-    assert first and scheduler.reserved_bytes == first[0].reserved_bytes
+    assert first and scheduler.memory.reserved_bytes == first[0].reserved_bytes
     scheduler.submit(_job(b, 200, [], "b"))  # fits the budget alone, not beside model a's segment
-    assert first[0].reserved_bytes + lane_b.waiting[0].reserved_bytes > scheduler.budget
+    assert first[0].reserved_bytes + lane_b.waiting[0].reserved_bytes > scheduler.memory.budget_bytes
     assert scheduler._admit(lane_b) == []
     scheduler._leave(first[0])
     assert len(scheduler._admit(lane_b)) == 1

@@ -171,7 +171,7 @@ def test_every_request_gets_its_own_answer_once(policy: str):
         assert sorted(s.spec.segment_index for s in segments) == list(range(len(job.specs)))  # each once
         for segment in segments:
             assert segment.output == list(reversed(segment.spec.ids))[: segment.max_length - 1]
-    assert scheduler.reserved_bytes == 0 and scheduler.running == 0
+    assert scheduler.memory.reserved_bytes == 0 and scheduler.running == 0
     if policy == "continuous":
         assert len(engine.joins) < len(jobs) * 2  # arrivals joined in groups, not one batch per request
 
@@ -195,7 +195,7 @@ def test_continuous_admission_by_lane():
         long_lane.running[segment] = None  # as _encode_and_join would
     assert scheduler._admit(long_lane) == []  # the lane is full
     assert scheduler.waiting == 2 + 16
-    assert scheduler.reserved_bytes == sum(
+    assert scheduler.memory.reserved_bytes == sum(
         s.reserved_bytes for s in [*document.segments[:4]] + [j.segments[0] for j in shorts[:4]]
     )
 
@@ -209,18 +209,18 @@ def test_a_segment_starving_for_room_stops_other_lanes():
     document = _job(engine, [" ".join(own_sentences(4))])  # one long sentence
     scheduler.submit(document)
     long = document.segments[0]
-    held = scheduler.budget - long.reserved_bytes - engine.encoder_scores_bytes(1, long.source_tokens) + 1
-    scheduler.reserved_bytes = held
+    held = scheduler.memory.budget_bytes - long.reserved_bytes - engine.encoder_scores_bytes(1, long.source_tokens) + 1
+    scheduler.memory.reserved_bytes = held
     assert scheduler._admit(long_lane) == [] and scheduler.starving is None  # not waited long enough yet
     scheduler.submit(_job(engine, ["A dog runs."]))
     assert len(scheduler._admit(short_lane)) == 1  # shorts, which need less, may pass it meanwhile
-    scheduler.reserved_bytes = held
+    scheduler.memory.reserved_bytes = held
     long.enqueued_at -= STARVATION_SECONDS + 0.1
     assert scheduler._admit(long_lane) == [] and scheduler.starving is long
     late = _job(engine, ["A cat sleeps."])
     scheduler.submit(late)
     assert scheduler._admit(short_lane) == []  # even though it would fit
-    scheduler.reserved_bytes = 0  # the short rows finished
+    scheduler.memory.reserved_bytes = 0  # the short rows finished
     assert scheduler._admit(long_lane) == document.segments and scheduler.starving is None
     assert scheduler._admit(short_lane) == late.segments
 

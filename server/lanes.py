@@ -1,0 +1,63 @@
+"""Lanes: shares of the running work, each with its queue, running batch, engine and inference thread,
+and the OS priority of that thread (the scheduler's policies decide what joins a lane's batch)."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from server.interface import Batch, Engine
+from server.metrics import LENGTH_BUCKETS
+
+if TYPE_CHECKING:
+    from server.scheduler import Segment
+
+log = logging.getLogger(__name__)
+# A lane's join duration (encoder call and cache resizes) is a running average with this weight.
+JOIN_WEIGHT = 0.1
+
+
+@dataclass(eq=False)
+class Lane:
+    index: int
+    name: str  # by its source-token bounds, e.g. "1-64"
+    model: str  # the name of the engine whose work it runs
+    niceness: int  # added to the thread's OS niceness (Linux), for it and its ONNX Runtime threads
+    waiting: collections.deque[Segment] = field(default_factory=collections.deque)
+    running: dict[Segment, None] = field(default_factory=dict)  # segments in the batch, in join order
+    engine: Engine | None = None
+    batch: Batch | None = None
+    thread: threading.Thread | None = None
+    ready: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+    join_seconds: float = 0.0  # a join's duration, a running average
+
+    def joined(self, seconds: float) -> None:
+        self.join_seconds = (1 - JOIN_WEIGHT) * self.join_seconds + JOIN_WEIGHT * seconds
+
+
+def lane_names(bounds: Sequence[int]) -> list[str]:
+    """Lanes named by the source tokens of the requests they take: bounds 64 give "1-64" and "65+"."""
+    lows = [1] + [bound + 1 for bound in bounds]
+    return [f"{low}-{high}" for low, high in zip(lows[:-1], bounds, strict=True)] + [f"{lows[-1]}+"]
+
+
+def bucket_index(tokens: int) -> int:
+    """The length bucket (server.metrics.LENGTH_BUCKETS) of a source."""
+    return next((i for i, high in enumerate(LENGTH_BUCKETS) if tokens <= high), len(LENGTH_BUCKETS))
+
+
+def lower_thread_priority(niceness: int) -> None:
+    """Add ``niceness`` to the calling thread's (Linux: per thread; threads it starts inherit it)."""
+    if niceness <= 0:
+        return
+    try:
+        thread = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, thread, os.getpriority(os.PRIO_PROCESS, thread) + niceness)
+    except (AttributeError, OSError) as error:
+        log.warning("could not lower a lane's thread priority (%s); lanes share the CPU equally", error)

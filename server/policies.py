@@ -1,0 +1,57 @@
+"""Which waiting sentences join a lane's batch: the two scheduling policies, as pure functions of the
+queue, the time and a ``fits`` test (the budget and batch limits; see server.scheduler)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from server.lanes import bucket_index
+
+if TYPE_CHECKING:
+    from server.scheduler import Segment
+
+# continuous: a sentence that waited this long for room other lanes hold stops them from admitting.
+STARVATION_SECONDS = 1.0
+
+Fits = Callable[[list["Segment"]], bool]
+
+
+def admit_static(waiting: Sequence[Segment], fits: Fits) -> list[Segment]:
+    """static (into an empty batch only): the oldest sentence's length bucket first, then the nearest, as
+    many as fit."""
+    oldest = bucket_index(waiting[0].source_tokens)
+    candidates = sorted(waiting, key=lambda s: (abs(bucket_index(s.source_tokens) - oldest), s.enqueued_at))
+    admitted: list[Segment] = []
+    for segment in candidates:
+        if fits(admitted + [segment]):
+            admitted.append(segment)
+    return admitted
+
+
+def admit_in_order(
+    waiting: Sequence[Segment], fits: Fits, lane: int, starving: Segment | None, now: float
+) -> tuple[list[Segment], Segment | None]:
+    """continuous: first come, first served within the lane, while the arrivals fit. Returns them and the
+    sentence that now starves (waited STARVATION_SECONDS for room, so that other lanes admit nobody until
+    it fits), or None."""
+    if starving is not None and starving.lane != lane:
+        return [], starving
+    admitted: list[Segment] = []
+    for segment in waiting:
+        if not fits(admitted + [segment]):
+            if not admitted and now - segment.enqueued_at > STARVATION_SECONDS:
+                starving = segment
+            break
+        admitted.append(segment)
+    if starving is not None and starving in admitted:
+        starving = None
+    return admitted, starving
+
+
+def join_later(waiting: Sequence[Segment], rows: int, join_seconds: float, now: float) -> bool:
+    """Whether a busy lane's arrivals should gather a little longer before they join. A join (an encoder
+    call, the caches resized) holds up every running row for about its measured duration, for one arrival
+    as for ten; arrivals join once the time they have waited in all reaches the time the join costs the
+    running rows in all. Alone or nearly, arrivals join at once; a busy lane takes them in batches."""
+    return sum(now - s.enqueued_at for s in waiting) < rows * join_seconds
