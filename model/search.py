@@ -20,6 +20,7 @@ backends differ only in how one decoder step is computed.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
@@ -119,7 +120,7 @@ class KVCache:
     @property
     def nbytes(self) -> int:
         buffers = self.keys + self.values + ([] if self._spare is None else self._spare[0] + self._spare[1])
-        return sum(int(np.prod(self._shape(b))) for b in buffers) * np.dtype(self.dtype).itemsize
+        return sum(math.prod(self._shape(b)) for b in buffers) * np.dtype(self.dtype).itemsize
 
     @property
     def live_lengths(self) -> np.ndarray:

@@ -54,6 +54,7 @@ from server.text import SegmentSpec
 
 log = logging.getLogger(__name__)
 BACKLOG_WINDOW_S = 10.0  # Retry-After: the queue over the source tokens finished in this window
+GAUGE_INTERVAL_S = 0.05  # the memory and batch gauges are set at most this often while lanes are busy
 IDLE_WAIT_S = 0.05  # a lane whose arrivals do not fit waits this long for others to free room (or a notify)
 __all__ = ["STARVATION_SECONDS", "Job", "Scheduler", "Segment"]
 _ids = itertools.count()
@@ -136,6 +137,7 @@ class Scheduler:
         self.stopped = False
         self.starving: Segment | None = None  # waited too long for room: other lanes admit nobody meanwhile
         self.largest_scores_bytes = 0
+        self.gauges_at = 0.0  # when the gauges were last set (time.monotonic())
         self.recently_finished: collections.deque[tuple[float, int]] = collections.deque()  # (time, source tokens)
         metrics.budget_bytes.set(config.memory_budget_bytes)
 
@@ -264,7 +266,7 @@ class Scheduler:
                 log.exception("inference failed; answering the batch with INTERNAL")
                 failure = InferenceFailed(f"inference failed on the batch holding this request: {type(error).__name__}")
                 self._fail_batch(lane, failure)
-            self._update_gauges()
+            self._update_gauges(lane)
             time.sleep(0)  # hand the GIL to the gRPC event loop between steps, so admission stays prompt
 
     def _wait_for_batch(self, lane: Lane) -> None:
@@ -438,13 +440,18 @@ class Scheduler:
         for job in jobs:
             self._end_job(job, error)
 
-    def _update_gauges(self) -> None:
+    def _update_gauges(self, lane: Lane) -> None:
+        """The queue and batch gauges after a step of ``lane``; the cache sizes, which cost a walk over every
+        buffer, at most every GAUGE_INTERVAL_S while lanes are busy (a step takes about a millisecond)."""
         m = self.metrics
         m.queue_depth.set(self.waiting)
         m.inflight.set(self.running)
+        m.lane_rows.labels(lane.model, lane.name).set(lane.batch.rows if lane.batch is not None else 0)
+        m.reserved_bytes.set(self.memory.reserved_bytes)
+        now = time.monotonic()
+        if now - self.gauges_at < GAUGE_INTERVAL_S and lane.running:
+            return
+        self.gauges_at = now
         batches = [lane.batch for lane in self.lanes if lane.batch is not None]
-        for lane in self.lanes:
-            m.lane_rows.labels(lane.model, lane.name).set(lane.batch.rows if lane.batch is not None else 0)
         m.kv_cache_bytes.set(sum(batch.cache_bytes for batch in batches))
         m.cross_cache_bytes.set(sum(batch.cross_bytes for batch in batches))
-        m.reserved_bytes.set(self.memory.reserved_bytes)

@@ -107,7 +107,9 @@ def segment_texts(
         budget = limits.long_input_tokens if long and limits.long_input == "truncate" else None
         pieces: list[tuple[str, list[int], str, int]] = []
         sources = [sentence for sentence, _ in sentences]
-        for (sentence, separator), sentence_ids in zip(sentences, tokenize(sources), strict=True):
+        # A text that is one sentence as sent (the usual request) is tokenized once.
+        by_sentence = [ids] if sources == [text] else tokenize(sources)
+        for (sentence, separator), sentence_ids in zip(sentences, by_sentence, strict=True):
             if budget is not None:
                 sentence_ids = sentence_ids[:budget]
                 budget -= len(sentence_ids)
