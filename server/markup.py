@@ -493,9 +493,11 @@ def _spans(piece: Piece, items: list[_Item], paths: list[tuple[int, ...]], offse
         spans = []
         for e in children.get(parent, []):
             own = [n for n in covered.get(e, []) if lo <= n <= hi]
-            spans.append(
-                _Span(e, min(own), max(own)) if own else _Span(e, boundary(e, lo, hi), boundary(e, lo, hi) - 1)
-            )
+            if own:
+                spans.append(_Span(e, min(own), max(own)))
+            else:  # empty: at a boundary, hi = lo - 1
+                at = boundary(e, lo, hi)
+                spans.append(_Span(e, at, at - 1))
         end = lo - 1
         for span in sorted(spans, key=lambda s: (s.lo, s.hi)):  # siblings may be reordered, not overlap
             if span.hi >= span.lo:

@@ -124,9 +124,10 @@ def _for_placement(
     position, previous = 0, None
     for s in sentences:
         alignment = next(alignments)
-        spans = markup.unit_spans(engine.target_pieces(s.output))
+        pieces = engine.target_pieces(s.output)
+        spans = markup.unit_spans(pieces)
         units = engine.detokenize([s.output[a:b] for a, b in spans])
-        spaces = [engine.target_pieces(s.output[a : a + 1])[0].startswith("▁") for a, _ in spans]
+        spaces = [pieces[a].startswith("▁") for a, _ in spans]
         if s.spec.chunk and previous is not None:  # a later chunk of the sentence before
             source_ids, start = previous.ids + list(s.spec.ids), placed[-1].start
             words = markup.source_words(engine.source_pieces(source_ids))[len(previous.ids) :]
