@@ -12,8 +12,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from export.__main__ import CHECK_SENTENCES, variant_parity
 from export.manifest import ModelFolderError, read_manifest, sha256
+from export.pipeline import CHECK_SENTENCES, variant_parity
 from model.checkpoint import WEIGHTS_FILE, load_checkpoint
 from model.corpus import read_lines
 

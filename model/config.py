@@ -6,6 +6,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from model import flags
+from model.flags import setting
+
 Activation = Literal["relu", "swish", "gelu"]
 NormPlacement = Literal["post", "pre"]
 PositionLayout = Literal["interleaved", "halves"]
@@ -20,38 +23,35 @@ class ModelConfig:
     Marian / OPUS-MT models do.
     """
 
-    vocab_size: int = 8000
-    d_model: int = 256
-    n_heads: int = 4
-    n_encoder_layers: int = 3
-    n_decoder_layers: int = 3
-    d_ff: int = 1024
-    dropout: float = 0.1
-    attention_dropout: float = 0.0
-    activation: Activation = "relu"
-    norm: NormPlacement = "post"
-    positions: PositionLayout = "interleaved"
-    scale_embeddings: bool = True
-    tie_output: bool = True
-    final_logits_bias: bool = False
-    layer_norm_eps: float = 1e-5
-    pad_id: int = 0
-    unk_id: int = 1
-    bos_id: int = 2
-    eos_id: int = 3
-    decoder_start_id: int = 2
+    vocab_size: int = setting(8000, "target vocabulary size (shared with the source; training: the tokenizer's)")
+    d_model: int = setting(256, "model width")
+    n_heads: int = setting(4, "attention heads (divide d_model)")
+    n_encoder_layers: int = setting(3, "encoder layers")
+    n_decoder_layers: int = setting(3, "decoder layers")
+    d_ff: int = setting(1024, "the feed-forward layers' inner width")
+    dropout: float = setting(0.1, "dropout on sublayer outputs and embeddings (section 5.4)")
+    attention_dropout: float = setting(0.0, "dropout on attention weights")
+    activation: Activation = setting("relu", "the feed-forward activation")
+    norm: NormPlacement = setting("post", "layer norm after each residual (the paper) or before each sublayer")
+    positions: PositionLayout = setting("interleaved", "sinusoid layout: the paper's, or Marian's halves")
+    scale_embeddings: bool = setting(True, "multiply embeddings by sqrt(d_model) (section 3.4)")
+    tie_output: bool = setting(True, "the output projection is the embedding matrix (section 3.4)")
+    final_logits_bias: bool = setting(False, "a learned bias on the logits (Marian)")
+    layer_norm_eps: float = setting(1e-5, "layer norm's epsilon")
+    pad_id: int = setting(0, flag=False)  # the ids are the tokenizer's, set by code
+    unk_id: int = setting(1, flag=False)
+    bos_id: int = setting(2, flag=False)
+    eos_id: int = setting(3, flag=False)
+    decoder_start_id: int = setting(2, flag=False)
 
     def __post_init__(self) -> None:
+        problems = flags.choice_problems(self)
         if self.d_model % self.n_heads:
-            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+            problems.append(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         if self.d_model % 2:
-            raise ValueError(f"d_model={self.d_model} must be even for sinusoidal positions")
-        if self.activation not in ("relu", "swish", "gelu"):
-            raise ValueError(f"activation={self.activation!r}: use relu, swish or gelu")
-        if self.norm not in ("post", "pre"):
-            raise ValueError(f"norm={self.norm!r}: use post or pre")
-        if self.positions not in ("interleaved", "halves"):
-            raise ValueError(f"positions={self.positions!r}: use interleaved or halves")
+            problems.append(f"d_model={self.d_model} must be even for sinusoidal positions")
+        if problems:
+            raise ValueError("; ".join(problems))
 
     @property
     def d_head(self) -> int:

@@ -33,66 +33,59 @@ from safetensors.torch import load_file, save_file
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
+from model import flags
 from model.checkpoint import SPM_FILE, WEIGHTS_FILE, average_weights, load_checkpoint, save_checkpoint
 from model.config import ModelConfig
 from model.corpus import corpus_path, read_parallel
 from model.data import Example, filter_by_length, iterate_batches
+from model.flags import setting
 from model.tokenizer import Tokenizer
 from model.transformer import Transformer
 from model.translate import TorchTranslator
 
+# The defaults of the default model (model/default): narrower and more dropout than ModelConfig's,
+# for 29k training pairs.
+DEFAULT_MODEL = ModelConfig(vocab_size=6000, d_ff=512, dropout=0.2)
+
 
 @dataclass(frozen=True)
 class TrainConfig:
-    data: Path
-    out: Path
-    src_lang: str = "en"
-    tgt_lang: str = "de"
-    train_split: str = "train"
-    valid_split: str = "val"
-    vocab_size: int = 6000
-    d_model: int = 256
-    n_heads: int = 4
-    n_encoder_layers: int = 3
-    n_decoder_layers: int = 3
-    d_ff: int = 512
-    dropout: float = 0.2
-    attention_dropout: float = 0.0
-    activation: str = "relu"
-    norm: str = "post"
-    max_len: int = 100
-    max_tokens: int = 2500
-    epochs: int = 20
-    max_steps: int = 0
-    max_minutes: float = 0.0  # stop after the epoch that passes this much training time; 0 = no limit
-    lr: float = 1e-3
-    warmup: int = 1000
-    label_smoothing: float = 0.1
-    weight_decay: float = 0.0  # decoupled (AdamW) when > 0
-    r_drop: float = 0.0  # weight of R-Drop's symmetric KL between two dropout passes; 0 = off
-    clip_norm: float = 1.0
-    average: int = 5
-    valid_bleu_sentences: int = 0
-    seed: int = 1
-    device: str = "cpu"
-    threads: int = 0
-    resume: bool = False
-    limit_train: int = 0
-    name: str = ""  # the model's name in checkpoints and the server (default: SRC-TGT-transformer)
+    data: Path = setting(help="corpus folder (Multi30k's layout: SPLIT.LANG.gz)")
+    out: Path = setting(help="run folder: checkpoints, log, the final model")
+    model: ModelConfig = setting(help="the architecture (its fields are flags)", factory=lambda: DEFAULT_MODEL)
+    src_lang: str = setting("en", "source language")
+    tgt_lang: str = setting("de", "target language")
+    train_split: str = setting("train", "training split")
+    valid_split: str = setting("val", "validation split")
+    max_len: int = setting(100, "training pairs longer than this many tokens on either side are left out")
+    max_tokens: int = setting(2500, "tokens per batch (source and target, padded)")
+    epochs: int = setting(20, "epochs")
+    max_steps: int = setting(0, "stop after this many steps (0: no limit)")
+    max_minutes: float = setting(0.0, "stop after the epoch that passes this much training time (0: no limit)")
+    lr: float = setting(1e-3, "peak learning rate, reached after --warmup steps (equation 3)")
+    warmup: int = setting(1000, "warm-up steps")
+    label_smoothing: float = setting(0.1, "label smoothing (section 5.4)")
+    weight_decay: float = setting(0.0, "decoupled weight decay (AdamW) when above 0")
+    r_drop: float = setting(0.0, "weight of R-Drop's symmetric KL between two dropout passes (0: off)")
+    clip_norm: float = setting(1.0, "gradient norm clipping")
+    average: int = setting(5, "average the weights of the last this many epochs (against the best epoch)")
+    valid_bleu_sentences: int = setting(0, "validation sentences for BLEU each epoch (0: all)")
+    seed: int = setting(1, "random seed")
+    device: str = setting("cpu", "torch device")
+    threads: int = setting(0, "torch threads (0: torch's default)")
+    resume: bool = setting(False, "continue the run in --out")
+    limit_train: int = setting(0, "use only the first this many training pairs (0: all)")
+    name: str = setting("", "the model's name in checkpoints and the server (default: SRC-TGT-transformer)")
 
 
 def parse_args(argv: Sequence[str] | None) -> TrainConfig:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for f in dataclasses.fields(TrainConfig):
-        flag = "--" + f.name.replace("_", "-")
-        if f.type == "bool":
-            parser.add_argument(flag, action="store_true")
-        elif f.default is dataclasses.MISSING:
-            parser.add_argument(flag, type=Path, required=True)
-        else:
-            parser.add_argument(flag, type=type(f.default), default=f.default)
-    args = parser.parse_args(argv)
-    return TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
+    return flags.parse(
+        TrainConfig,
+        argv,
+        prog="python -m model.train",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
 
 
 def learning_rate(step: int, peak: float, warmup: int) -> float:
@@ -134,17 +127,9 @@ class Trainer:
         self.tokenizer, self.spm_model = self._tokenizer()
         self.train_set, self.valid_set, self.valid_text = self._data()
         special = self.tokenizer.special_ids
-        self.model_config = ModelConfig(
+        self.model_config = dataclasses.replace(
+            cfg.model,
             vocab_size=self.tokenizer.vocab_size,
-            d_model=cfg.d_model,
-            n_heads=cfg.n_heads,
-            n_encoder_layers=cfg.n_encoder_layers,
-            n_decoder_layers=cfg.n_decoder_layers,
-            d_ff=cfg.d_ff,
-            dropout=cfg.dropout,
-            attention_dropout=cfg.attention_dropout,
-            activation=cfg.activation,
-            norm=cfg.norm,
             pad_id=special.pad,
             unk_id=special.unk,
             bos_id=special.bos,
@@ -172,7 +157,7 @@ class Trainer:
         path = self.work / SPM_FILE
         if self.is_main and not path.exists():
             src, tgt = read_parallel(*self._paths(self.cfg.train_split))
-            _, blob = Tokenizer.train(src + tgt, self.cfg.vocab_size)
+            _, blob = Tokenizer.train(src + tgt, self.cfg.model.vocab_size)
             self.work.mkdir(parents=True, exist_ok=True)
             path.write_bytes(blob)
         if self.world_size > 1:
@@ -366,7 +351,7 @@ class Trainer:
             "training": {
                 "command": "python -m model.train " + shlex.join(sys.argv[1:]),
                 **summary,
-                "config": {k: str(v) for k, v in dataclasses.asdict(self.cfg).items()},
+                "config": {k: v if isinstance(v, dict) else str(v) for k, v in dataclasses.asdict(self.cfg).items()},
             },
         }
         save_checkpoint(self.cfg.out, choice, self.spm_model, meta)

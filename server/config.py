@@ -1,16 +1,15 @@
 """Server configuration: one frozen dataclass; every field is a flag and an
-environment variable (``TRANSLATE_<FIELD>``, a deploy-time override of the default)."""
+environment variable (``TRANSLATE_<FIELD>``, a deploy-time override of the default), by model/flags.py."""
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Literal
 
+from model import flags
+from model.flags import setting
 from model.search import MAX_REPEATS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,11 +28,6 @@ Provider = Literal["auto", "cpu", "cuda"]
 Scheduling = Literal["continuous", "static"]
 LongInput = Literal["split", "truncate", "reject"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
-
-
-def setting(default, help: str):
-    """A field with its --help text (the flag's description; choices and default are added)."""
-    return dataclasses.field(default=default, metadata={"help": help})
 
 
 @dataclass(frozen=True)
@@ -98,17 +92,11 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if isinstance(self.model, (str, Path)):
             object.__setattr__(self, "model", (Path(self.model),))
-        problems = []
+        problems = flags.choice_problems(self)
         if not self.model:
             problems.append("model: give at least one exported model folder")
         elif len(set(self.model)) < len(self.model):
             problems.append(f"model: a folder is given twice ({', '.join(map(str, self.model))})")
-        if self.scheduler not in ("continuous", "static"):
-            problems.append(f"scheduler={self.scheduler!r}: use continuous or static")
-        if self.long_input not in ("split", "truncate", "reject"):
-            problems.append(f"long_input={self.long_input!r}: use split, truncate or reject")
-        if self.variant not in ("fp32", "int8", "fp16"):
-            problems.append(f"variant={self.variant!r}: use fp32, int8 or fp16")
         for name in (
             "max_batch_size",
             "max_batch_tokens",
@@ -129,8 +117,6 @@ class ServerConfig:
             problems.append(f"http_timeout_s={self.http_timeout_s} must be positive")
         if not 0.0 <= self.access_log_sample <= 1.0:
             problems.append(f"access_log_sample={self.access_log_sample} must be within 0..1")
-        if self.log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
-            problems.append(f"log_level={self.log_level!r}: use DEBUG, INFO, WARNING or ERROR")
         if self.max_repeats < 0:
             problems.append(f"max_repeats={self.max_repeats} must be 0 (no guard) or more")
         if self.cache_mib < 0:
@@ -167,61 +153,13 @@ class ServerConfig:
         return self.memory_budget_mib * MIB
 
 
-CHOICES = {name: get_args(kind) for name, kind in vars().items() if getattr(kind, "__origin__", None) is Literal}
-
-
-def _field_type(field: dataclasses.Field) -> type:
-    text = str(field.type)
-    if text in CHOICES:
-        return str
-    if text.startswith("tuple[Path"):
-        return tuple
-    if "Path" in text:
-        return Path
-    return {"int": int, "float": float, "str": str, "bool": bool}[text]
-
-
-def _parse_bool(value: str) -> bool:
-    if value.lower() in ("1", "true", "yes", "on"):
-        return True
-    if value.lower() in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"{value!r} is not a boolean (true/false)")
-
-
-def parse_config(argv: Sequence[str] | None = None, environ: dict[str, str] | None = None) -> ServerConfig:
-    """Flags first, then TRANSLATE_* environment variables, then the defaults."""
-    environ = os.environ if environ is None else environ
-    parser = argparse.ArgumentParser(
-        prog="python -m server", description="The translation server: gRPC, and the LibreTranslate HTTP API."
+def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> ServerConfig:
+    """Flags first, then TRANSLATE_* environment variables (os.environ unless given), then the defaults."""
+    return flags.parse(
+        ServerConfig,
+        argv,
+        env_prefix=ENV_PREFIX,
+        environ=environ,
+        prog="python -m server",
+        description="The translation server: gRPC, and the LibreTranslate HTTP API.",
     )
-    lists: dict[str, tuple] = {}
-    for field in dataclasses.fields(ServerConfig):
-        kind = _field_type(field)
-        flag = "--" + field.name.replace("_", "-")
-        env = ENV_PREFIX + field.name.upper()
-        default = field.default
-        if kind is tuple:  # a list: the flag repeated, or the variable's comma-separated items
-            if env in environ:
-                default = tuple(Path(item.strip()) for item in environ[env].split(",") if item.strip())
-            shown = ",".join(map(str, default))
-            help = f"{field.metadata['help']} (env {env}; default {shown})"
-            parser.add_argument(flag, type=Path, action="append", help=help)
-            lists[field.name] = default
-            continue
-        if env in environ:
-            default = _parse_bool(environ[env]) if kind is bool else kind(environ[env])
-        choices = CHOICES.get(str(field.type)) or ((True, False) if kind is bool else None)
-        allowed = f"; one of {', '.join(map(str, choices))}" if choices else ""
-        help = f"{field.metadata['help']} (env {env}; default {default}{allowed})"
-        parser.add_argument(
-            flag, type=_parse_bool if kind is bool else kind, default=default, choices=choices, help=help
-        )
-    args = vars(parser.parse_args(argv))
-    for name, default in lists.items():  # append extends its default, so a given flag replaces it here
-        args[name] = tuple(args[name]) if args[name] else default
-    try:
-        return ServerConfig(**args)
-    except ValueError as e:
-        parser.error(str(e))
-        raise

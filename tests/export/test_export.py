@@ -13,6 +13,7 @@ import onnxruntime as ort
 import pytest
 
 from export import __main__ as export_main
+from export import pipeline
 from export import runtime as runtime_module
 from export.cache_ops import DTYPES, OPS, build, cache_op_path
 from export.manifest import ModelFolderError, read_manifest
@@ -144,7 +145,7 @@ def test_existing_output_needs_force(tiny_checkpoint: Path, tiny_export: Path, c
 
 
 def test_failed_parity_writes_nothing(tiny_checkpoint: Path, tmp_path: Path, monkeypatch):
-    monkeypatch.setattr(export_main, "check_graphs", lambda *a, **k: ParityReport(1.0, 1.0, 1, 1e-4))
+    monkeypatch.setattr(pipeline, "check_graphs", lambda *a, **k: ParityReport(1.0, 1.0, 1, 1e-4))
     out = tmp_path / "model"
     assert export_main.main(["--checkpoint", str(tiny_checkpoint), "--out", str(out)]) == 1
     assert not out.exists()
