@@ -1,13 +1,13 @@
 """The one way a frozen config dataclass becomes command-line flags (and, for the server, environment variables),
 used by every entry point: ``python -m model.train``, ``python -m export``, ``python -m server``.
 
-Each field is a flag (``max_batch_size`` → ``--max-batch-size``) described by its ``setting(default, help)``;
-``Literal`` types are the flag's choices, ``bool`` takes ``--flag``, ``--flag false`` or ``--no-flag``, a
-``tuple[Path, ...]`` is the flag repeated, a field without a default is a required flag, and a field holding
-another config dataclass (``TrainConfig.model``) contributes that dataclass's fields as flags of their own.
-With an ``env_prefix`` every field is also a variable (``TRANSLATE_MAX_BATCH_SIZE``): flags win over
-variables, which win over the defaults. Every problem (values that do not parse, choices not offered, and the
-dataclass's own checks) is reported at once.
+Each field is a flag (``max_batch_size`` → ``--max-batch-size``) described by its ``setting(default, help)``:
+``Literal`` types are the flag's choices; ``bool`` takes ``--flag``, ``--flag false`` or ``--no-flag``; a
+tuple (``tuple[Path, ...]``, ``tuple[int, ...]``) takes comma-separated items, the flag repeated adding more;
+a field without a default is a required flag; a field holding another config dataclass (``TrainConfig.model``)
+contributes that dataclass's fields as flags of their own. With an ``env_prefix`` every field is also a
+variable (``TRANSLATE_MAX_BATCH_SIZE``): flags win over variables, which win over the defaults. Every problem
+(values that do not parse, choices not offered, and the dataclass's own checks) is reported at once.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any, Literal, TypeVar
 
 T = TypeVar("T")
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+_NAMES = {int: "integers", float: "numbers", Path: "paths"}
 
 
 def setting(default: Any = dataclasses.MISSING, help: str = "", *, factory: Callable | None = None, flag: bool = True):
@@ -84,8 +85,12 @@ class _Flag:
             if text.strip().lower() in ("", "none"):
                 return None
             kind = _optional(kind)
-        if self.is_list:
-            return tuple(Path(item.strip()) for item in text.split(",") if item.strip())
+        if self.is_list:  # comma-separated items ('' is none)
+            item = typing.get_args(kind)[0]
+            try:
+                return tuple(item(part.strip()) for part in text.split(",") if part.strip())
+            except ValueError:
+                raise ValueError(f"{text!r}: use comma-separated {_NAMES.get(item, 'values')}") from None
         if kind is bool:
             if text.lower() in TRUE:
                 return True
@@ -184,7 +189,7 @@ def parse(
         variable = f"{env_prefix}{flag.name.upper()}" if env_prefix else None
         try:
             if given is not None:
-                value = tuple(Path(v) for v in given) if flag.is_list else flag.parse(given)
+                value = sum(map(flag.parse, given), ()) if flag.is_list else flag.parse(given)
             elif variable and variable in environ:
                 value = flag.parse(environ[variable])
             elif flag.required:

@@ -46,6 +46,12 @@ class MemoryBudget:
         """What one sentence needs at its peak: its reservation and its encoder call's scores."""
         return reserved + self.models[model].encoder_scores_bytes(1, source_tokens)
 
+    def largest_peak(self, model: str, sentences: Sequence[tuple[int, int]]) -> tuple[int, int]:
+        """(index, peak bytes) of the sentence (reservation, source tokens) that needs the most at its peak."""
+        peaks = [self.peak_bytes(model, reserved, tokens) for reserved, tokens in sentences]
+        largest = max(range(len(peaks)), key=peaks.__getitem__)
+        return largest, peaks[largest]
+
     def fits(self, model: str, reservations: Sequence[int], longest: int) -> bool:
         """Whether a group of sentences (their reservations, the longest's source tokens) can be encoded
         together and admitted now."""

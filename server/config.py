@@ -50,7 +50,9 @@ class ServerConfig:
     )
     intra_op_spinning: bool = setting(False, "let ONNX Runtime's threads spin between tasks (they steal cores)")
     scheduler: Scheduling = setting("continuous", "continuous (sources join and leave a running batch) or static")
-    lanes: str = setting("64", "continuous: source-token bounds splitting the running batch into lanes ('': one)")
+    lanes: tuple[int, ...] = setting(
+        (64,), "continuous: source-token bounds splitting the running batch into lanes, e.g. 32,128 ('': one lane)"
+    )
     lane_niceness: int = setting(10, "continuous: OS niceness added per lane above the first, to its threads (0..19)")
     max_batch_size: int = setting(64, "sentences decoding at once (continuous: per lane)")
     max_batch_tokens: int = setting(4096, "padded source tokens per encoder batch")
@@ -87,7 +89,7 @@ class ServerConfig:
     def first_lane_small_batch_threads(self) -> int | None:
         """Threads for the first lane's small batches: short_lane_threads when the continuous scheduler splits
         work into lanes (a lone long lane's few rows are long sequences, which want every thread)."""
-        return self.short_lane_threads if self.scheduler == "continuous" and self.lane_bounds else None
+        return self.short_lane_threads if self.scheduler == "continuous" and self.lanes else None
 
     def __post_init__(self) -> None:
         if isinstance(self.model, (str, Path)):
@@ -127,22 +129,14 @@ class ServerConfig:
             problems.append(f"lane_niceness={self.lane_niceness} must be within 0..19")
         if not 1 <= self.default_beam_size <= self.max_beam_size:
             problems.append(f"default_beam_size={self.default_beam_size} must be within 1..max_beam_size")
-        try:
-            bounds = self.lane_bounds
-            if list(bounds) != sorted(set(bounds)) or any(b < 1 for b in bounds):
-                problems.append(f"lanes={self.lanes!r}: bounds must be positive and increasing")
-        except ValueError:
-            problems.append(f"lanes={self.lanes!r}: use comma-separated source-token bounds, e.g. 32,128")
+        if list(self.lanes) != sorted(set(self.lanes)) or any(bound < 1 for bound in self.lanes):
+            problems.append(f"lanes={','.join(map(str, self.lanes))}: bounds must be positive and increasing")
         if (self.tls_cert is None) != (self.tls_key is None):
             problems.append("tls_cert and tls_key go together")
         if self.tls_client_ca is not None and self.tls_cert is None:
             problems.append("tls_client_ca (mutual TLS) needs tls_cert and tls_key")
         if problems:
             raise ValueError("invalid server configuration: " + "; ".join(problems))
-
-    @property
-    def lane_bounds(self) -> tuple[int, ...]:
-        return tuple(int(bound) for bound in self.lanes.split(",") if bound.strip())
 
     @property
     def cache_bytes(self) -> int:

@@ -4,10 +4,11 @@ and the OS priority of that thread (the scheduler's policies decide what joins a
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -15,7 +16,7 @@ from server.interface import Batch, Engine
 from server.metrics import LENGTH_BUCKETS
 
 if TYPE_CHECKING:
-    from server.scheduler import Segment
+    from server.jobs import Segment
 
 log = logging.getLogger(__name__)
 # A lane's join duration (encoder call and cache resizes) is a running average with this weight.
@@ -39,6 +40,35 @@ class Lane:
 
     def joined(self, seconds: float) -> None:
         self.join_seconds = (1 - JOIN_WEIGHT) * self.join_seconds + JOIN_WEIGHT * seconds
+
+    def open(self, replica: Callable[[], Engine], warmup: bool) -> None:
+        """On the lane's own thread: lower its priority, then load the lane's engine (a replica of the model's,
+        unless it has one), so that ONNX Runtime's threads inherit the priority, and start an empty batch.
+        (The first lane runs on the server's engine, which on CPU steps small batches on fewer threads.)
+        ``ready`` is set in any case; ``error`` says why the lane could not start."""
+        try:
+            lower_thread_priority(self.niceness)
+            if self.engine is None:
+                self.engine = replica()
+                if warmup:
+                    self.engine.warmup()
+            self.batch = self.engine.new_batch()
+        except Exception as error:
+            self.error = error
+            raise
+        finally:
+            self.ready.set()
+
+
+def model_lanes(engines: Mapping[str, Engine], bounds: Sequence[int], niceness: int) -> dict[str, list[Lane]]:
+    """Each model's lanes, shortest first, numbered across models; a model's first lane runs on its engine,
+    and each further lane's thread is ``niceness`` lower in priority than the one before."""
+    lanes: dict[str, list[Lane]] = {}
+    index = itertools.count()
+    for model, engine in engines.items():
+        lanes[model] = [Lane(next(index), name, model, niceness * i) for i, name in enumerate(lane_names(bounds))]
+        lanes[model][0].engine = engine
+    return lanes
 
 
 def lane_names(bounds: Sequence[int]) -> list[str]:

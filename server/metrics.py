@@ -4,8 +4,13 @@ buckets below."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.process_collector import ProcessCollector
+
+if TYPE_CHECKING:
+    from model.search import Hypothesis
 
 # Input-length buckets (source tokens) used as a label: a fixed, small set.
 LENGTH_BUCKETS = (16, 32, 64, 128, 256, 512, 1024)
@@ -153,3 +158,18 @@ class Metrics:
         )
         self.cache_entries = Gauge("translate_cache_entries", "Sentences held by the translation cache.", registry=r)
         self.model_info = Info("translate_model", "Each served model.", ["model"], registry=r)
+
+    def observe_encoder_batch(self, sentences: int, longest: int, seconds: float, padded: int, real: int) -> None:
+        """An encoder call (a group of arrivals joining a running batch)."""
+        self.encoder_latency.labels(length_bucket(longest)).observe(seconds)
+        self.batch_sentences.observe(sentences)
+        self.batch_tokens.observe(padded)
+        self.padding_ratio.observe(1 - real / padded)
+
+    def observe_sentence(self, model: str, source_tokens: int, hypothesis: Hypothesis) -> None:
+        """A sentence finished decoding."""
+        self.confidence.labels(model).observe(hypothesis.score)
+        if hypothesis.stopped != "eos":
+            self.output_guard.labels(model, hypothesis.stopped).inc()
+        self.input_tokens.labels(model).inc(source_tokens)
+        self.output_tokens.labels(model).inc(len(hypothesis.tokens))

@@ -1,15 +1,16 @@
-"""Which waiting sentences join a lane's batch: the two scheduling policies, as pure functions of the
-queue, the time and a ``fits`` test (the budget and batch limits; see server.scheduler)."""
+"""Which waiting sentences join a lane's batch, and when: the two scheduling policies (``--scheduler``),
+as pure functions of the queue, the time and a ``fits`` test (the budget and batch limits; see
+server.scheduler), each wrapped in a small class the scheduler's lane loop asks without knowing which it has."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from server.lanes import bucket_index
 
 if TYPE_CHECKING:
-    from server.scheduler import Segment
+    from server.jobs import Job, Segment
 
 # continuous: a sentence that waited this long for room other lanes hold stops them from admitting.
 STARVATION_SECONDS = 1.0
@@ -55,3 +56,65 @@ def join_later(waiting: Sequence[Segment], rows: int, join_seconds: float, now: 
     as for ten; arrivals join once the time they have waited in all reaches the time the join costs the
     running rows in all. Alone or nearly, arrivals join at once; a busy lane takes them in batches."""
     return sum(now - s.enqueued_at for s in waiting) < rows * join_seconds
+
+
+def length_groups(segments: Sequence[Segment]) -> list[list[Segment]]:
+    """Segments sorted by length cut where the length bucket changes, so each encoder batch pads little."""
+    groups: list[list[Segment]] = []
+    for segment in segments:
+        if groups and bucket_index(groups[-1][-1].source_tokens) == bucket_index(segment.source_tokens):
+            groups[-1].append(segment)
+        else:
+            groups.append([segment])
+    return groups
+
+
+class Policy(Protocol):
+    splits_lanes: bool  # whether requests go to lanes by size (--lanes), or all to one
+
+    def joins_now(self, waiting: Sequence[Segment], rows: int, join_seconds: float, now: float) -> bool:
+        """Whether a lane whose batch has ``rows`` running rows admits its waiting segments now."""
+
+    def choose(self, waiting: Sequence[Segment], fits: Fits, lane: int, now: float) -> list[Segment]:
+        """The waiting segments that join lane number ``lane``'s batch."""
+
+    def forget(self, job: Job) -> None:
+        """The job left (answered, failed or cancelled)."""
+
+
+class Static:
+    """A batch is formed only when the previous one has fully finished."""
+
+    splits_lanes = False
+
+    def joins_now(self, waiting: Sequence[Segment], rows: int, join_seconds: float, now: float) -> bool:
+        return rows == 0
+
+    def choose(self, waiting: Sequence[Segment], fits: Fits, lane: int, now: float) -> list[Segment]:
+        return admit_static(waiting, fits)
+
+    def forget(self, job: Job) -> None:
+        pass
+
+
+class Continuous:
+    """Sources join and leave a running batch at every step; a sentence that starves holds other lanes back."""
+
+    splits_lanes = True
+
+    def __init__(self) -> None:
+        self.starving: Segment | None = None
+
+    def joins_now(self, waiting: Sequence[Segment], rows: int, join_seconds: float, now: float) -> bool:
+        return rows == 0 or not join_later(waiting, rows, join_seconds, now)
+
+    def choose(self, waiting: Sequence[Segment], fits: Fits, lane: int, now: float) -> list[Segment]:
+        admitted, self.starving = admit_in_order(waiting, fits, lane, self.starving, now)
+        return admitted
+
+    def forget(self, job: Job) -> None:
+        if self.starving is not None and self.starving.job is job:
+            self.starving = None
+
+
+POLICIES: dict[str, type[Static] | type[Continuous]] = {"static": Static, "continuous": Continuous}

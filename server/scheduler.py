@@ -1,116 +1,39 @@
-"""Admission, batching and the decode loop, on inference threads: the glue of its parts, the memory
-budget (server/budget.py), the lanes and their threads (server/lanes.py) and the admission policies
-(server/policies.py), each testable alone.
+"""Admission, batching and the decode loop, on inference threads: the glue of the memory budget
+(server/budget.py), the lanes and their threads (server/lanes.py), the policy that decides who joins a batch
+and when (server/policies.py) and the jobs it answers (server/jobs.py), each testable alone.
 
-Requests become jobs of segments (sentences). Segments wait in a bounded
-queue; inference threads admit them into their engine's running batches:
-
-- ``continuous``: requests go to a lane by their size (``lane_bounds``: a long
-  sentence, or a document of many short ones, is long work). Each lane has its
-  own running batch, inference thread and ONNX Runtime session. At every
-  decoder step of a lane, its arrivals that fit are encoded together and join
-  the running batch; finished segments leave at once and their callers are
-  answered at once. A longer lane's thread (and the threads of its session)
-  run at a lower OS priority (``lane_niceness``), so the kernel preempts long
-  work, an encoder call over hundreds of tokens included, whenever short work
-  is ready, and gives it every cycle short work leaves idle.
-- ``static``: one lane; a batch is formed from the queue (by length bucket,
-  waiting at most max_batch_delay_ms) only when the previous one has fully
-  finished.
-
-A server holding several models gives each its own lanes (with the same
-bounds), running batches and inference threads; a job names its model. Threads
-of equal lanes run at equal priority, so the kernel shares the CPU between the
-models' work, and neither starves the other.
-
-Both respect max_batch_size (per lane), max_batch_tokens and one memory budget
-shared by all lanes of all models: the cross-attention keys/values (fixed per source) plus
-the self-attention cache reserved by a predicted output length (a measured
-target/source ratio) plus the encoder's attention scores. A segment that does
-not fit waits; none is evicted mid-way; a segment that has waited
-STARVATION_SECONDS for room stops other lanes from admitting until it fits.
-Cancelled or expired jobs leave the batch at the next step.
+Requests become jobs of segments (sentences) that wait in a bounded queue. Each model has lanes (continuous:
+by the request's size, ``--lanes``; static: one), each lane a running batch, an inference thread and its own
+engine; a longer lane's thread runs at a lower OS priority (``lane_niceness``), so short work preempts long
+work. At every step of a lane, the policy says whether its arrivals join now (continuous: when the time they
+waited pays for what a join costs the running rows; static: only into an empty batch) and which of them
+(those that fit max_batch_size, max_batch_tokens and the memory budget shared by all lanes of all models); the
+chosen are encoded in length groups and join the batch; finished segments leave and are answered at once.
+No segment is evicted mid-way; cancelled or expired jobs leave at the next step. docs/serving.md has the
+design and its measurements.
 """
 
 from __future__ import annotations
 
-import collections
 import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 
 from model.search import Hypothesis
 from server.budget import MemoryBudget
 from server.config import ServerConfig
 from server.errors import Cancelled, DeadlineExceeded, InferenceFailed, Overloaded, ServiceError, ShuttingDown
 from server.interface import Engine
-from server.lanes import Lane, bucket_index, lane_names, lower_thread_priority
-from server.metrics import Metrics, length_bucket
-from server.policies import STARVATION_SECONDS, admit_in_order, admit_static, join_later
-from server.text import SegmentSpec
+from server.jobs import Job, Segment, Throughput
+from server.lanes import Lane, model_lanes
+from server.metrics import Metrics
+from server.policies import POLICIES, length_groups
 
 log = logging.getLogger(__name__)
-BACKLOG_WINDOW_S = 10.0  # Retry-After: the queue over the source tokens finished in this window
 GAUGE_INTERVAL_S = 0.05  # the memory and batch gauges are set at most this often while lanes are busy
 IDLE_WAIT_S = 0.05  # a lane whose arrivals do not fit waits this long for others to free room (or a notify)
-__all__ = ["STARVATION_SECONDS", "Job", "Scheduler", "Segment"]
-_ids = itertools.count()
-
-
-@dataclass(eq=False)
-class Segment:
-    job: Job
-    spec: SegmentSpec
-    max_length: int
-    reserved_bytes: int = 0
-    predicted_tokens: int = 0
-    lane: int = 0  # continuous: the running batch's lane, by the size of the whole request
-    enqueued_at: float = field(default_factory=time.monotonic)
-    joined_at: float = 0.0  # when it joined a running batch (time.monotonic()), ...
-    encoded_at: float = 0.0  # ... when its encoder call and join were done ...
-    finished_at: float = 0.0  # ... and when its decoding ended
-    result: Hypothesis | None = None  # once decoded
-
-    @property
-    def output(self) -> list[int]:
-        return self.result.tokens
-
-    @property
-    def source_tokens(self) -> int:
-        return len(self.spec.ids)
-
-
-@dataclass(eq=False)
-class Job:
-    """One RPC: its segments, options, deadline and how to answer it.
-
-    ``on_segment`` and ``on_done`` are called on the inference thread; they
-    must only hand the result over (e.g. loop.call_soon_threadsafe).
-    """
-
-    specs: list[SegmentSpec]
-    beam: int
-    max_output_tokens: int
-    on_segment: Callable[[Segment], None]
-    on_done: Callable[[ServiceError | None], None]
-    deadline: float | None = None  # time.monotonic() value
-    model: str = ""  # the name of the engine that translates it; "" is the scheduler's first (default) model
-    id: int = field(default_factory=lambda: next(_ids))
-    cancelled: bool = False
-    segments: list[Segment] = field(default_factory=list)
-    remaining: int = 0
-    finished: bool = False
-
-
-def _notify(callback: Callable, value) -> None:
-    """Hand a result to its caller; a caller that is gone (closed event loop) must not stop the inference thread."""
-    try:
-        callback(value)
-    except RuntimeError:
-        log.warning("a result could not be delivered: its caller is gone")
 
 
 class Scheduler:
@@ -121,24 +44,17 @@ class Scheduler:
         self.default_model = engines[0].name
         self.config = config
         self.metrics = metrics
-        self.continuous = config.scheduler == "continuous"
+        self.policy = POLICIES[config.scheduler]()
         self.memory = MemoryBudget(config.memory_budget_bytes, self.engines)
-        self.bounds = config.lane_bounds if self.continuous else ()
-        names = lane_names(self.bounds)
-        self.lanes: list[Lane] = []
-        self.lanes_of: dict[str, list[Lane]] = {}  # a model's lanes, shortest first
-        for model, engine in self.engines.items():
-            lanes = [Lane(len(self.lanes) + i, name, model, config.lane_niceness * i) for i, name in enumerate(names)]
-            lanes[0].engine = engine
-            self.lanes_of[model] = lanes
-            self.lanes.extend(lanes)
+        self.bounds = config.lanes if self.policy.splits_lanes else ()
+        self.lanes_of = model_lanes(self.engines, self.bounds, config.lane_niceness)  # shortest first
+        self.lanes = [lane for lanes in self.lanes_of.values() for lane in lanes]
         self.lock = threading.Condition()
         self.accepting = True
         self.stopped = False
-        self.starving: Segment | None = None  # waited too long for room: other lanes admit nobody meanwhile
         self.largest_scores_bytes = 0
         self.gauges_at = 0.0  # when the gauges were last set (time.monotonic())
-        self.recently_finished: collections.deque[tuple[float, int]] = collections.deque()  # (time, source tokens)
+        self.throughput = Throughput()  # source tokens finished lately: the Retry-After of a full queue
         metrics.budget_bytes.set(config.memory_budget_bytes)
 
     @property
@@ -171,15 +87,13 @@ class Scheduler:
             max_length = engine.max_length(len(spec.ids), job.max_output_tokens)
             reserved, predicted = self.memory.estimate(job.model, len(spec.ids), job.beam, max_length)
             segments.append(Segment(job, spec, max_length, reserved, predicted, lane))
-        peak = lambda s: self.memory.peak_bytes(job.model, s.reserved_bytes, s.source_tokens)  # noqa: E731
-        largest = max(segments, key=peak)
-        need, budget = peak(largest), self.memory.budget_bytes
-        if need > budget:
+        largest, need = self.memory.largest_peak(job.model, [(s.reserved_bytes, s.source_tokens) for s in segments])
+        if need > self.memory.budget_bytes:
             self.metrics.rejected.labels("memory").inc()
             raise Overloaded(
-                f"a segment of {largest.source_tokens} tokens with beam {job.beam} needs about {need >> 20} MiB, "
-                "over the "
-                f"memory budget of {budget >> 20} MiB; use a smaller beam or shorter texts"
+                f"a segment of {segments[largest].source_tokens} tokens with beam {job.beam} needs about "
+                f"{need >> 20} MiB, over the memory budget of {self.memory.budget_bytes >> 20} MiB; use a smaller "
+                "beam or shorter texts"
             )
         with self.lock:
             if not self.accepting:
@@ -187,7 +101,7 @@ class Scheduler:
             waiting = self.waiting
             if waiting + len(segments) > self.config.max_queue_size:
                 self.metrics.rejected.labels("queue_full").inc()
-                backlog = self._backlog_seconds()
+                backlog = self.throughput.seconds_for(sum(s.source_tokens for s in self._queued()))
                 raise Overloaded(
                     f"the queue is full ({waiting} of {self.config.max_queue_size} sentences waiting); "
                     f"retry in about {backlog:.1f} s",
@@ -198,12 +112,8 @@ class Scheduler:
             self.metrics.queue_depth.set(waiting + len(segments))
             self.lock.notify_all()
 
-    def _backlog_seconds(self) -> float:
-        """Seconds to work off the queue at the source-token rate of the last BACKLOG_WINDOW_S."""
-        queued_tokens = sum(s.source_tokens for lane in self.lanes for s in lane.waiting)
-        window = list(self.recently_finished)
-        rate = sum(t for _, t in window) / BACKLOG_WINDOW_S if window else 0.0
-        return max(0.1, queued_tokens / max(rate, 1.0))
+    def _queued(self):
+        return itertools.chain.from_iterable(lane.waiting for lane in self.lanes)
 
     def cancel(self, job: Job) -> None:
         """The caller went away: the job's segments leave the queue or batch at the next step."""
@@ -228,24 +138,8 @@ class Scheduler:
 
     # --- inference threads ------------------------------------------------------------
 
-    def _start_lane(self, lane: Lane) -> None:
-        """A longer lane lowers its priority, then loads its own sessions, so that their threads inherit it.
-        (The first lane runs on the server's engine, which on CPU steps small batches on fewer threads.)"""
-        try:
-            lower_thread_priority(lane.niceness)
-            if lane.engine is None:
-                lane.engine = self.engines[lane.model].replica()
-                if self.config.warmup:
-                    lane.engine.warmup()
-            lane.batch = lane.engine.new_batch()
-        except Exception as error:
-            lane.error = error
-            raise
-        finally:
-            lane.ready.set()
-
     def _run(self, lane: Lane) -> None:
-        self._start_lane(lane)
+        lane.open(self.engines[lane.model].replica, self.config.warmup)
         while True:
             with self.lock:
                 while not lane.waiting and not lane.running and not self.stopped:
@@ -254,7 +148,7 @@ class Scheduler:
                     return
             try:
                 self._drop_abandoned(lane)
-                admitted = self._admit(lane) if (self.continuous or not lane.running) else []
+                admitted = self._admit(lane)
                 if admitted:
                     self._encode_and_join(lane, admitted)
                 if lane.running:
@@ -284,22 +178,14 @@ class Scheduler:
                 return []
             if not lane.running:
                 self._wait_for_batch(lane)
-            elif self._join_later(lane):
+            elif not self.policy.joins_now(lane.waiting, lane.batch.rows, lane.join_seconds, time.monotonic()):
                 return []
             fits = lambda group: self._fits(lane, group)  # noqa: E731
-            if self.continuous:
-                now = time.monotonic()
-                admitted, self.starving = admit_in_order(lane.waiting, fits, lane.index, self.starving, now)
-            else:
-                admitted = admit_static(lane.waiting, fits)
+            admitted = self.policy.choose(lane.waiting, fits, lane.index, time.monotonic())
             for segment in admitted:
                 lane.waiting.remove(segment)
             self.memory.reserve(sum(s.reserved_bytes for s in admitted))
             return admitted
-
-    def _join_later(self, lane: Lane) -> bool:
-        """(Asked only of a lane with rows running: the static scheduler admits into an empty batch only.)"""
-        return join_later(lane.waiting, lane.batch.rows, lane.join_seconds, time.monotonic())
 
     def _fits(self, lane: Lane, group: list[Segment]) -> bool:
         """Room for the group: max_batch_size sentences in the lane, max_batch_tokens, the memory budget."""
@@ -322,17 +208,16 @@ class Scheduler:
             segment.joined_at = now
             self.metrics.queue_wait.observe(now - segment.enqueued_at)
             lane.running[segment] = None
-        for group in self._length_groups(admitted):
+        for group in length_groups(admitted):
             sources = [s.spec.ids for s in group]
             joined = lane.batch.join(group, sources, [s.job.beam for s in group], [s.max_length for s in group])
             encoded = time.monotonic()
             for segment in group:
                 segment.encoded_at = encoded
             longest = max(s.source_tokens for s in group)
-            self.metrics.encoder_latency.labels(length_bucket(longest)).observe(joined.seconds)
-            self.metrics.batch_sentences.observe(len(group))
-            self.metrics.batch_tokens.observe(joined.padded_tokens)
-            self.metrics.padding_ratio.observe(1 - joined.real_tokens / joined.padded_tokens)
+            self.metrics.observe_encoder_batch(
+                len(group), longest, joined.seconds, joined.padded_tokens, joined.real_tokens
+            )
             scores = self.engines[lane.model].encoder_scores_bytes(len(group), longest)
             if scores > self.largest_scores_bytes:
                 self.largest_scores_bytes = scores
@@ -343,17 +228,6 @@ class Scheduler:
         sentences of a long document are long work)."""
         i = next((i for i, bound in enumerate(self.bounds) if request_tokens <= bound), len(self.bounds))
         return self.lanes_of[model][i].index
-
-    @staticmethod
-    def _length_groups(segments: list[Segment]) -> list[list[Segment]]:
-        """Sorted segments cut where the length bucket changes, so each encoder batch pads little."""
-        groups: list[list[Segment]] = []
-        for segment in segments:
-            if groups and bucket_index(groups[-1][-1].source_tokens) == bucket_index(segment.source_tokens):
-                groups[-1].append(segment)
-            else:
-                groups.append([segment])
-        return groups
 
     def _step(self, lane: Lane) -> None:
         """One decoder step of the lane's batch; finished segments are answered at once."""
@@ -367,27 +241,12 @@ class Scheduler:
 
     def _finish(self, segment: Segment, hypothesis: Hypothesis) -> None:
         self._leave(segment)
-        model, tokens = segment.job.model, hypothesis.tokens
         with self.lock:  # read by other lanes' threads and by submit
-            self.memory.learn(model, segment.source_tokens, len(tokens))
-            now = time.monotonic()
-            self.recently_finished.append((now, segment.source_tokens))
-            while self.recently_finished and self.recently_finished[0][0] < now - BACKLOG_WINDOW_S:
-                self.recently_finished.popleft()
+            self.memory.learn(segment.job.model, segment.source_tokens, len(hypothesis.tokens))
+            self.throughput.add(segment.source_tokens, time.monotonic())
         segment.result, segment.finished_at = hypothesis, time.monotonic()
-        self.metrics.confidence.labels(model).observe(hypothesis.score)
-        if hypothesis.stopped != "eos":
-            self.metrics.output_guard.labels(model, hypothesis.stopped).inc()
-        self.metrics.input_tokens.labels(model).inc(segment.source_tokens)
-        self.metrics.output_tokens.labels(model).inc(len(tokens))
-        job = segment.job
-        if job.finished:
-            return
-        _notify(job.on_segment, segment)
-        job.remaining -= 1
-        if job.remaining == 0:
-            job.finished = True
-            _notify(job.on_done, None)
+        self.metrics.observe_sentence(segment.job.model, segment.source_tokens, hypothesis)
+        segment.job.answer(segment)
 
     def _leave(self, segment: Segment) -> None:
         """The segment is out of its lane's batch: its reservation returns to the budget."""
@@ -405,19 +264,17 @@ class Scheduler:
         (on the thread of the job's lane: a request's segments all go to one lane)."""
         if job.finished:
             return
-        job.finished = True
         lane = self.lanes[job.segments[0].lane]
         with self.lock:
             for segment in job.segments:
                 if segment in lane.waiting:
                     lane.waiting.remove(segment)
-            if self.starving is not None and self.starving.job is job:
-                self.starving = None
+            self.policy.forget(job)
         for segment in job.segments:
             if segment in lane.running:
                 lane.batch.remove(segment)
                 self._leave(segment)
-        _notify(job.on_done, error)
+        job.fail(error)
 
     def _drop_abandoned(self, lane: Lane) -> None:
         now = time.monotonic()

@@ -23,8 +23,9 @@ from server.cache import TranslationCache
 from server.config import ServerConfig
 from server.errors import InvalidRequest, ServiceError
 from server.interface import Engine
+from server.jobs import Job, Segment
 from server.metrics import Metrics, length_bucket
-from server.scheduler import Job, Scheduler, Segment
+from server.scheduler import Scheduler
 from server.text import SegmentSpec, TextLimits, check_texts, segment_texts
 from server.tracing import child_span, record_sentences
 

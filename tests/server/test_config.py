@@ -13,8 +13,10 @@ def test_flags_win_over_the_environment_which_wins_over_defaults():
     environ = {"TRANSLATE_MAX_BATCH_SIZE": "16", "TRANSLATE_SCHEDULER": "continuous", "TRANSLATE_WARMUP": "false"}
     config = parse_config(["--max-batch-size", "8", "--lanes", "32,128"], environ)
     assert config.max_batch_size == 8 and config.scheduler == "continuous" and config.warmup is False
-    assert config.lane_bounds == (32, 128)
-    assert parse_config([], {}).lane_bounds == ServerConfig().lane_bounds
+    assert config.lanes == (32, 128)
+    assert parse_config([], {}).lanes == ServerConfig().lanes == (64,)
+    assert parse_config(["--lanes", ""], {}).lanes == ()
+    assert parse_config([], {"TRANSLATE_LANES": "16, 256"}).lanes == (16, 256)
 
 
 def test_onnx_runtime_threads_do_not_spin_by_default():
@@ -23,15 +25,14 @@ def test_onnx_runtime_threads_do_not_spin_by_default():
 
 
 def test_one_lane_when_no_bounds_are_given():
-    assert ServerConfig(lanes="").lane_bounds == ()
+    assert ServerConfig(lanes=()).lanes == ()
 
 
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
         ("scheduler", "fifo", "scheduler='fifo': use continuous or static"),
-        ("lanes", "128,64", "bounds must be positive and increasing"),
-        ("lanes", "64;128", "comma-separated source-token bounds"),
+        ("lanes", (128, 64), "lanes=128,64: bounds must be positive and increasing"),
         ("max_batch_size", 0, "max_batch_size=0 must be at least 1"),
         ("lane_niceness", 20, "lane_niceness=20 must be within 0..19"),
         ("short_lane_threads", -1, "short_lane_threads=-1 must be 0"),
@@ -45,8 +46,9 @@ def test_invalid_settings_are_refused_by_name(field: str, value, message: str):
 
 def test_invalid_flag_exits_with_usage(capsys):
     with pytest.raises(SystemExit):
-        parse_config(["--lanes", "x"], {})
-    assert "lanes='x'" in capsys.readouterr().err
+        parse_config(["--lanes", "64;128", "--port", "x"], {})
+    error = capsys.readouterr().err
+    assert "--lanes: '64;128': use comma-separated integers" in error and "--port: 'x' is not an integer" in error
 
 
 def test_models_are_a_repeated_flag_or_a_comma_separated_variable():

@@ -17,8 +17,9 @@ import pytest
 
 from proto import translate_pb2, translate_pb2_grpc
 from server.errors import Overloaded
+from server.jobs import Job
 from server.metrics import Metrics
-from server.scheduler import Job, Scheduler
+from server.scheduler import Scheduler
 from server.text import SegmentSpec
 from tests.conftest import own_sentences
 from tests.server.conftest import RunningServer, server_config

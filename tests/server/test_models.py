@@ -16,9 +16,10 @@ from export.runtime import OrtModel, RuntimeOptions
 from model.search import MAX_REPEATS
 from proto import translate_pb2
 from server.errors import InvalidRequest
+from server.jobs import Job
 from server.metrics import Metrics
 from server.models import Models
-from server.scheduler import Job, Scheduler
+from server.scheduler import Scheduler
 from server.text import SegmentSpec
 from tests.conftest import own_sentences
 from tests.server.conftest import RunningServer, server_config
@@ -67,7 +68,7 @@ def test_two_models_of_one_name_are_refused():
 @pytest.fixture(scope="module")
 def two(tiny_export: Path, tiny_reverse_export: Path) -> Iterator[RunningServer]:
     config = server_config(
-        tiny_export, max_output_tokens=LIMIT, max_batch_delay_ms=5.0, http_port=free_port(), lanes="16"
+        tiny_export, max_output_tokens=LIMIT, max_batch_delay_ms=5.0, http_port=free_port(), lanes=(16,)
     )
     server = RunningServer(config.__class__(**{**vars(config), "model": (tiny_export, tiny_reverse_export)}))
     yield server
@@ -177,7 +178,7 @@ def test_each_model_has_its_own_lanes_and_neither_waits_for_the_other():
     """A long decode on one model does not hold up a short request to the other: each model's lanes run on
     their own threads (the fake engines take 2 ms a step)."""
     a, b = fake("a", "en", "de", step_seconds=0.002), fake("b", "de", "en", step_seconds=0.002)
-    config = server_config(Path("unused"), lanes="16", max_output_tokens=512)
+    config = server_config(Path("unused"), lanes=(16,), max_output_tokens=512)
     scheduler = Scheduler([a, b], config, Metrics())
     assert [(lane.model, lane.name) for lane in scheduler.lanes] == [
         ("a", "1-16"),
@@ -204,7 +205,7 @@ def test_each_model_has_its_own_lanes_and_neither_waits_for_the_other():
 def test_the_models_share_one_memory_budget():
     """What one model holds counts against the other's admissions."""
     a, b = fake("a", "en", "de"), fake("b", "de", "en")
-    config = server_config(Path("unused"), lanes="", max_output_tokens=512, memory_budget_mib=1)
+    config = server_config(Path("unused"), lanes=(), max_output_tokens=512, memory_budget_mib=1)
     scheduler = Scheduler([a, b], config, Metrics())  # not started: the test admits by hand
     lane_a, lane_b = scheduler.lanes
     for lane, engine in ((lane_a, a), (lane_b, b)):

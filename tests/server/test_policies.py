@@ -6,7 +6,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from server.budget import INITIAL_TARGET_RATIO, PREDICTION_MARGIN, PREDICTION_SLACK_TOKENS, MemoryBudget
-from server.policies import STARVATION_SECONDS, admit_in_order, admit_static, join_later
+from server.policies import (
+    STARVATION_SECONDS,
+    Continuous,
+    Static,
+    admit_in_order,
+    admit_static,
+    join_later,
+    length_groups,
+)
 
 
 class Sizes:
@@ -24,6 +32,7 @@ class Sentence:
     source_tokens: int
     enqueued_at: float = 0.0
     lane: int = 0
+    job: object = None
 
 
 def test_the_estimate_predicts_from_the_learned_ratio_and_caps_at_the_longest_output():
@@ -71,3 +80,37 @@ def test_a_busy_lane_gathers_arrivals_until_their_wait_pays_for_the_join():
     assert join_later(arrivals, rows=30, join_seconds=0.002, now=0.02)  # waited 0.03 s < 30 rows · 2 ms
     assert not join_later(arrivals, rows=30, join_seconds=0.002, now=0.05)  # 0.09 s ≥ 0.06 s
     assert not join_later(arrivals, rows=0, join_seconds=0.002, now=0.01)  # an idle lane takes them at once
+
+
+def test_the_largest_peak_is_the_sentence_whose_reservation_and_scores_need_most():
+    budget = MemoryBudget(10_000, {"m": Sizes()})
+    assert budget.largest_peak("m", [(500, 10), (400, 20), (100, 5)]) == (1, 400 + 20 * 20)
+
+
+def test_static_admits_only_into_an_empty_batch_and_never_splits_lanes():
+    policy = Static()
+    waiting = [Sentence(5, enqueued_at=0.0)]
+    assert not policy.splits_lanes
+    assert policy.joins_now(waiting, rows=0, join_seconds=1.0, now=0.0)
+    assert not policy.joins_now(waiting, rows=3, join_seconds=0.0, now=100.0)  # however long they waited
+
+
+def test_continuous_joins_a_busy_batch_once_the_wait_pays_and_forgets_a_starving_job_that_left():
+    policy = Continuous()
+    job = object()
+    waiting = [Sentence(50, enqueued_at=0.0, lane=1, job=job)]
+    assert policy.splits_lanes and policy.joins_now(waiting, rows=0, join_seconds=1.0, now=0.0)
+    assert not policy.joins_now(waiting, rows=4, join_seconds=0.01, now=0.02)  # 0.02 s waited < 4 × 0.01
+    assert policy.joins_now(waiting, rows=4, join_seconds=0.01, now=0.05)
+    assert policy.choose(waiting, lambda group: False, lane=1, now=STARVATION_SECONDS + 1) == []
+    assert policy.starving is waiting[0]
+    assert policy.choose([Sentence(3)], lambda group: True, lane=0, now=0.0) == []  # other lanes wait
+    policy.forget(object())
+    assert policy.starving is waiting[0]
+    policy.forget(job)
+    assert policy.starving is None
+
+
+def test_length_groups_cut_sorted_sentences_where_the_length_bucket_changes():
+    sentences = [Sentence(n) for n in (3, 10, 16, 17, 30, 200)]
+    assert [[s.source_tokens for s in g] for g in length_groups(sentences)] == [[3, 10, 16], [17, 30], [200]]

@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 
 from export.runtime import OrtModel, RuntimeOptions
+from server.jobs import Job
 from server.metrics import Metrics
-from server.scheduler import STARVATION_SECONDS, Job, Scheduler
+from server.policies import STARVATION_SECONDS
+from server.scheduler import Scheduler
 from server.text import SegmentSpec
 from tests.conftest import own_sentences
 from tests.server.conftest import RunningServer, server_config
@@ -143,7 +145,7 @@ def test_every_request_gets_its_own_answer_once(policy: str):
     """The scheduler over a fake engine (each source comes back reversed, one token per step): requests of
     several sizes and beams, arriving while others decode, each get exactly their own outputs, once."""
     engine = FakeEngine(step_seconds=0.001)
-    config = server_config(Path("unused"), scheduler=policy, lanes="16", max_batch_size=8, warmup=False)
+    config = server_config(Path("unused"), scheduler=policy, lanes=(16,), max_batch_size=8, warmup=False)
     scheduler = Scheduler([engine], config, Metrics())
     scheduler.start()
     answers: dict[int, list] = {}
@@ -179,7 +181,7 @@ def test_every_request_gets_its_own_answer_once(policy: str):
 def test_continuous_admission_by_lane():
     """Unit test of admission (no inference threads): requests go to a lane by their whole size, each lane
     admits its own arrivals first come first served, up to max_batch_size per lane."""
-    config = server_config(Path("unused"), scheduler="continuous", lanes="16", max_batch_size=4)
+    config = server_config(Path("unused"), scheduler="continuous", lanes=(16,), max_batch_size=4)
     engine, scheduler = _unstarted(config)
     short_lane, long_lane = scheduler.lanes
     document = _job(engine, own_sentences(20))  # 20 short sentences, well over 16 tokens in all: the long lane
@@ -203,7 +205,7 @@ def test_continuous_admission_by_lane():
 def test_a_segment_starving_for_room_stops_other_lanes():
     """A long segment that has waited STARVATION_SECONDS for memory that short requests keep taking makes
     every other lane wait until it fits."""
-    config = server_config(Path("unused"), scheduler="continuous", lanes="16")
+    config = server_config(Path("unused"), scheduler="continuous", lanes=(16,))
     engine, scheduler = _unstarted(config)
     short_lane, long_lane = scheduler.lanes
     document = _job(engine, [" ".join(own_sentences(4))])  # one long sentence
@@ -211,17 +213,17 @@ def test_a_segment_starving_for_room_stops_other_lanes():
     long = document.segments[0]
     held = scheduler.memory.budget_bytes - long.reserved_bytes - engine.encoder_scores_bytes(1, long.source_tokens) + 1
     scheduler.memory.reserved_bytes = held
-    assert scheduler._admit(long_lane) == [] and scheduler.starving is None  # not waited long enough yet
+    assert scheduler._admit(long_lane) == [] and scheduler.policy.starving is None  # not waited long enough yet
     scheduler.submit(_job(engine, ["A dog runs."]))
     assert len(scheduler._admit(short_lane)) == 1  # shorts, which need less, may pass it meanwhile
     scheduler.memory.reserved_bytes = held
     long.enqueued_at -= STARVATION_SECONDS + 0.1
-    assert scheduler._admit(long_lane) == [] and scheduler.starving is long
+    assert scheduler._admit(long_lane) == [] and scheduler.policy.starving is long
     late = _job(engine, ["A cat sleeps."])
     scheduler.submit(late)
     assert scheduler._admit(short_lane) == []  # even though it would fit
     scheduler.memory.reserved_bytes = 0  # the short rows finished
-    assert scheduler._admit(long_lane) == document.segments and scheduler.starving is None
+    assert scheduler._admit(long_lane) == document.segments and scheduler.policy.starving is None
     assert scheduler._admit(short_lane) == late.segments
 
 
@@ -230,7 +232,7 @@ def test_longer_lanes_run_at_lower_os_priority(tiny_export: Path):
     """The long lane's inference thread and the threads of its ONNX Runtime sessions are niced; the short
     lane's are not, so the kernel runs short work first."""
     server = RunningServer(
-        server_config(tiny_export, scheduler="continuous", lanes="16", lane_niceness=7, intra_op_threads=2)
+        server_config(tiny_export, scheduler="continuous", lanes=(16,), lane_niceness=7, intra_op_threads=2)
     )
     try:
         short_lane, long_lane = server.server.scheduler.lanes
@@ -259,7 +261,7 @@ def test_longer_lanes_run_at_lower_os_priority(tiny_export: Path):
 def test_a_busy_lane_takes_arrivals_in_batches():
     """Arrivals join at once while waiting costs less than the join would cost the running rows; a lone
     arrival to a busy lane waits until its wait reaches rows × the measured join duration."""
-    config = server_config(Path("unused"), scheduler="continuous", lanes="64")
+    config = server_config(Path("unused"), scheduler="continuous", lanes=(64,))
     engine, scheduler = _unstarted(config)
     lane = scheduler.lanes[0]
     lane.engine, lane.batch = engine, engine.new_batch()
