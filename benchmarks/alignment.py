@@ -26,7 +26,7 @@ from export.aligner import build_aligner
 from export.runtime import OrtModel, RuntimeOptions
 from model.checkpoint import load_checkpoint
 from model.corpus import corpus_path, read_lines
-from server.markup import align_units, source_words, unit_spans
+from server.placement import align_units, source_words, unit_spans
 
 # English word -> the starts of its German translations (lower case).
 LEXICON = {

@@ -25,7 +25,7 @@ import sentencepiece as spm
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from server import loadtest  # noqa: E402
+from server import loadtest, loadtest_report  # noqa: E402
 from tests.server.test_lifecycle import start_subprocess_server  # noqa: E402
 
 SHORT_MAX = 32
@@ -55,10 +55,10 @@ def run_load(port: int, tokenizer, profile_spec: str, concurrency: int, rate: fl
     ok = [r for r in run.results if r.code == "OK"]
     return {
         "requests_per_s": len(ok) / run.seconds,
-        "short_p50": loadtest.percentile(short, 0.5),
-        "short_p99": loadtest.percentile(short, 0.99),
-        "long_p50": loadtest.percentile(long, 0.5),
-        "long_p99": loadtest.percentile(long, 0.99),
+        "short_p50": loadtest_report.percentile(short, 0.5),
+        "short_p99": loadtest_report.percentile(short, 0.99),
+        "long_p50": loadtest_report.percentile(long, 0.5),
+        "long_p99": loadtest_report.percentile(long, 0.99),
         "errors": len(run.results) - len(ok),
     }
 

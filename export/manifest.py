@@ -8,10 +8,12 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 MANIFEST_FILE = "manifest.json"
 MANIFEST_REVISION = 1
+Variant = Literal["fp32", "int8", "fp16"]  # an exported folder's variants (export/pipeline.py's VARIANTS)
+Provider = Literal["auto", "cpu", "cuda"]  # where a variant runs (auto: CUDA where ONNX Runtime has it)
 
 
 class ModelFolderError(RuntimeError):

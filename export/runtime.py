@@ -21,7 +21,7 @@ import numpy as np
 import onnxruntime as ort
 
 from export.cache_ops import cache_op_path
-from export.manifest import ModelFolderError, read_manifest
+from export.manifest import ModelFolderError, Provider, Variant, read_manifest
 from model.config import ModelConfig
 from model.search import (
     LENGTH_PENALTY,
@@ -70,8 +70,8 @@ def resolve_provider(requested: str) -> str:
 
 @dataclass(frozen=True)
 class RuntimeOptions:
-    variant: str = "fp32"
-    provider: str = "auto"
+    variant: Variant = "fp32"
+    provider: Provider = "auto"
     intra_op_threads: int = 0  # 0: ONNX Runtime's default (one per physical core)
     spinning: bool = True  # intra-op threads spin between tasks: faster alone, but steals cores from others
     # The decoder's threads alone may spin (None: as ``spinning``). Between steps only the decoder runs, so

@@ -14,10 +14,13 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from export.manifest import ModelFolderError
+from export.manifest import ModelFolderError, Provider, Variant
 from export.runtime import OrtModel, RuntimeOptions
+from model import flags
+from model.flags import setting
 from model.search import MAX_REPEATS, translate_in_batches
 
 # CPU batches under SMALL_BATCH_ROWS rows step on sessions of this many threads: a second thread costs
@@ -25,29 +28,37 @@ from model.search import MAX_REPEATS, translate_in_batches
 SMALL_BATCH_THREADS = 1
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="translate-file", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+@dataclass(frozen=True)
+class FileTranslation:
+    model: Path = setting(help="exported model folder (python -m export)")
+    variant: Variant = setting("fp32", "the variant to run, as the folder has it")
+    provider: Provider = setting("auto", "ONNX Runtime's provider (auto: CUDA where available)")
+    beam: int = setting(1, "beam size (1: greedy)")
+    batch_size: int = setting(32, "sentences per batch")
+    threads: int = setting(0, "intra-op threads (0: ONNX Runtime's default)")
+    max_output_tokens: int = setting(256, "the longest output per sentence, eos included")
+    max_repeats: int = setting(
+        MAX_REPEATS,
+        "the runaway-output guard, as the server's: an n-gram repeated more often in a row ends the sentence (0: off)",
     )
-    parser.add_argument("--model", type=Path, required=True, help="exported model folder (python -m export)")
-    parser.add_argument("--variant", default="fp32", help="fp32, int8 or fp16, as the folder has them")
-    parser.add_argument("--provider", default="auto", help="cpu, cuda or auto (CUDA where available)")
-    parser.add_argument("--beam", type=int, default=1, help="beam size (1 = greedy)")
-    parser.add_argument("--batch-size", type=int, default=32, help="sentences per batch")
-    parser.add_argument("--threads", type=int, default=0, help="intra-op threads (0: ONNX Runtime's default)")
-    parser.add_argument("--max-output-tokens", type=int, default=256)
-    parser.add_argument(
-        "--max-repeats",
-        type=int,
-        default=MAX_REPEATS,
-        help="the runaway-output guard, as the server's: an n-gram repeated more often in a row ends the "
-        "sentence (0: off)",
+    stats: bool = setting(False, "print throughput as one JSON line on stderr")
+
+    def __post_init__(self) -> None:
+        problems = flags.choice_problems(self)
+        if min(self.beam, self.batch_size, self.max_output_tokens) < 1:
+            problems.append("--beam, --batch-size and --max-output-tokens must be at least 1")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+def parse_args(argv: Sequence[str] | None) -> FileTranslation:
+    return flags.parse(
+        FileTranslation,
+        argv,
+        prog="translate-file",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--stats", action="store_true", help="print throughput as one JSON line on stderr")
-    args = parser.parse_args(argv)
-    if min(args.beam, args.batch_size, args.max_output_tokens) < 1:
-        parser.error("--beam, --batch-size and --max-output-tokens must be at least 1")
-    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from export.manifest import Provider, Variant
 from model import flags
 from model.flags import setting
 from model.search import MAX_REPEATS
@@ -23,8 +24,6 @@ ENV_PREFIX = "TRANSLATE_"
 MIB = 1 << 20
 
 
-Variant = Literal["fp32", "int8", "fp16"]
-Provider = Literal["auto", "cpu", "cuda"]
 Scheduling = Literal["continuous", "static"]
 LongInput = Literal["split", "truncate", "reject"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]

@@ -57,6 +57,14 @@ class InferenceFailed(ServiceError):
     http_status = 500
 
 
+def grpc_code_of_http(status: int) -> str:
+    """The name of the gRPC code whose errors answer HTTP with ``status`` (HTTP_<status> for none)."""
+    if status == 200:
+        return "OK"
+    errors = [ServiceError, *ServiceError.__subclasses__()]
+    return next((e.code.name for e in errors if e.http_status == status), f"HTTP_{status}")
+
+
 def http_status_of(error: BaseException) -> tuple[int, str]:
     """The HTTP status and caller-facing message of any error, mirroring ``status_of``."""
     _, message = status_of(error)

@@ -33,23 +33,25 @@ import random
 import ssl
 import sys
 import time
-import urllib.request
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
 
 import aiohttp
 import grpc
 import sentencepiece as spm
-from prometheus_client.parser import text_string_to_metric_families
 
+from model import flags
 from model.corpus import read_lines
+from model.flags import setting
 from proto import translate_pb2, translate_pb2_grpc
 from server.access import ATTEMPT_HEADER
 from server.channel import aio_channel
 from server.config import DEFAULT_MODEL_DIR
-from server.metrics import length_bucket
+from server.errors import grpc_code_of_http
+from server.loadtest_report import Result, Run, markdown, plot, scrape, summarize
 
 FILLER = [
     "A man in a blue shirt is walking down the street with his dog.",
@@ -111,64 +113,6 @@ class Profile:
         return text, len(self.tokenizer.encode(text))
 
 
-@dataclass
-class Result:
-    input_tokens: int
-    latency: float
-    code: str
-    output_tokens: int = 0
-    started: float = 0.0
-    attempts: int = 1  # gRPC: the attempt that answered (the service config retries UNAVAILABLE, CANCELLED)
-
-
-@dataclass
-class Run:
-    mode: str
-    concurrency: int
-    rate: float
-    results: list[Result] = field(default_factory=list)
-    seconds: float = 0.0
-    server: dict[str, float] = field(default_factory=dict)
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
-
-
-def scrape(url: str | None) -> dict[str, float]:
-    """Selected samples of the server's metrics (sums over labels)."""
-    if not url:
-        return {}
-    wanted = (
-        "translate_queue_wait_seconds_sum",
-        "translate_queue_wait_seconds_count",
-        "translate_batch_size_sentences_sum",
-        "translate_batch_size_sentences_count",
-        "translate_kv_cache_bytes",
-        "translate_memory_reserved_bytes",
-        "process_resident_memory_bytes",
-        "translate_requests_total",
-    )
-    body = urllib.request.urlopen(url, timeout=5).read().decode()
-    values: dict[str, float] = {}
-    for family in text_string_to_metric_families(body):
-        for sample in family.samples:
-            if sample.name in wanted:
-                values[sample.name] = values.get(sample.name, 0.0) + sample.value
-    return values
-
-
-# HTTP statuses under their gRPC twins' names (server/errors.py), so both APIs report alike.
-HTTP_CODES = {
-    200: "OK",
-    400: "INVALID_ARGUMENT",
-    429: "RESOURCE_EXHAUSTED",
-    499: "CANCELLED",
-    500: "INTERNAL",
-    503: "UNAVAILABLE",
-    504: "DEADLINE_EXCEEDED",
-}
 Send = Callable[[str], Awaitable[tuple[str, int, int]]]  # text -> (status code name, output tokens, attempts)
 
 
@@ -202,7 +146,7 @@ def http_sender(session: aiohttp.ClientSession, args, tokenizer: spm.SentencePie
             async with session.post(url, json={"q": text, "source": source, "target": target}) as response:
                 body = await response.json(content_type=None)
                 if response.status != 200:
-                    return HTTP_CODES.get(response.status, f"HTTP_{response.status}"), 0, 1
+                    return grpc_code_of_http(response.status), 0, 1  # so both APIs report alike
                 return "OK", len(tokenizer.encode(body["translatedText"])), 1
         except asyncio.TimeoutError:
             return "DEADLINE_EXCEEDED", 0, 1
@@ -309,147 +253,54 @@ async def drive(args, profile: Profile, concurrency: int, rate: float) -> Run:
     return run
 
 
-def summarize(run: Run) -> dict:
-    ok = [r for r in run.results if r.code == "OK"]
-    codes: dict[str, int] = {}
-    for r in run.results:
-        codes[r.code] = codes.get(r.code, 0) + 1
-    buckets: dict[str, list[float]] = {}
-    for r in ok:
-        buckets.setdefault(length_bucket(r.input_tokens), []).append(r.latency)
-
-    def stats(latencies: list[float]) -> dict[str, float]:
-        return {
-            "count": len(latencies),
-            "p50": percentile(latencies, 0.5),
-            "p90": percentile(latencies, 0.9),
-            "p99": percentile(latencies, 0.99),
-            "max": max(latencies, default=float("nan")),
-        }
-
-    s = run.server
-    return {
-        "mode": run.mode,
-        "concurrency": run.concurrency,
-        "rate": run.rate,
-        "requests": len(run.results),
-        "seconds": run.seconds,
-        "requests_per_second": len(ok) / run.seconds if run.seconds else 0.0,
-        "input_tokens_per_second": sum(r.input_tokens for r in ok) / run.seconds if run.seconds else 0.0,
-        "output_tokens_per_second": sum(r.output_tokens for r in ok) / run.seconds if run.seconds else 0.0,
-        "latency": stats([r.latency for r in ok]),
-        "by_length": {
-            b: stats(v) for b, v in sorted(buckets.items(), key=lambda kv: int(kv[0].split("-")[0].rstrip("+")))
-        },
-        "codes": codes,
-        "server": s,
-        "answered": len(ok),
-        "lost": len(run.results) - len(ok),
-        "retried": sum(r.attempts > 1 for r in run.results),
-        "server_mean_queue_wait_seconds": s.get("translate_queue_wait_seconds_sum_delta", 0)
-        / max(s.get("translate_queue_wait_seconds_count_delta", 0), 1),
-        "server_mean_batch_sentences": s.get("translate_batch_size_sentences_sum_delta", 0)
-        / max(s.get("translate_batch_size_sentences_count_delta", 0), 1),
-    }
-
-
-def markdown(summaries: list[dict], command: str) -> str:
-    lines = [
-        f"command: `{command}`",
-        "",
-        "| mode | concurrency / rate | sent | answered / retried / lost | req/s | in tok/s | p50 s | p90 s | p99 s "
-        "| max s | codes | server batch | server queue wait s | peak KV bytes | peak RSS MiB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for s in summaries:
-        lat, srv = s["latency"], s["server"]
-        load = f"{s['rate']}/s" if s["mode"] == "open" else str(s["concurrency"])
-        lines.append(
-            f"| {s['mode']} | {load} | {s['requests']} | {s['answered']} / {s['retried']} / {s['lost']} | "
-            f"{s['requests_per_second']:.1f} | {s['input_tokens_per_second']:.0f} | "
-            f"{lat['p50']:.3f} | {lat['p90']:.3f} | {lat['p99']:.3f} | {lat['max']:.3f} | {s['codes']} | "
-            f"{s['server_mean_batch_sentences']:.1f} | {s['server_mean_queue_wait_seconds']:.3f} | "
-            f"{srv.get('translate_kv_cache_bytes_peak', 0):.0f} | "
-            f"{srv.get('process_resident_memory_bytes_peak', 0) / 2**20:.0f} |"
-        )
-    lines += ["", "| length bucket | count | p50 s | p99 s |", "|---|---|---|---|"]
-    for s in summaries:
-        for bucket, b in s["by_length"].items():
-            lines.append(
-                f"| {bucket} ({s['mode']} {s['concurrency'] or s['rate']}) | {b['count']} | "
-                f"{b['p50']:.3f} | {b['p99']:.3f} |"
-            )
-    return "\n".join(lines) + "\n"
-
-
-def plot(runs: list[Run], summaries: list[dict], out: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    paths = []
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    answered = 0
-    for run in runs:
-        ok = [r for r in run.results if r.code == "OK"]
-        answered += len(ok)
-        label = f"{run.mode} {run.concurrency or run.rate}"
-        ax.scatter([r.input_tokens for r in ok], [r.latency for r in ok], s=8, alpha=0.5, label=label)
-    ax.set(xlabel="input tokens", ylabel="latency (s)", title="Latency vs input length (answered requests)")
-    if answered:
-        ax.set(xscale="log", yscale="log")
-        ax.legend()
-    paths.append(out / "latency_vs_length.png")
-    fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
-    closed = [s for s in summaries if s["mode"] == "closed"]
-    if closed:
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        ax.plot([s["concurrency"] for s in closed], [s["requests_per_second"] for s in closed], marker="o")
-        ax.set(xlabel="concurrent clients", ylabel="requests/s", title="Throughput vs concurrency", xscale="log")
-        paths.append(out / "throughput_vs_concurrency.png")
-        fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
-    plt.close("all")
-    return paths
-
-
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+@dataclass(frozen=True)
+class LoadTest:
     """The load generator's options (benchmarks drive ``drive`` with these too)."""
-    parser = argparse.ArgumentParser(
-        prog="translate-loadtest", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+
+    api: Literal["grpc", "http"] = setting("grpc", "the front end to drive")
+    target: str = setting("", "host:port (default localhost:50051 for grpc, localhost:5000 for http)")
+    languages: str = setting("en:de", "source:target of each request (the model it goes to)")
+    metrics: str = setting("http://localhost:9464/metrics", "the server's metrics URL ('' to skip)")
+    tokenizer: Path = setting(DEFAULT_MODEL_DIR / "sentencepiece.model", "counts the tokens of inputs and outputs")
+    profile: str = setting("uniform:8-40", "input lengths: file:PATH, fixed:N, uniform:A-B or mix:P:A-B:C-D")
+    concurrency: tuple[int, ...] = setting((8,), "closed loop clients; a comma list sweeps them")
+    rate: float = setting(0.0, "open loop: Poisson arrivals per second (overrides --concurrency)")
+    requests: int = setting(200, "requests per run")
+    duration: float = setting(300.0, "seconds at most per run")
+    deadline: float = setting(60.0, "per-request deadline in seconds")
+    beam: int = setting(0, "beam size (0: the server's default; grpc only)")
+    seed: int = setting(0, "random seed of the profile")
+    tls_ca: str | None = setting(None, "TLS: the CA to verify the server with (HTTP: https)")
+    tls_cert: str | None = setting(None, "mutual TLS: the client certificate")
+    tls_key: str | None = setting(None, "mutual TLS: the client key")
+    tls_server_name: str | None = setting(None, "TLS: the name to verify instead of the target's host")
+    out: Path | None = setting(None, "folder for report.json, report.md and the plots")
+
+    def __post_init__(self) -> None:
+        if not self.target:
+            object.__setattr__(self, "target", "localhost:5000" if self.api == "http" else "localhost:50051")
+        problems = flags.choice_problems(self)
+        if self.api == "http" and self.beam:
+            problems.append("--beam applies to grpc only: the HTTP API decodes with the server's default beam")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+def parse_args(argv: Sequence[str] | None = None) -> LoadTest:
+    return flags.parse(
+        LoadTest,
+        argv,
+        prog="translate-loadtest",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--api", choices=["grpc", "http"], default="grpc", help="the front end to drive")
-    parser.add_argument("--target", help="host:port (default localhost:50051 for grpc, localhost:5000 for http)")
-    parser.add_argument("--languages", default="en:de", help="source:target of each request (the model it goes to)")
-    parser.add_argument("--metrics", default="http://localhost:9464/metrics", help="server metrics URL ('' to skip)")
-    parser.add_argument("--tokenizer", type=Path, default=DEFAULT_MODEL_DIR / "sentencepiece.model")
-    parser.add_argument("--profile", default="uniform:8-40")
-    parser.add_argument("--concurrency", default="8", help="closed loop clients; a comma list sweeps them")
-    parser.add_argument(
-        "--rate", type=float, default=0.0, help="open loop: Poisson arrivals per second (overrides --concurrency)"
-    )
-    parser.add_argument("--requests", type=int, default=200, help="requests per run")
-    parser.add_argument("--duration", type=float, default=300.0, help="seconds at most per run")
-    parser.add_argument("--deadline", type=float, default=60.0, help="per-request deadline in seconds")
-    parser.add_argument("--beam", type=int, default=0)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--tls-ca", help="TLS: the CA to verify the server with (HTTP: https)")
-    parser.add_argument("--tls-cert", help="mutual TLS: the client certificate")
-    parser.add_argument("--tls-key", help="mutual TLS: the client key")
-    parser.add_argument("--tls-server-name", help="TLS: the name to verify instead of the target's host")
-    parser.add_argument("--out", type=Path, help="folder for report.json, report.md and the plots")
-    args = parser.parse_args(argv)
-    args.target = args.target or ("localhost:5000" if args.api == "http" else "localhost:50051")
-    if args.api == "http" and args.beam:
-        parser.error("--beam applies to grpc only: the HTTP API decodes with the server's default beam")
-    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     tokenizer = spm.SentencePieceProcessor(model_file=str(args.tokenizer))
     profile = Profile(args.profile, tokenizer, args.seed)
-    loads = [(0, args.rate)] if args.rate else [(int(c), 0.0) for c in args.concurrency.split(",")]
+    loads = [(0, args.rate)] if args.rate else [(c, 0.0) for c in args.concurrency]
     runs = [asyncio.run(drive(args, profile, concurrency, rate)) for concurrency, rate in loads]
     summaries = [summarize(run) for run in runs]
     command = "translate-loadtest " + " ".join(sys.argv[1:] if argv is None else argv)

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 
-import numpy as np
 from opentelemetry.trace import INVALID_SPAN
 
 from export.manifest import ModelFolderError
 from model.search import Hypothesis
-from server import markup
+from server import markup, placement
 from server.access import Exchange
 from server.cache import TranslationCache
 from server.config import ServerConfig
@@ -114,41 +113,6 @@ def _summary(text: str, parts: Sequence[Sentence], min_confidence: float | None)
         guard=next((s.guard for s in sorted(parts, key=lambda s: s.guard != "repetition") if s.guard), ""),
         low_confidence=any(s.low_confidence(min_confidence) for s in parts),
     )
-
-
-def _for_placement(
-    engine: Engine, piece: markup.Piece, sentences: Sequence[Sentence], alignments: Iterator[np.ndarray]
-) -> list[markup.Sentence]:
-    """The piece's sentences as markup.place takes them: where each starts in the piece's text, its output
-    units and the source word each is aligned to (chunks of one long sentence become one sentence)."""
-    placed: list[markup.Sentence] = []
-    position, previous = 0, None
-    for s in sentences:
-        alignment = next(alignments)
-        pieces = engine.target_pieces(s.output)
-        spans = markup.unit_spans(pieces)
-        units = engine.detokenize([s.output[a:b] for a, b in spans])
-        spaces = [pieces[a].startswith("▁") for a, _ in spans]
-        if s.spec.chunk and previous is not None:  # a later chunk of the sentence before
-            source_ids, start = previous.ids + list(s.spec.ids), placed[-1].start
-            words = markup.source_words(engine.source_pieces(source_ids))[len(previous.ids) :]
-            aligned = markup.align_units(alignment, words, spans)
-            last = placed.pop()
-            sentence = markup.Sentence(
-                start, last.units + units, last.leading_space + spaces, last.aligned + aligned, s.spec.separator
-            )
-            previous = replace(previous, ids=source_ids)
-        else:
-            found = piece.text.find(s.spec.source, position)
-            start = found if found >= 0 else position
-            words = markup.source_words(engine.source_pieces(s.spec.ids))
-            sentence = markup.Sentence(
-                start, units, spaces, markup.align_units(alignment, words, spans), s.spec.separator
-            )
-            previous = s.spec
-            position = start + len(s.spec.source)
-        placed.append(sentence)
-    return placed
 
 
 class Translations:
@@ -316,7 +280,7 @@ class Translations:
             _joined(piece.text, sentences, detokenized) for piece, sentences in zip(pieces, by_piece, strict=True)
         ]
         for i in marked:
-            results[i] = markup.place(pieces[i], _for_placement(engine, pieces[i], by_piece[i], alignments))
+            results[i] = placement.place(pieces[i], placement.sentences_for(engine, pieces[i], by_piece[i], alignments))
         return results
 
     def observe(

@@ -61,19 +61,35 @@ def test_stats_count_each_output_and_its_eos(tiny_export, reference, monkeypatch
     assert stats["tokens_per_second"] == pytest.approx(stats["output_tokens"] / stats["seconds"], rel=1e-3)
 
 
-@pytest.mark.parametrize(
-    "flags, message",
-    [
-        (["--model", "{missing}"], "{missing}"),
-        (["--model", "{model}", "--variant", "int4"], "has no 'int4' variant"),
-        (["--model", "{model}", "--provider", "tpu"], "provider 'tpu': use cpu, cuda or auto"),
-    ],
-)
-def test_bad_arguments_exit_2_with_one_line(tiny_export, tmp_path, monkeypatch, capsys, flags, message):
-    names = {"missing": tmp_path / "missing", "model": tiny_export}
-    code, out, err = translate_file(monkeypatch, capsys, SENTENCES[:1], *(f.format(**names) for f in flags))
+def test_a_folder_that_cannot_be_loaded_exits_2_with_one_line(tmp_path, monkeypatch, capsys):
+    code, out, err = translate_file(monkeypatch, capsys, SENTENCES[:1], "--model", str(tmp_path / "missing"))
     assert (code, out) == (2, "")
-    assert message.format(**names) in err and len(err.splitlines()) == 1, err
+    assert str(tmp_path / "missing") in err and len(err.splitlines()) == 1, err
+
+
+def test_bad_flags_exit_2_naming_every_one(tiny_export, monkeypatch, capsys):
+    with pytest.raises(SystemExit) as exit:
+        translate_file(
+            monkeypatch,
+            capsys,
+            SENTENCES[:1],
+            "--model",
+            str(tiny_export),
+            "--variant",
+            "int4",
+            "--provider",
+            "tpu",
+            "--beam",
+            "0",
+        )
+    err = capsys.readouterr().err
+    assert exit.value.code == 2
+    for message in (
+        "--variant: 'int4': use fp32, int8 or fp16",
+        "--provider: 'tpu': use auto, cpu or cuda",
+        "--beam, --batch-size and --max-output-tokens must be at least 1",
+    ):
+        assert message in err, err
 
 
 def test_does_not_import_torch(tiny_export: Path):

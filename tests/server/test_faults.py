@@ -16,7 +16,7 @@ import grpc
 from proto import translate_pb2, translate_pb2_grpc
 from server.access import ATTEMPT_HEADER
 from server.channel import aio_channel
-from server.loadtest import percentile
+from server.loadtest_report import percentile
 from tests.conftest import own_sentences
 from tests.server.test_http import free_port
 from tests.server.test_lifecycle import start_subprocess_server

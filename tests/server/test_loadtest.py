@@ -7,6 +7,7 @@ import pytest
 import sentencepiece as spm
 
 from server import loadtest
+from server.errors import ServiceError, grpc_code_of_http
 from server.text import split_sentences
 from tests.server.conftest import RunningServer
 
@@ -141,3 +142,9 @@ def test_http_api_is_driven_the_same_way(tiny_export: Path, tmp_path: Path):
         assert bad_report["runs"][0]["codes"] == {"INVALID_ARGUMENT": 3}
     finally:
         server.close()
+
+
+def test_http_statuses_are_reported_under_the_grpc_code_the_server_maps_them_from():
+    for error in [ServiceError, *ServiceError.__subclasses__()]:
+        assert grpc_code_of_http(error.http_status) in (error.code.name, "INTERNAL")  # 500 is INTERNAL's
+    assert grpc_code_of_http(200) == "OK" and grpc_code_of_http(418) == "HTTP_418"

@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from server.errors import InvalidRequest
-from server.markup import WORD, MarkupError, Piece, Sentence, parse, place, source_words, unit_spans
+from server.markup import WORD, MarkupError, Piece, parse
+from server.placement import Sentence, place, source_words, unit_spans
 
 # Strings that must come back byte-identical in both formats.
 PROTECTED = [

@@ -1,0 +1,254 @@
+"""Markup and atoms put back into a translated piece (server/markup.py took them out).
+
+``place`` uses where each output word looked in its source (the model's cross-attention, read by
+``export/aligner.py``'s graph): an inline element wraps the output words aligned to its words, an atom
+goes before the output word aligned to the source word after it. Spans are then made to nest as they did
+in the source, so the output is well-formed whenever the input is.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+from server.markup import CLOSING_PUNCTUATION, WORD, Piece
+from server.text import SegmentSpec
+
+if TYPE_CHECKING:
+    from server.interface import Engine
+
+
+class Translated(Protocol):
+    """A translated sentence of the piece (server.translations.Sentence)."""
+
+    spec: SegmentSpec
+    output: list[int]
+
+
+def unit_spans(pieces: Sequence[str]) -> list[tuple[int, int]]:
+    """Tokens grouped into the units markup is placed around: words ("▁" starts one), with closing
+    punctuation a unit of its own (so "<b>Hund</b>." and not "<b>Hund.</b>"); what WORD finds in text."""
+    spans: list[tuple[int, int]] = []
+    for i, piece in enumerate(pieces):
+        punctuation = CLOSING_PUNCTUATION.match(piece) is not None
+        if (
+            spans
+            and not piece.startswith("▁")
+            and punctuation == (CLOSING_PUNCTUATION.match(pieces[spans[-1][0]]) is not None)
+        ):
+            spans[-1] = (spans[-1][0], i + 1)
+        else:
+            spans.append((i, i + 1))
+    return spans
+
+
+def source_words(pieces: Sequence[str]) -> list[int]:
+    """The word (unit_spans) of each source token."""
+    words = []
+    for word, (start, end) in enumerate(unit_spans(pieces)):
+        words += [word] * (end - start)
+    return words
+
+
+def align_units(alignment: np.ndarray, words: Sequence[int], spans: Sequence[tuple[int, int]]) -> list[int | None]:
+    """The source word each output unit is aligned to: the word with the most attention from the unit's
+    tokens (alignment: output tokens × source tokens); None when the unit attended to nothing."""
+    if not len(words) or not len(spans):
+        return [None] * len(spans)
+    by_word = np.zeros((alignment.shape[0], max(words) + 1), np.float32)
+    np.add.at(by_word.T, np.asarray(words[: alignment.shape[1]]), alignment[:, : len(words)].T)
+    result: list[int | None] = []
+    for start, end in spans:
+        scores = by_word[start:end].sum(axis=0)
+        result.append(int(scores.argmax()) if end > start and scores.max() > 0 else None)
+    return result
+
+
+@dataclass(frozen=True)
+class Sentence:
+    """One translated sentence of a piece, ready for placement."""
+
+    start: int  # where it starts in the piece's text
+    units: list[str]  # its translation's units (unit_spans), detokenized
+    leading_space: list[bool]  # per unit: a word start (a space before it, but for the first)
+    aligned: list[int | None]  # per unit: the sentence's source word it is aligned to
+    separator: str  # the whitespace after it
+
+
+@dataclass
+class _Item:
+    """A unit of the output: a word or punctuation of the translation, or an atom."""
+
+    text: str
+    before: str  # the whitespace written before it
+    source: int | None  # the source item (word or atom) it stands for
+
+
+@dataclass
+class _Span:
+    element: int
+    lo: int  # first and last output item it wraps; empty (hi < lo) at boundary lo
+    hi: int
+    children: list[_Span] = field(default_factory=list)
+
+
+def place(piece: Piece, sentences: Sequence[Sentence]) -> str:
+    """The piece's translation with its inline elements and atoms put back (see the module's doc)."""
+    words = [m.start() for m in WORD.finditer(piece.text)]
+    # The source's items in order: its words and atoms (an atom before a word at its offset).
+    keys = sorted(
+        [(start, 1, i) for i, start in enumerate(words)] + [(a.offset, 0, i) for i, a in enumerate(piece.atoms)]
+    )
+    index = {(kind, i): n for n, (_, kind, i) in enumerate(keys)}
+    paths = [piece.paths[words[i]] if kind else piece.atoms[i].path for _, kind, i in keys]
+    starts = [s.start for s in sentences]
+    sentence_of = lambda offset: max((k for k, start in enumerate(starts) if start <= offset), default=0)  # noqa: E731
+    first_word = [sum(1 for w in words if w < start) for start in starts]
+
+    runs: list[list[_Item]] = []  # the output items of each sentence
+    for k, sentence in enumerate(sentences):
+        run = []
+        for text, space, word in zip(sentence.units, sentence.leading_space, sentence.aligned, strict=True):
+            source = None if word is None else index.get((1, first_word[k] + word))
+            run.append(_Item(html.escape(text, quote=False) if piece.html else text, " " if space else "", source))
+        runs.append(run)
+    if not runs:
+        runs.append([])
+    for i, atom in enumerate(piece.atoms):
+        k = sentence_of(atom.offset)
+        end = starts[k + 1] if k + 1 < len(starts) else len(piece.text)
+        neighbours = [index[(1, w)] for w, start in enumerate(words) if atom.offset <= start < end]
+        at = _position(runs[k], neighbours)
+        before = atom.before or (" " if at else "")  # moved away from the text's start: not glued to a word
+        runs[k].insert(at, _Item(atom.text, before, index[(0, i)]))
+    items: list[_Item] = []
+    for k, run in enumerate(runs):
+        if run:
+            run[0].before = sentences[k - 1].separator if k else ""
+        items += run
+    if not items:
+        return "".join(piece.source)
+    roots = _spans(piece, items, paths, [words[i] if kind else piece.atoms[i].offset for _, kind, i in keys])
+    stripped = piece.text.strip()
+    leading, trailing = piece.text[: piece.text.index(stripped[:1])] if stripped else piece.text, ""
+    if stripped:
+        trailing = piece.text[len(piece.text.rstrip()) :]
+    return leading + _render(piece, items, roots, 0, len(items) - 1, first=True) + trailing
+
+
+def _position(run: list[_Item], after: Sequence[int]) -> int:
+    """Where an atom goes in a sentence's output: before the first item aligned to the nearest source
+    word after it that has one; else at the end."""
+    for source in after:
+        found = [n for n, item in enumerate(run) if item.source == source]
+        if found:
+            return found[0]
+    return len(run)
+
+
+def _spans(piece: Piece, items: list[_Item], paths: list[tuple[int, ...]], offsets: list[int]) -> list[_Span]:
+    """Each inline element's span of output items, nested as in the source: an element wraps from the
+    first to the last output item aligned to anything it enclosed, clamped to its parent's span and
+    starting after the sibling before it in the output; one that wraps nothing is written empty where its source's
+    next word went."""
+    covered: dict[int, list[int]] = {}
+    for n, item in enumerate(items):
+        if item.source is not None:
+            for element in paths[item.source]:
+                covered.setdefault(element, []).append(n)
+    children: dict[int | None, list[int]] = {}
+    for e, element in enumerate(piece.elements):
+        children.setdefault(element.parent, []).append(e)
+
+    def boundary(e: int, lo: int, hi: int) -> int:
+        following = [
+            n
+            for n, item in enumerate(items)
+            if item.source is not None and offsets[item.source] >= piece.elements[e].offset
+        ]
+        return min(max(min(following, default=hi + 1), lo), hi + 1)
+
+    def build(parent: int | None, lo: int, hi: int) -> list[_Span]:
+        spans = []
+        for e in children.get(parent, []):
+            own = [n for n in covered.get(e, []) if lo <= n <= hi]
+            if own:
+                spans.append(_Span(e, min(own), max(own)))
+            else:  # empty: at a boundary, hi = lo - 1
+                at = boundary(e, lo, hi)
+                spans.append(_Span(e, at, at - 1))
+        end = lo - 1
+        for span in sorted(spans, key=lambda s: (s.lo, s.hi)):  # siblings may be reordered, not overlap
+            if span.hi >= span.lo:
+                span.lo = max(span.lo, end + 1)
+                if span.hi >= span.lo:
+                    end = span.hi
+                else:
+                    span.hi = span.lo - 1
+        for span in spans:  # an empty one inside a sibling moves past it
+            if span.hi < span.lo:
+                for other in spans:
+                    if other.hi >= other.lo and other.lo < span.lo <= other.hi:
+                        span.lo, span.hi = other.hi + 1, other.hi
+            span.children = build(span.element, span.lo, span.hi)
+        return sorted(spans, key=lambda s: (s.lo, s.hi >= s.lo))
+
+    return build(None, 0, len(items) - 1)
+
+
+def _render(piece: Piece, items: list[_Item], spans: list[_Span], lo: int, hi: int, first: bool) -> str:
+    """Items lo..hi with their spans' tags; ``first``: write the first item's whitespace (false inside a
+    tag, whose caller wrote it before the tag)."""
+    out, n = [], lo
+    for span in spans:
+        while n < span.lo:
+            out.append((items[n].before if n > lo or first else "") + items[n].text)
+            n += 1
+        element = piece.elements[span.element]
+        if span.hi < span.lo:
+            out.append(element.start + _render(piece, items, span.children, span.lo, span.hi, False) + element.end)
+            continue
+        space = items[span.lo].before if span.lo > lo or first else ""
+        out.append(space + element.start + _render(piece, items, span.children, span.lo, span.hi, False) + element.end)
+        n = span.hi + 1
+    while n <= hi:
+        out.append((items[n].before if n > lo or first else "") + items[n].text)
+        n += 1
+    return "".join(out)
+
+
+def sentences_for(
+    engine: Engine, piece: Piece, sentences: Sequence[Translated], alignments: Iterator[np.ndarray]
+) -> list[Sentence]:
+    """The piece's sentences as ``place`` takes them: where each starts in the piece's text, its output
+    units and the source word each is aligned to (chunks of one long sentence become one sentence)."""
+    placed: list[Sentence] = []
+    position, previous = 0, None
+    for s in sentences:
+        alignment = next(alignments)
+        pieces = engine.target_pieces(s.output)
+        spans = unit_spans(pieces)
+        units = engine.detokenize([s.output[a:b] for a, b in spans])
+        spaces = [pieces[a].startswith("▁") for a, _ in spans]
+        if s.spec.chunk and previous is not None:  # a later chunk of the sentence before
+            source_ids, start = previous.ids + list(s.spec.ids), placed[-1].start
+            words = source_words(engine.source_pieces(source_ids))[len(previous.ids) :]
+            aligned = align_units(alignment, words, spans)
+            last = placed.pop()
+            sentence = Sentence(
+                start, last.units + units, last.leading_space + spaces, last.aligned + aligned, s.spec.separator
+            )
+            previous = replace(previous, ids=source_ids)
+        else:
+            found = piece.text.find(s.spec.source, position)
+            start = found if found >= 0 else position
+            words = source_words(engine.source_pieces(s.spec.ids))
+            sentence = Sentence(start, units, spaces, align_units(alignment, words, spans), s.spec.separator)
+            previous = s.spec
+            position = start + len(s.spec.source)
+        placed.append(sentence)
+    return placed
