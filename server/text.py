@@ -74,6 +74,7 @@ def segment_texts(
     field: str = "texts",
     keep_empty: bool = False,
     language: str = "en",
+    tokenized: Sequence[list[int]] | None = None,
 ) -> list[list[SegmentSpec]]:
     """The sentences of every text, in order, as segments. Raises InvalidRequest naming the field.
 
@@ -83,11 +84,11 @@ def segment_texts(
     over long_input_tokens follows the policy: ``split`` (its sentences are
     translated in one batch; a sentence still over the limit is cut into
     pieces), ``truncate`` (sentences are kept up to long_input_tokens tokens in
-    all), or ``reject``.
+    all), or ``reject``. ``tokenized``: the texts' ids, when the caller has them already.
     """
     check_texts(texts, limits, field, keep_empty)
     result: list[list[SegmentSpec]] = []
-    for i, (text, ids) in enumerate(zip(texts, tokenize(list(texts)), strict=True)):
+    for i, (text, ids) in enumerate(zip(texts, tokenized or tokenize(list(texts)), strict=True)):
         if not text.strip():
             result.append([])
             continue

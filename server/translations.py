@@ -150,15 +150,17 @@ class Translations:
         field: str = "texts",
         keep_empty: bool = False,
         limits: TextLimits | None = None,
+        tokenized: Sequence[list[int]] | None = None,
     ) -> AsyncIterator[Sentence]:
         """The texts' segments for ``engine``'s model, yielded in order as they are translated: those the
         cache holds at once, the others submitted as one job. ``deadline`` is a ``time.monotonic()``
         instant. Raises the ServiceError that ended the job; cancelling the caller's task cancels the job.
-        ``field`` names the texts in errors; ``keep_empty``: see segment_texts."""
+        ``field`` names the texts in errors; ``keep_empty`` and ``tokenized``: see segment_texts."""
         long_inputs = self.metrics.long_inputs
         on_long = lambda policy: long_inputs.labels(policy).inc()
         limits = limits or self.limits
-        by_text = segment_texts(texts, engine.tokenize, limits, on_long, field, keep_empty, engine.source_language)
+        language = engine.source_language
+        by_text = segment_texts(texts, engine.tokenize, limits, on_long, field, keep_empty, language, tokenized)
         specs = [spec for text in by_text for spec in text]
         if not specs:
             return
@@ -238,8 +240,10 @@ class Translations:
             ]
         check_texts(texts, self.limits, field, keep_empty)
         pieces = [(t, piece) for t, document in enumerate(documents) for piece in document.pieces]
+        runs = [piece.text for _, piece in pieces]
+        tokenized = engine.tokenize(runs) if runs else []
         tokens = [0] * len(texts)
-        for (t, _), ids in zip(pieces, engine.tokenize([piece.text for _, piece in pieces]), strict=True):
+        for (t, _), ids in zip(pieces, tokenized, strict=True):
             tokens[t] += len(ids)
         for t, count in enumerate(tokens):
             if count > self.limits.max_source_tokens:
@@ -249,8 +253,9 @@ class Translations:
                 )
         started = time.monotonic()
         limits = replace(self.limits, max_texts=max(len(pieces), 1))
-        runs = [piece.text for _, piece in pieces]
-        segments = [s async for s in self.segments(engine, runs, beam, max_output, deadline, field, True, limits)]
+        segments = [
+            s async for s in self.segments(engine, runs, beam, max_output, deadline, field, True, limits, tokenized)
+        ]
         self.observe(engine, segments, started, exchange)
         by_piece = _by_text(segments, len(pieces))
         with child_span(exchange.span if exchange else INVALID_SPAN, "markup"):

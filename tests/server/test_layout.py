@@ -72,6 +72,20 @@ def test_a_long_sentence_cut_into_pieces_keeps_its_separator():
     assert [(len(s.ids), s.separator) for s in specs] == [(4, " "), (2, "\n\n"), (1, "")]
 
 
+def test_a_one_sentence_text_is_tokenized_once_and_given_ids_not_again():
+    calls: list[list[str]] = []
+
+    def tokenize(texts: list[str]) -> list[list[int]]:
+        calls.append(list(texts))
+        return [[len(w) for w in t.split()] for t in texts]
+
+    (specs,) = segment_texts(["A dog runs."], tokenize, TextLimits(4, 100, 64, "split"))
+    assert calls == [["A dog runs."]] and specs[0].ids == [1, 3, 5]
+    calls.clear()
+    (specs,) = segment_texts(["A dog runs."], tokenize, TextLimits(4, 100, 64, "split"), tokenized=[[7, 8]])
+    assert calls == [] and specs[0].ids == [7, 8]
+
+
 @pytest.fixture(scope="module")
 def server(tiny_export: Path) -> Iterator[RunningServer]:
     running = RunningServer(server_config(tiny_export, max_output_tokens=16, http_port=free_port()))
