@@ -5,6 +5,10 @@ batches of 32, through the same engine (`translate-file`'s path: export.runtime.
 excluded). The two alternate within each repeat (not a test):
 
     python benchmarks/service_overhead.py --data ../shared/data/multi30k --out benchmarks/service_overhead.md
+
+``--base DIR`` (another checkout, e.g. ``git worktree add /tmp/base COMMIT``) also serves the same export
+from that checkout's code, in the same alternation, and reports this checkout's server against it: CPU per
+sentence, requests per second and p99 latency (a change's regression check).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from export.runtime import OrtModel, RuntimeOptions  # noqa: E402
 from export.translate_file import SMALL_BATCH_THREADS  # noqa: E402
 from model.corpus import read_lines  # noqa: E402
-from server import loadtest  # noqa: E402
+from server import loadtest, loadtest_report  # noqa: E402
 from server.config import DEFAULT_MODEL_DIR  # noqa: E402
 from tests.server.test_lifecycle import start_subprocess_server  # noqa: E402
 
@@ -37,15 +41,20 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def served(port: int, pid: int, source: Path, tokenizer, sentences: int, clients: int, seed: int) -> float:
+def served(port: int, pid: int, source: Path, tokenizer, sentences: int, clients: int, seed: int) -> dict:
+    """The server's CPU seconds per sentence, requests per second and p99 latency under the closed loop."""
     args = loadtest.parse_args(
         ["--target", f"127.0.0.1:{port}", "--metrics", "", "--requests", str(sentences), "--duration", "600"]
     )
     before = cpu_seconds(pid)
     run = asyncio.run(loadtest.drive(args, loadtest.Profile(f"file:{source}", tokenizer, seed), clients, 0.0))
-    ok = sum(r.code == "OK" for r in run.results)
-    assert ok == sentences, f"{sentences - ok} requests failed"
-    return (cpu_seconds(pid) - before) / ok
+    ok = [r for r in run.results if r.code == "OK"]
+    assert len(ok) == sentences, f"{sentences - len(ok)} requests failed"
+    return {
+        "cpu": (cpu_seconds(pid) - before) / len(ok),
+        "rps": len(ok) / run.seconds,
+        "p99": loadtest_report.percentile([r.latency for r in ok], 0.99),
+    }
 
 
 def offline(model: OrtModel, texts: list[str], batch: int) -> float:
@@ -63,6 +72,7 @@ def main(argv=None) -> None:
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--base", type=Path, help="another checkout whose server is measured alongside")
     args = parser.parse_args(argv)
     source = args.data / "test_2016_flickr.en.gz"
     tokenizer = spm.SentencePieceProcessor(model_file=str(args.model / "sentencepiece.model"))
@@ -75,22 +85,28 @@ def main(argv=None) -> None:
         decoder_spinning=True,
         small_batch_threads=SMALL_BATCH_THREADS,
     )  # what translate-file runs
-    model = OrtModel(args.model, options)
-    process, port, _ = start_subprocess_server(args.model, "--variant", args.variant, "--max-repeats", "0")
-    server_s, offline_s = [], []
+    model = OrtModel(args.model.resolve(), options)
+    flags = ("--variant", args.variant, "--max-repeats", "0")
+    servers = {"server": start_subprocess_server(args.model.resolve(), *flags)[:2]}
+    if args.base:
+        servers["base"] = start_subprocess_server(args.model.resolve(), *flags, cwd=args.base)[:2]
+    results: dict[str, list] = {kind: [] for kind in [*servers, "offline"]}
     try:
         for repeat in range(args.repeats):
-            order = ("server", "offline") if repeat % 2 == 0 else ("offline", "server")
-            for kind in order:
-                if kind == "server":
-                    server_s.append(served(port, process.pid, source, tokenizer, args.sentences, args.clients, 0))
+            kinds = list(results)
+            for kind in kinds if repeat % 2 == 0 else kinds[::-1]:
+                if kind == "offline":
+                    results[kind].append({"cpu": offline(model, texts, 32)})
                 else:
-                    offline_s.append(offline(model, texts, 32))
-                print(f"{kind}: {(server_s if kind == 'server' else offline_s)[-1] * 1e3:.2f} ms", file=sys.stderr)
+                    process, port = servers[kind]
+                    results[kind].append(served(port, process.pid, source, tokenizer, args.sentences, args.clients, 0))
+                print(f"{kind}: {results[kind][-1]}", file=sys.stderr)
     finally:
-        process.terminate()
-        process.wait(30)
-    server, engine = statistics.median(server_s), statistics.median(offline_s)
+        for process, _ in servers.values():
+            process.terminate()
+            process.wait(30)
+    median = {k: {m: statistics.median(r[m] for r in runs) for m in runs[0]} for k, runs in results.items()}
+    server, engine = median["server"]["cpu"], median["offline"]["cpu"]
     lines = [
         f"command: python {' '.join(sys.argv)}",
         f"machine: {platform.machine()}, {os.cpu_count()} cores; {args.variant}; "
@@ -102,6 +118,21 @@ def main(argv=None) -> None:
         f"| offline through the engine, batches of 32 (translate-file's path) | {engine * 1e3:.2f} |",
         f"| server / offline | {server / engine:.2f} |",
     ]
+    if args.base:
+        base = median["base"]
+        lines += [
+            "",
+            f"Against the server of {args.base} (same export, same load, alternating):",
+            "",
+            "| | this checkout | base | this / base |",
+            "|---|---|---|---|",
+            f"| server CPU ms per sentence | {server * 1e3:.2f} | {base['cpu'] * 1e3:.2f} | "
+            f"{server / base['cpu']:.2f} |",
+            f"| requests/s | {median['server']['rps']:.1f} | {base['rps']:.1f} | "
+            f"{median['server']['rps'] / base['rps']:.2f} |",
+            f"| p99 latency s | {median['server']['p99']:.3f} | {base['p99']:.3f} | "
+            f"{median['server']['p99'] / base['p99']:.2f} |",
+        ]
     report = "\n".join(lines) + "\n"
     print(report)
     if args.out:

@@ -26,7 +26,8 @@ from tests.server.conftest import RunningServer, server_config
 from tests.server.fake_engine import FakeEngine
 
 
-def start_subprocess_server(model: Path, *flags: str) -> tuple[subprocess.Popen, int, int]:
+def start_subprocess_server(model: Path, *flags: str, cwd: Path | None = None) -> tuple[subprocess.Popen, int, int]:
+    """``python -m server`` on free ports; ``cwd``: the checkout whose server runs (default this one)."""
     cmd = [
         sys.executable,
         "-m",
@@ -47,7 +48,7 @@ def start_subprocess_server(model: Path, *flags: str) -> tuple[subprocess.Popen,
         "0",
         *flags,
     ]
-    process = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=cwd)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         line = process.stderr.readline()
