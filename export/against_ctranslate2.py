@@ -7,7 +7,9 @@ converted by CTranslate2's own converter. ``--base-sized``: a transformer-base-s
 ``transformers``, converted by CTranslate2 and imported and exported by us; random weights never
 emit eos, so both engines are capped at the same output length (``--cap``, 40 there).
 
-Both engines translate the same test_2016_flickr token ids with the same thread count and output
+Both engines translate the same test_2016_flickr token ids with the same thread count (``--threads``
+per batch, or ``--workers`` batches at once on one thread each: ours on threads sharing one model as
+translate-file's workers do, CT2 with as many ``inter_threads``) and output
 cap (ours counts eos: min(cap, 2·source + 11); CT2 gets that minus one), alternating engines within
 each repeat. Output tokens/s (each best hypothesis' tokens + eos), medians. CTranslate2 runs in one
 compute type per run (--ct2-compute-type; by default its faster one on each model, see run_benchmark).
@@ -15,6 +17,7 @@ compute type per run (--ct2-compute-type; by default its faster one on each mode
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import platform
@@ -149,34 +152,39 @@ def run_benchmark(args) -> int:
     work = args.work_dir / ("base-sized" if args.base_sized else "default")
     ours_dir, converted, to_piece, to_id = prepare(args, work)
     cap = args.cap or (40 if args.base_sized else 256)
+    threads = 1 if args.workers > 1 else args.threads
     options = lambda variant: RuntimeOptions(  # noqa: E731
-        variant, "cpu", args.threads, False, decoder_spinning=True, small_batch_threads=1
+        variant, "cpu", threads, False, decoder_spinning=True, small_batch_threads=1
     )
     ours = {variant: OrtModel(ours_dir, options(variant)) for variant in ("fp32", "int8")}
     texts = read_lines(corpus_path(args.data, "test_2016_flickr", "en"))
     tokenizer = ours["fp32"].tokenizer
 
-    def run_ours(model: OrtModel) -> Run:
+    def in_chunks(translate: Callable[[list[list[int]], int], list[list[int]]]) -> Run:
+        """The sources in chunks of ``batch``, in order, ``--workers`` chunks at once."""
+
         def run(sources: list[list[int]], batch: int, beam: int) -> list[list[int]]:
-            chunks = (sources[i : i + batch] for i in range(0, len(sources), batch))
-            return [out for chunk in chunks for out in model.translate_ids(chunk, beam, cap)]
+            chunks = [sources[i : i + batch] for i in range(0, len(sources), batch)]
+            if args.workers == 1:
+                return [out for chunk in chunks for out in translate(chunk, beam)]
+            with concurrent.futures.ThreadPoolExecutor(args.workers) as pool:
+                return [out for outs in pool.map(lambda chunk: translate(chunk, beam), chunks) for out in outs]
 
         return run
+
+    def run_ours(model: OrtModel) -> Run:
+        return in_chunks(lambda chunk, beam: model.translate_ids(chunk, beam, cap))
 
     def run_theirs(translator) -> Run:
-        def run(sources: list[list[int]], batch: int, beam: int) -> list[list[int]]:
-            outputs = []
-            for i in range(0, len(sources), batch):
-                chunk = sources[i : i + batch]
-                pieces = [[to_piece(t) for t in row] + ["</s>"] for row in chunk]
-                limit = max(default_max_output(len(row) + 1, cap) for row in chunk) - 1
-                results = translator.translate_batch(
-                    pieces, beam_size=beam, max_batch_size=batch, max_decoding_length=limit
-                )
-                outputs += [[to_id(p) for p in r.hypotheses[0]] for r in results]
-            return outputs
+        def translate(chunk: list[list[int]], beam: int) -> list[list[int]]:
+            pieces = [[to_piece(t) for t in row] + ["</s>"] for row in chunk]
+            limit = max(default_max_output(len(row) + 1, cap) for row in chunk) - 1
+            results = translator.translate_batch(
+                pieces, beam_size=beam, max_batch_size=len(chunk), max_decoding_length=limit
+            )
+            return [[to_id(p) for p in r.hypotheses[0]] for r in results]
 
-        return run
+        return in_chunks(translate)
 
     def rate(run: Run, sources: list[list[int]], batch: int, beam: int) -> tuple[float, list[list[int]]]:
         start = time.perf_counter()
@@ -185,12 +193,13 @@ def run_benchmark(args) -> int:
 
     def translator(compute_type: str):
         return ctranslate2.Translator(
-            str(converted), "cpu", compute_type=compute_type, inter_threads=1, intra_threads=args.threads
+            str(converted), "cpu", compute_type=compute_type, inter_threads=args.workers, intra_threads=threads
         )
 
     print(f"command: python -m export.benchmark {shlex.join(sys.argv[1:])}")
     print(
-        f"machine: {cpu_name()}, {len(os.sched_getaffinity(0))} cores; {args.threads} threads each; "
+        f"machine: {cpu_name()}, {len(os.sched_getaffinity(0))} cores; "
+        f"{f'{args.workers} batches at once on 1 thread' if args.workers > 1 else f'{threads} threads'} each; "
         f"onnxruntime {ort.__version__}, ctranslate2 {ctranslate2.__version__}; medians of {args.repeats}; "
         f"{'base-sized random model' if args.base_sized else 'default model'}, outputs capped at {cap} tokens\n"
     )

@@ -55,6 +55,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sentences", type=int, help="sentences per case (default: 64; ctranslate2: 150 / 1000)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2, help="ctranslate2: threads of each engine")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="ctranslate2: batches each engine decodes at once, on one thread each (ours: translate-file's "
+        "--workers; CT2: inter_threads); 1: one batch on --threads threads",
+    )
     parser.add_argument("--base-sized", action="store_true", help="ctranslate2: a random transformer-base model")
     parser.add_argument(
         "--ct2-compute-type",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -267,7 +268,11 @@ class OrtModel:
         past = next(i for i in self.decoder.get_inputs() if i.name == "past_key_0")
         self.cache_dtype = ORT_DTYPES[past.type]
         self.d_cache = past.shape[3]
-        self._bindings: dict[int, dict[Any, _Binding]] = {}  # by id of the decoder session, then batch version
+        # Each batch's step bindings, by decoder session and then the batch's version; kept with the batch (weakly),
+        # so that batches decoding at once on these sessions (translate-file's workers) keep theirs.
+        self._bindings: weakref.WeakKeyDictionary[DecodeBatch, dict[int, dict[Any, _Binding]]] = (
+            weakref.WeakKeyDictionary()
+        )
         self._aligner: tuple[ort.InferenceSession, list[tuple[int, int]]] | None = None  # made on first use
         self._aligner_lock = threading.Lock()
         self._cache_ops = (
@@ -311,10 +316,11 @@ class OrtModel:
         batch between joins and departures), so a step costs one ``run_with_iobinding`` call."""
         decoder = self.small_decoder if batch.rows < SMALL_BATCH_ROWS else self.decoder
         version = batch.version
-        kept = self._bindings.setdefault(id(decoder), {})
+        by_session = self._bindings.setdefault(batch, {})
+        kept = by_session.setdefault(id(decoder), {})
         bound = kept.get(version)
         if bound is None:  # keep the bindings that differ only in which cache buffer set is live
-            kept = self._bindings[id(decoder)] = {v: b for v, b in kept.items() if v[:-1] == version[:-1]}
+            kept = by_session[id(decoder)] = {v: b for v, b in kept.items() if v[:-1] == version[:-1]}
             bound = kept[version] = bind_step(decoder, batch.step_feeds(), version)
         decoder.run_with_iobinding(bound.binding)
         return bound.outputs

@@ -19,6 +19,7 @@ backends differ only in how one decoder step is computed.
 
 from __future__ import annotations
 
+import concurrent.futures
 import itertools
 import math
 from collections.abc import Callable, Sequence
@@ -704,14 +705,26 @@ def decode(
 
 
 def translate_in_batches(
-    tokenizer, texts: Sequence[str], translate_ids: Callable[[list[list[int]]], list[list[int]]], batch_size: int
+    tokenizer,
+    texts: Sequence[str],
+    translate_ids: Callable[[list[list[int]]], list[list[int]]],
+    batch_size: int,
+    workers: int = 1,
 ) -> list[str]:
-    """Tokenize, translate length-sorted batches (little padding), detokenize in the input order."""
+    """Tokenize, translate length-sorted batches (little padding), detokenize in the input order.
+    ``workers`` > 1: that many batches at once, on threads (``translate_ids`` must allow it; ONNX Runtime
+    releases the GIL while it runs)."""
     ids = tokenizer.encode_source(texts)
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    chunks = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+    translate = lambda chunk: translate_ids([ids[i] for i in chunk])  # noqa: E731
+    if workers > 1:
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+            results = list(pool.map(translate, chunks))
+    else:
+        results = list(map(translate, chunks))
     outputs: list[list[int]] = [[] for _ in ids]
-    for start in range(0, len(order), batch_size):
-        chunk = order[start : start + batch_size]
-        for i, out in zip(chunk, translate_ids([ids[i] for i in chunk]), strict=True):
+    for chunk, translated in zip(chunks, results, strict=True):
+        for i, out in zip(chunk, translated, strict=True):
             outputs[i] = out
     return tokenizer.decode(outputs)

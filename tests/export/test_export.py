@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import shutil
@@ -169,9 +170,49 @@ def test_small_batches_step_on_sessions_of_their_own(tiny_export: Path):
     assert threads == [1, 2] and plain.small_decoder is plain.decoder
     ids = small.tokenizer.encode_source(own_sentences(20))
     ids = [row[: 1 + i % 6] for i, row in enumerate(ids)]  # output caps of 12 to 22 tokens: rows finish apart
+    steps = {"small": 0, "large": 0}
+
+    def counted(name: str, run):
+        def counting(binding):
+            steps[name] += 1
+            return run(binding)
+
+        return counting
+
+    small.small_decoder.run_with_iobinding = counted("small", small.small_decoder.run_with_iobinding)
+    small.decoder.run_with_iobinding = counted("large", small.decoder.run_with_iobinding)
     for beam in (1, 2):
         assert small.translate_ids(ids, beam, max_output_tokens=20) == plain.translate_ids(ids, beam, 20)
-    assert len(small._bindings) == 2
+    assert steps["small"] > 0 and steps["large"] > 0
+
+
+def test_batches_decoding_at_once_on_one_model_keep_their_own_bindings(tiny_export: Path):
+    """translate-file's workers share one model: two batches stepped in turn (and two threads decoding
+    at once) translate as each does alone, and each batch keeps its bindings until it is gone."""
+    model = OrtModel(tiny_export, RuntimeOptions(provider="cpu", intra_op_threads=1))
+    ids = model.tokenizer.encode_source(own_sentences(16))
+    halves = [ids[:8], ids[8:]]
+    alone = [model.hypotheses(half, 1, 16) for half in halves]
+    batches = []
+    for half in halves:
+        batch = model.new_batch()
+        src_tokens, src_mask = pad_sources(half, model.config.pad_id, model.config.eos_id)
+        searches = [new_search(1, 16, model.config.eos_id, model.length_penalty, None) for _ in half]
+        batch.add(list(range(len(half))), searches, *model.encode(src_tokens, src_mask), src_mask)
+        batches.append(batch)
+    results: list[dict] = [{}, {}]
+    while any(len(batch) for batch in batches):
+        for batch, found in zip(batches, results, strict=True):
+            if len(batch):
+                found.update(batch.step())
+    assert len(model._bindings) == 2
+    for found, expected in zip(results, alone, strict=True):
+        assert [found[i].tokens for i in range(len(expected))] == [h.tokens for h in expected]
+    del batches, batch
+    assert len(model._bindings) == 0  # gone with their batches
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        together = list(pool.map(lambda half: model.translate_ids(half, 2, 16), halves * 2))
+    assert together == [model.translate_ids(half, 2, 16) for half in halves * 2]
 
 
 def test_cache_op_graphs_are_the_ones_the_builder_writes():

@@ -12,7 +12,7 @@ import pytest
 import tomllib
 
 from export.runtime import OrtModel, RuntimeOptions
-from export.translate_file import SMALL_BATCH_THREADS, main
+from export.translate_file import SMALL_BATCH_THREADS, main, parallelism
 from model.search import MAX_REPEATS
 from tests.conftest import ROOT, own_sentences
 
@@ -44,6 +44,29 @@ def test_translates_line_by_line_in_the_input_order(tiny_export, reference, monk
     assert (code, err) == (0, "")
     expected = reference.translate(SENTENCES, beam, batch_size=4, max_output_tokens=LIMIT, max_repeats=MAX_REPEATS)
     assert out == "".join(f"{line}\n" for line in expected[:5] + [""] + expected[5:])
+
+
+def test_workers_translate_batches_at_once_with_the_same_output(tiny_export, monkeypatch, capsys):
+    flags = ["--model", str(tiny_export), "--batch-size", "3", "--stats"]
+    code, one, err = translate_file(monkeypatch, capsys, SENTENCES, *flags, "--workers", "1", "--threads", "1")
+    tokens = json.loads(err)["output_tokens"]
+    code, three, err = translate_file(monkeypatch, capsys, SENTENCES, *flags, "--workers", "3", "--threads", "1")
+    assert code == 0 and three == one and json.loads(err)["output_tokens"] == tokens
+
+
+@pytest.mark.parametrize(
+    ("workers", "threads", "provider", "cores", "chosen"),
+    [
+        (0, 0, "cpu", 4, (4, 1)),  # a core per worker, one thread each
+        (0, 2, "cpu", 4, (2, 2)),
+        (2, 0, "cpu", 4, (2, 2)),
+        (3, 1, "cpu", 2, (3, 1)),  # as told
+        (0, 0, "cpu", 1, (1, 1)),
+        (0, 0, "cuda", 16, (1, 0)),  # one worker on the device, ONNX Runtime's threads
+    ],
+)
+def test_parallelism_defaults_to_a_single_threaded_worker_per_core_on_cpu(workers, threads, provider, cores, chosen):
+    assert parallelism(workers, threads, provider, cores) == chosen
 
 
 def test_stats_count_each_output_and_its_eos(tiny_export, reference, monkeypatch, capsys):
