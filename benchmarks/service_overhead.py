@@ -1,8 +1,8 @@
 """What the service adds to the engine, in CPU: the server process's CPU seconds per sentence under 32
 closed-loop gRPC clients (one test_2016_flickr sentence per request; read from /proc, so the clients' CPU
-is not counted) against the CPU seconds per sentence of translating the same sentences offline, in
-batches of 32, through the same engine (`translate-file`'s path: export.runtime.OrtModel, model loading
-excluded). The two alternate within each repeat (not a test):
+is not counted) against the CPU seconds per sentence of translating the same sentences offline with
+`translate-file`'s path and defaults (batches of 32, its workers; model loading excluded). The two
+alternate within each repeat (not a test):
 
     python benchmarks/service_overhead.py --data ../shared/data/multi30k --out benchmarks/service_overhead.md
 
@@ -28,8 +28,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from export.runtime import OrtModel, RuntimeOptions  # noqa: E402
-from export.translate_file import SMALL_BATCH_THREADS  # noqa: E402
+from export.translate_file import SMALL_BATCH_THREADS, parallelism  # noqa: E402
 from model.corpus import read_lines  # noqa: E402
+from model.search import translate_in_batches  # noqa: E402
 from server import loadtest, loadtest_report  # noqa: E402
 from server.config import DEFAULT_MODEL_DIR  # noqa: E402
 from tests.server.test_lifecycle import start_subprocess_server  # noqa: E402
@@ -60,9 +61,11 @@ def served(port: int, pid: int, source: Path, tokenizer, sentences: int, clients
     }
 
 
-def offline(model: OrtModel, texts: list[str], batch: int) -> float:
+def offline(model: OrtModel, texts: list[str], batch: int, workers: int) -> float:
+    """CPU seconds per sentence of translate-file's translation (its defaults: batches of 32, ``workers``)."""
+    translate_ids = lambda ids: model.translate_ids(ids, 1, 256, None)  # noqa: E731 (--max-repeats 0, as served)
     started = time.process_time()
-    model.translate(texts, batch_size=batch)
+    translate_in_batches(model.tokenizer, texts, translate_ids, batch, workers)
     return (time.process_time() - started) / len(texts)
 
 
@@ -81,13 +84,15 @@ def main(argv=None) -> None:
     tokenizer = spm.SentencePieceProcessor(model_file=str(args.model / "sentencepiece.model"))
     # The sentences the load generator sends, in order (its file profile cycles through the file).
     texts = read_lines(source)[: args.sentences]
+    workers, threads = parallelism(0, 0, "cpu", len(os.sched_getaffinity(0)))
     options = RuntimeOptions(
         variant=args.variant,
         provider="cpu",
+        intra_op_threads=threads,
         spinning=False,
         decoder_spinning=True,
         small_batch_threads=SMALL_BATCH_THREADS,
-    )  # what translate-file runs
+    )  # what translate-file runs by default
     model = OrtModel(args.model.resolve(), options)
     flags = ("--variant", args.variant, "--max-repeats", "0")
     servers = {"server": start_subprocess_server(args.model.resolve(), *flags)[:2]}
@@ -99,7 +104,7 @@ def main(argv=None) -> None:
             kinds = list(results)
             for kind in kinds if repeat % 2 == 0 else kinds[::-1]:
                 if kind == "offline":
-                    results[kind].append({"cpu": offline(model, texts, 32)})
+                    results[kind].append({"cpu": offline(model, texts, 32, workers)})
                 else:
                     process, port = servers[kind]
                     results[kind].append(served(port, process.pid, source, tokenizer, args.sentences, args.clients, 0))
@@ -120,7 +125,8 @@ def main(argv=None) -> None:
         f"| server, {args.clients} closed-loop gRPC clients, 1 sentence per request | {server * 1e3:.2f} |",
         f"| of which the main thread (asyncio: gRPC, tokenizing, detokenizing) | {main * 1e3:.2f} |",
         f"| of which the other threads (inference, ONNX Runtime, gRPC's core) | {(server - main) * 1e3:.2f} |",
-        f"| offline through the engine, batches of 32 (translate-file's path) | {engine * 1e3:.2f} |",
+        f"| translate-file, batches of 32, {workers} workers of {threads} thread(s) (its defaults) | "
+        f"{engine * 1e3:.2f} |",
         f"| server / offline | {server / engine:.2f} |",
     ]
     if args.base:
