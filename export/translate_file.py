@@ -2,9 +2,10 @@
 
 No server and no torch: numpy and ONNX Runtime through export.runtime. One sentence per line,
 translated in batches of similar source length (``--workers`` of them at once, sharing the model) and
-written in the input order; empty lines stay empty and are not translated. ``--stats`` prints one JSON line on stderr: the sentences translated,
-their output tokens (each output's tokens plus its eos, as the benchmarks count them), the seconds
-spent translating (loading the model and reading stdin excluded) and tokens per second.
+written in the input order; empty lines stay empty and are not translated. ``--stats`` prints one JSON
+line on stderr: the sentences translated, their output tokens (each output's tokens plus its eos, as the
+benchmarks count them), the seconds spent translating (loading the model and reading stdin excluded) and
+tokens per second.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ class Lane:
     name: str  # by its source-token bounds, e.g. "1-64"
     model: str  # the name of the engine whose work it runs
     niceness: int  # added to the thread's OS niceness (Linux), for it and its ONNX Runtime threads
+    size_class: int = 0  # which of the model's source-token bounds it takes (its replicas share it)
     waiting: collections.deque[Segment] = field(default_factory=collections.deque)
     running: dict[Segment, None] = field(default_factory=dict)  # segments in the batch, in join order
     engine: Engine | None = None
@@ -60,14 +61,23 @@ class Lane:
             self.ready.set()
 
 
-def model_lanes(engines: Mapping[str, Engine], bounds: Sequence[int], niceness: int) -> dict[str, list[Lane]]:
-    """Each model's lanes, shortest first, numbered across models; a model's first lane runs on its engine,
-    and each further lane's thread is ``niceness`` lower in priority than the one before."""
+def model_lanes(
+    engines: Mapping[str, Engine], bounds: Sequence[int], niceness: int, first_replicas: int = 1
+) -> dict[str, list[Lane]]:
+    """Each model's lanes, shortest first, numbered across models. The first size has ``first_replicas``
+    lanes (named "1-64/0", "1-64/1"… when more than one), all on the model's engine: its sessions serve
+    concurrent batches, each with its own caches. Each further size has one lane that loads its own
+    sessions, at ``niceness`` lower priority than the size before."""
     lanes: dict[str, list[Lane]] = {}
     index = itertools.count()
     for model, engine in engines.items():
-        lanes[model] = [Lane(next(index), name, model, niceness * i) for i, name in enumerate(lane_names(bounds))]
-        lanes[model][0].engine = engine
+        lanes[model] = []
+        for size, name in enumerate(lane_names(bounds)):
+            replicas = first_replicas if size == 0 else 1
+            for r in range(replicas):
+                lane = Lane(next(index), name if replicas == 1 else f"{name}/{r}", model, niceness * size, size)
+                lane.engine = engine if size == 0 else None
+                lanes[model].append(lane)
     return lanes
 
 

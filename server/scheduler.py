@@ -47,7 +47,8 @@ class Scheduler:
         self.policy = POLICIES[config.scheduler]()
         self.memory = MemoryBudget(config.memory_budget_bytes, self.engines)
         self.bounds = config.lanes if self.policy.splits_lanes else ()
-        self.lanes_of = model_lanes(self.engines, self.bounds, config.lane_niceness)  # shortest first
+        replicas = config.short_lane_replicas if self.policy.splits_lanes else 1
+        self.lanes_of = model_lanes(self.engines, self.bounds, config.lane_niceness, replicas)  # shortest first
         self.lanes = [lane for lanes in self.lanes_of.values() for lane in lanes]
         self.lock = threading.Condition()
         self.accepting = True
@@ -225,9 +226,11 @@ class Scheduler:
 
     def _lane(self, model: str, request_tokens: int) -> int:
         """The index of the model's lane for a request: lanes go by the size of the whole request (the
-        sentences of a long document are long work)."""
-        i = next((i for i, bound in enumerate(self.bounds) if request_tokens <= bound), len(self.bounds))
-        return self.lanes_of[model][i].index
+        sentences of a long document are long work), then to the least loaded of that size's lanes (read
+        without the lock: a choice, not a count)."""
+        size = next((i for i, bound in enumerate(self.bounds) if request_tokens <= bound), len(self.bounds))
+        replicas = [lane for lane in self.lanes_of[model] if lane.size_class == size]
+        return min(replicas, key=lambda lane: len(lane.waiting) + len(lane.running)).index
 
     def _step(self, lane: Lane) -> None:
         """One decoder step of the lane's batch; finished segments are answered at once."""

@@ -137,16 +137,20 @@ def test_the_http_api_serves_both_pairs(two: RunningServer):
 
 
 def test_metrics_carry_the_model(two: RunningServer):
-    translate(two, own_sentences(2), source_language="de")
-    translate(two, own_sentences(2), source_language="en")
+    for language in ("de", "en"):
+        translate(two, own_sentences(2), source_language=language)
+        translate(two, [" ".join(own_sentences(3))], source_language=language)  # over 16 tokens: the 17+ lane
     for name in ("tiny-test", "tiny-de-en"):
         assert two.metric("translate_requests_total", {"method": "Translate", "code": "OK", "model": name}) >= 1
         assert two.metric("translate_input_tokens_total", {"model": name}) > 0
         assert two.metric("translate_decoder_step_duration_seconds_count", {"model": name}) > 0
-        assert two.metric("translate_lane_rows", {"model": name, "lane": "17+"}) is not None
+        deadline = time.monotonic() + 5  # the lane sets its gauge right after the answer goes out
+        while two.metric("translate_lane_rows", {"model": name, "lane": "17+"}) is None:
+            assert time.monotonic() < deadline, "no translate_lane_rows for the lane that decoded"
+            time.sleep(0.01)
         assert two.metric("translate_model_info", {"model": name, "variant": "fp32"}) == 1
     body = urllib.request.urlopen(f"http://127.0.0.1:{two.server.metrics_port}/metrics", timeout=5).read().decode()
-    assert 'translate_lane_rows{lane="1-16",model="tiny-de-en"}' in body
+    assert 'translate_lane_rows{lane="1-16/0",model="tiny-de-en"}' in body  # the first of short_lane_replicas
 
 
 def test_concurrent_traffic_to_both_models_is_answered_by_each(two: RunningServer, tiny_reverse_export: Path):
@@ -178,7 +182,7 @@ def test_each_model_has_its_own_lanes_and_neither_waits_for_the_other():
     """A long decode on one model does not hold up a short request to the other: each model's lanes run on
     their own threads (the fake engines take 2 ms a step)."""
     a, b = fake("a", "en", "de", step_seconds=0.002), fake("b", "de", "en", step_seconds=0.002)
-    config = server_config(Path("unused"), lanes=(16,), max_output_tokens=512)
+    config = server_config(Path("unused"), lanes=(16,), max_output_tokens=512, short_lane_replicas=1)
     scheduler = Scheduler([a, b], config, Metrics())
     assert [(lane.model, lane.name) for lane in scheduler.lanes] == [
         ("a", "1-16"),
@@ -205,7 +209,7 @@ def test_each_model_has_its_own_lanes_and_neither_waits_for_the_other():
 def test_the_models_share_one_memory_budget():
     """What one model holds counts against the other's admissions."""
     a, b = fake("a", "en", "de"), fake("b", "de", "en")
-    config = server_config(Path("unused"), lanes=(), max_output_tokens=512, memory_budget_mib=1)
+    config = server_config(Path("unused"), lanes=(), max_output_tokens=512, memory_budget_mib=1, short_lane_replicas=1)
     scheduler = Scheduler([a, b], config, Metrics())  # not started: the test admits by hand
     lane_a, lane_b = scheduler.lanes
     for lane, engine in ((lane_a, a), (lane_b, b)):

@@ -84,15 +84,17 @@ def test_short_requests_finish_before_a_long_one(scheduled):
 def test_long_and_short_requests_decode_in_separate_lanes(scheduled, long_input: str):
     """Lanes go by request size: a document of short sentences is long work too."""
     name, server = scheduled
-    lanes = {"1-64", "65+"} if name == "continuous" else {"1+"}
+    # Each size's lanes (continuous: the first size's replicas, short_lane_replicas, count together).
+    lanes = {"1-64": ["1-64/0", "1-64/1"], "65+": ["65+"]} if name == "continuous" else {"1+": ["1+"]}
     peak = dict.fromkeys(lanes, 0.0)
     text = LONG_TEXT if long_input == "one sentence" else " ".join(own_sentences(40)[20:])
     done = threading.Event()
 
     def sample() -> None:  # from before the first request: a small model finishes a document in milliseconds
         while not done.is_set():
-            for lane in lanes:
-                peak[lane] = max(peak[lane], server.metric("translate_lane_rows", {"lane": lane}) or 0.0)
+            for size, names in lanes.items():
+                rows = sum(server.metric("translate_lane_rows", {"lane": lane}) or 0.0 for lane in names)
+                peak[size] = max(peak[size], rows)
             time.sleep(0.001)
 
     sampler = threading.Thread(target=sample)
@@ -109,9 +111,10 @@ def test_long_and_short_requests_decode_in_separate_lanes(scheduled, long_input:
         sampler.join()
     assert all(rows > 0 for rows in peak.values()), peak
     deadline = time.monotonic() + 5  # gauges update right after the answers go out
-    while any(server.metric("translate_lane_rows", {"lane": lane}) for lane in lanes) and time.monotonic() < deadline:
+    names = [lane for group in lanes.values() for lane in group]
+    while any(server.metric("translate_lane_rows", {"lane": lane}) for lane in names) and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert all(server.metric("translate_lane_rows", {"lane": lane}) == 0 for lane in lanes)
+    assert all(server.metric("translate_lane_rows", {"lane": lane}) == 0 for lane in names)
 
 
 def test_cache_never_exceeds_the_budget(scheduled):
@@ -140,12 +143,14 @@ def _job(engine, sentences: list[str], beam: int = 1, on_segment=lambda s: None,
     return Job(specs, beam=beam, max_output_tokens=16, on_segment=on_segment, on_done=on_done)
 
 
-@pytest.mark.parametrize("policy", ["static", "continuous"])
-def test_every_request_gets_its_own_answer_once(policy: str):
+@pytest.mark.parametrize(("policy", "replicas"), [("static", 1), ("continuous", 1), ("continuous", 2)])
+def test_every_request_gets_its_own_answer_once(policy: str, replicas: int):
     """The scheduler over a fake engine (each source comes back reversed, one token per step): requests of
     several sizes and beams, arriving while others decode, each get exactly their own outputs, once."""
     engine = FakeEngine(step_seconds=0.001)
-    config = server_config(Path("unused"), scheduler=policy, lanes=(16,), max_batch_size=8, warmup=False)
+    config = server_config(
+        Path("unused"), scheduler=policy, lanes=(16,), max_batch_size=8, warmup=False, short_lane_replicas=replicas
+    )
     scheduler = Scheduler([engine], config, Metrics())
     scheduler.start()
     answers: dict[int, list] = {}
@@ -176,12 +181,28 @@ def test_every_request_gets_its_own_answer_once(policy: str):
     assert scheduler.memory.reserved_bytes == 0 and scheduler.running == 0
     if policy == "continuous":
         assert len(engine.joins) < len(jobs) * 2  # arrivals joined in groups, not one batch per request
+    used = {segment.lane for job in jobs for segment in job.segments}
+    assert len(used) == (1 if policy == "static" else 1 + replicas)  # every lane (static: one) took work
+
+
+def test_a_request_joins_the_least_loaded_replica_of_its_lane():
+    config = server_config(Path("unused"), scheduler="continuous", lanes=(16,), short_lane_replicas=2)
+    engine, scheduler = _unstarted(config)
+    assert [lane.name for lane in scheduler.lanes] == ["1-16/0", "1-16/1", "17+"]
+    assert all(lane.engine is engine for lane in scheduler.lanes[:2])  # the first size shares the sessions
+    short = [_job(engine, ["A dog runs."]) for _ in range(3)]
+    for job in short:
+        scheduler.submit(job)
+    assert [job.segments[0].lane for job in short] == [0, 1, 0]
+    long = _job(engine, [LONG_TEXT])
+    scheduler.submit(long)
+    assert long.segments[0].lane == 2
 
 
 def test_continuous_admission_by_lane():
     """Unit test of admission (no inference threads): requests go to a lane by their whole size, each lane
     admits its own arrivals first come first served, up to max_batch_size per lane."""
-    config = server_config(Path("unused"), scheduler="continuous", lanes=(16,), max_batch_size=4)
+    config = server_config(Path("unused"), scheduler="continuous", lanes=(16,), max_batch_size=4, short_lane_replicas=1)
     engine, scheduler = _unstarted(config)
     short_lane, long_lane = scheduler.lanes
     document = _job(engine, own_sentences(20))  # 20 short sentences, well over 16 tokens in all: the long lane
@@ -205,7 +226,7 @@ def test_continuous_admission_by_lane():
 def test_a_segment_starving_for_room_stops_other_lanes():
     """A long segment that has waited STARVATION_SECONDS for memory that short requests keep taking makes
     every other lane wait until it fits."""
-    config = server_config(Path("unused"), scheduler="continuous", lanes=(16,))
+    config = server_config(Path("unused"), scheduler="continuous", lanes=(16,), short_lane_replicas=1)
     engine, scheduler = _unstarted(config)
     short_lane, long_lane = scheduler.lanes
     document = _job(engine, [" ".join(own_sentences(4))])  # one long sentence
@@ -232,7 +253,9 @@ def test_longer_lanes_run_at_lower_os_priority(tiny_export: Path):
     """The long lane's inference thread and the threads of its ONNX Runtime sessions are niced; the short
     lane's are not, so the kernel runs short work first."""
     server = RunningServer(
-        server_config(tiny_export, scheduler="continuous", lanes=(16,), lane_niceness=7, intra_op_threads=2)
+        server_config(
+            tiny_export, scheduler="continuous", lanes=(16,), lane_niceness=7, intra_op_threads=2, short_lane_replicas=1
+        )
     )
     try:
         short_lane, long_lane = server.server.scheduler.lanes
@@ -261,7 +284,7 @@ def test_longer_lanes_run_at_lower_os_priority(tiny_export: Path):
 def test_a_busy_lane_takes_arrivals_in_batches():
     """Arrivals join at once while waiting costs less than the join would cost the running rows; a lone
     arrival to a busy lane waits until its wait reaches rows × the measured join duration."""
-    config = server_config(Path("unused"), scheduler="continuous", lanes=(64,))
+    config = server_config(Path("unused"), scheduler="continuous", lanes=(64,), short_lane_replicas=1)
     engine, scheduler = _unstarted(config)
     lane = scheduler.lanes[0]
     lane.engine, lane.batch = engine, engine.new_batch()
@@ -290,3 +313,19 @@ def test_scheduler_and_service_import_no_inference_runtime():
     code = "import sys, server.scheduler, server.service; print(sorted({'onnxruntime', 'torch'} & set(sys.modules)))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_replicas_sharing_the_models_sessions_translate_as_one_lane_does(tiny_export: Path):
+    sentences = own_sentences(12)
+    server = RunningServer(
+        server_config(tiny_export, short_lane_replicas=2, intra_op_threads=1, max_repeats=0, max_output_tokens=24)
+    )
+    try:
+        with ThreadPoolExecutor(12) as pool:
+            results = list(pool.map(lambda s: server.translate([s]).translations[0].text, sentences))
+        first, second = server.server.scheduler.lanes[:2]
+        assert first.engine is second.engine
+    finally:
+        server.close()
+    reference = OrtModel(tiny_export, RuntimeOptions(provider="cpu")).translate(sentences, max_output_tokens=24)
+    assert results == reference
