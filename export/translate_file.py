@@ -69,8 +69,8 @@ def parse_args(argv: Sequence[str] | None) -> FileTranslation:
 
 def parallelism(workers: int, threads: int, provider: str, cores: int) -> tuple[int, int]:
     """(workers, intra-op threads per worker). On CPU, a core per worker with one thread each unless told
-    otherwise: batches decoded side by side on one thread each beat one batch on every core, 1.31-1.45x
-    in tokens/s at batch 32 (fp32 and int8, greedy and beam 4; 2-core x86-64, benchmarks in the README);
+    otherwise: batches decoded side by side on one thread each beat one batch on every core, 1.33-1.54x
+    in tokens/s at batch 32 (fp32 and int8, greedy and beam 4; 2-core x86-64, benchmarks/workers.md);
     a thread per op of a small batch spends much of its time waiting for the other. On CUDA one worker:
     the device is shared."""
     if provider == "cuda":
