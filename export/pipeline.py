@@ -29,7 +29,7 @@ from export.graphs import ENCODER_AXES, ENCODER_INPUTS, ENCODER_OUTPUTS, export_
 from export.manifest import sha256, write_manifest
 from export.optimize import optimize, quantize_int8
 from export.parity import FP32_TOLERANCE, check_graphs
-from export.runtime import NO_FUSIONS, OrtModel, RuntimeOptions
+from export.runtime import NO_FUSIONS, PROVIDERS, OrtModel, RuntimeOptions, resolve_provider
 from model.checkpoint import (
     DEFAULT_CHECKPOINT,
     WEIGHTS_FILE,
@@ -117,8 +117,13 @@ class Variant:
         return {"encoder": f"encoder{suffix}.onnx", "decoder": f"decoder{suffix}.onnx"}
 
     @property
+    def device(self) -> str:
+        """Where it is checked and measured: "cuda" or "cpu"."""
+        return resolve_provider("auto" if self.on_cuda else "cpu")
+
+    @property
     def provider(self) -> str:
-        return "CUDAExecutionProvider" if self.on_cuda and _cuda() else "CPUExecutionProvider"
+        return PROVIDERS[self.device]
 
 
 VARIANTS = {
@@ -130,10 +135,6 @@ VARIANTS = {
 
 def chosen(cfg: ExportConfig) -> list[Variant]:
     return [VARIANTS["fp32"]] + [VARIANTS[name] for name in ("int8", "fp16") if getattr(cfg, name)]
-
-
-def _cuda() -> bool:
-    return "CUDAExecutionProvider" in ort.get_available_providers()
 
 
 def load_sessions(folder: Path, variant: str, provider: str = "CPUExecutionProvider") -> tuple:
@@ -190,14 +191,10 @@ def export(cfg: ExportConfig) -> Path:
         manifest = describe(cfg, model, folder, files, aligner, tokenizer_files, tokenizer.special_ids)
         write_manifest(folder, manifest)  # hashes first, so the quality pass loads a verified folder
         for variant in variants:
-            runtime = OrtModel(folder, RuntimeOptions(variant=variant.name, provider=_provider_option(variant)))
+            runtime = OrtModel(folder, RuntimeOptions(variant=variant.name, provider=variant.device))
             files[variant.name]["quality"] = evaluate(runtime, cfg, check)
         write_manifest(folder, manifest)
     return cfg.out
-
-
-def _provider_option(variant: Variant) -> str:
-    return "cuda" if variant.provider == "CUDAExecutionProvider" else "cpu"
 
 
 @contextlib.contextmanager

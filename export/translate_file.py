@@ -17,7 +17,6 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 from export.manifest import ModelFolderError, Provider, Variant
@@ -108,8 +107,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     start = time.perf_counter()
     texts = [lines[i] for i in todo]
-    translate = partial(translate_in_batches, model.tokenizer, texts, translate_ids, args.batch_size, workers)
-    translations = translate() if texts else []
+    translations = (
+        translate_in_batches(model.tokenizer, texts, translate_ids, args.batch_size, workers) if texts else []
+    )
     seconds, output_tokens = time.perf_counter() - start, sum(counted)
     outputs = [""] * len(lines)
     for i, translation in zip(todo, translations, strict=True):

@@ -119,6 +119,13 @@ def _optional(kind: Any) -> Any:
     return None
 
 
+def _default(field: dataclasses.Field) -> Any:
+    """A field's default value (made by its factory), or MISSING."""
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return field.default
+
+
 def _flags(cls: type, owner: tuple[str, ...] = (), defaults: Any = None) -> list[_Flag]:
     hints = typing.get_type_hints(cls)
     flags = []
@@ -126,14 +133,7 @@ def _flags(cls: type, owner: tuple[str, ...] = (), defaults: Any = None) -> list
         if not field.metadata.get("flag", True):
             continue
         kind = hints[field.name]
-        if field.default is not dataclasses.MISSING:
-            default = field.default
-        elif field.default_factory is not dataclasses.MISSING:
-            default = field.default_factory()
-        else:
-            default = dataclasses.MISSING
-        if defaults is not None:
-            default = getattr(defaults, field.name)
+        default = _default(field) if defaults is None else getattr(defaults, field.name)
         if dataclasses.is_dataclass(kind):
             flags.extend(_flags(kind, (*owner, field.name), default))
             continue
@@ -204,7 +204,7 @@ def parse(
         values.setdefault(flag.owner, {})[flag.name] = value
     if complete:
         try:
-            config = _build(cls, (), values)
+            config = _build(cls, values)
             if not problems:
                 return config
         except ValueError as error:
@@ -213,13 +213,16 @@ def parse(
     raise AssertionError("parser.error exits")
 
 
-def _build(cls: type[T], owner: tuple[str, ...], values: dict[tuple[str, ...], dict[str, Any]]) -> T:
+def _build(
+    cls: type[T], values: dict[tuple[str, ...], dict[str, Any]], owner: tuple[str, ...] = (), base: Any = None
+) -> T:
+    """``cls`` (or ``base`` with changes) from the parsed values at ``owner``, nested configs built from theirs
+    over their defaults."""
     hints = typing.get_type_hints(cls)
-    kwargs = dict(values.get(owner, {}))
+    changes = dict(values.get(owner, {}))
     for field in dataclasses.fields(cls):
         kind = hints[field.name]
-        if dataclasses.is_dataclass(kind) and field.metadata.get("flag", True):
-            default = field.default_factory() if field.default_factory is not dataclasses.MISSING else kind()
-            nested = values.get((*owner, field.name), {})
-            kwargs[field.name] = dataclasses.replace(default, **nested)
-    return cls(**kwargs)
+        if field.metadata.get("flag", True) and dataclasses.is_dataclass(kind):
+            inner = _default(field) if base is None else getattr(base, field.name)
+            changes[field.name] = _build(kind, values, (*owner, field.name), inner)
+    return cls(**changes) if base is None else dataclasses.replace(base, **changes)

@@ -102,7 +102,7 @@ class Scheduler:
             waiting = self.waiting
             if waiting + len(segments) > self.config.max_queue_size:
                 self.metrics.rejected.labels("queue_full").inc()
-                backlog = self.throughput.seconds_for(sum(s.source_tokens for s in self._queued()))
+                backlog = self.throughput.seconds_for(sum(s.source_tokens for lane in self.lanes for s in lane.waiting))
                 raise Overloaded(
                     f"the queue is full ({waiting} of {self.config.max_queue_size} sentences waiting); "
                     f"retry in about {backlog:.1f} s",
@@ -112,9 +112,6 @@ class Scheduler:
             self.lanes[lane].waiting.extend(segments)
             self.metrics.queue_depth.set(waiting + len(segments))
             self.lock.notify_all()
-
-    def _queued(self):
-        return itertools.chain.from_iterable(lane.waiting for lane in self.lanes)
 
     def cancel(self, job: Job) -> None:
         """The caller went away: the job's segments leave the queue or batch at the next step."""
