@@ -11,6 +11,8 @@ from model.search import (
     KVCache,
     SourceCache,
     default_max_output,
+    gap_filling_order,
+    in_place_order,
     new_search,
     pad_sources,
     row_groups,
@@ -65,6 +67,38 @@ def test_removed_source_frees_its_rows(tiny_model: Transformer):
     assert removed_rows == 2 and batch.rows == rows_before - removed_rows
     assert list(batch.searches) == [1]
     assert batch.cache.rows == batch.rows == len(batch.cache.views()[0])
+
+
+def test_a_leaving_source_takes_one_source_from_the_end_into_its_place(tiny_model: Transformer, monkeypatch):
+    c = tiny_model.config
+    translator = TorchTranslator(tiny_model, tokenizer=None, max_output_tokens=12)
+    batch = DecodeBatch(translator._step, c.n_decoder_layers, c.n_heads, c.d_head, c.decoder_start_id)
+    moves = []
+    move = KVCache._move
+    monkeypatch.setattr(
+        KVCache, "_move", lambda self, o, t, n: moves.append((o.tolist(), t.tolist())) or move(self, o, t, n)
+    )
+    with torch.inference_mode():
+        batch.add([0, 1, 2, 3], [new_search(2, 12, c.eos_id) for _ in range(4)], *encode(tiny_model, SOURCES[:4]))
+        batch.step()  # each source's one row becomes two
+        assert batch.rows == 8
+        moves.clear()
+        tokens = batch.tokens.copy()
+        batch.remove(1)
+    assert list(batch.searches) == [0, 3, 2]  # the last source took the place of the one that left
+    assert moves == [([6, 7], [2, 3])]  # its two rows alone moved: source 2's stayed where they were
+    assert batch.tokens.tolist() == [*tokens[:2], *tokens[6:], *tokens[4:6]]
+    assert batch.sources.lengths[:3].tolist() == [4, 5, 2]  # SOURCES[0], [3] and [2] with eos, in that order
+
+
+def test_new_orders_keep_what_can_stay_in_place():
+    assert gap_filling_order([0, 1, 2]) == [0, 1, 2]  # nobody left
+    assert gap_filling_order([0, 2, 3]) == [0, 2, 1]  # 1 left: 3 takes its place, 2 stays
+    assert gap_filling_order([2, 5, 7]) == [1, 2, 0]  # 0, 1: 5 and 7 fill them, 2 stays
+    # Beam search: each origin's first child stays on the origin's row, the rest fill the rows left.
+    assert in_place_order([0, 0, 1, 2]) == [0, 2, 3, 1]
+    assert in_place_order([3, 3, 3]) == [0, 1, 2]  # origin 3 has no row among three: rank order
+    assert in_place_order([2, 0]) == [1, 0]
 
 
 def _write_step(cache: KVCache, value: float) -> None:
@@ -125,6 +159,9 @@ def test_sources_join_and_leave_in_place_and_resize_only_when_out_of_room():
     assert cache.mask[2].tolist() == [True, True, False, False]
     keys, mask = cache.step_inputs()
     assert keys[0].shape == (3, 1, 4, 2) and keys[0].flags.c_contiguous and mask.shape == (3, 4)
+    cache.keep(np.array([2, 0, 1]))  # any order: only the slots that change are copied
+    assert cache.k[0, :3, 0, 0, 0].tolist() == [11.0, 2.0, 3.0] and cache.lengths[:3].tolist() == [2, 3, 3]
+    cache.keep(np.array([1, 2, 0]))
     cache.add(*sources(4, 6, 20.0))  # longer than S: a new buffer, the live sources copied (zero-padded)
     assert cache.k is not buffer and cache.capacity == (8, 8) and cache.count == 7
     assert cache.k[0, 2, 0, :, 0].tolist() == [11.0, 11.0, 0, 0, 0, 0, 0, 0]
