@@ -18,6 +18,7 @@ compute type per run (--ct2-compute-type; by default its faster one on each mode
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
 import json
 import os
 import platform
@@ -96,6 +97,12 @@ def base_sized_marian(folder: Path, spm: Path) -> Path:
     return folder
 
 
+def export_code_digest() -> str:
+    """One digest of the code that writes our exported folders."""
+    files = sorted(Path(__file__).parent.glob("*.py"))
+    return hashlib.sha256(b"".join(path.read_bytes() for path in files)).hexdigest()
+
+
 def prepare(args, work: Path) -> tuple[Path, Path, Callable[[int], int], Callable[[str], int]]:
     """(our exported folder with fp32 and int8, CT2's converted folder, our id -> CT2 piece, CT2 piece -> our id)."""
     import ctranslate2
@@ -113,11 +120,15 @@ def prepare(args, work: Path) -> tuple[Path, Path, Callable[[int], int], Callabl
             import_marian(marian, checkpoint)
     else:
         checkpoint, marian = args.checkpoint, work / "marian"
-    # What the work folder was made from: a checkpoint whose weights changed since makes everything again.
+    # What the work folder was made from: a checkpoint whose weights changed since makes everything again,
+    # and so does a change to the code that writes our graphs (export/*.py), which remakes our folder.
     weights, stamp = sha256(checkpoint / WEIGHTS_FILE), work / "checkpoint.sha256"
     if not stamp.exists() or stamp.read_text() != weights:
         for folder in (ours, converted) if args.base_sized else (ours, converted, marian):
             shutil.rmtree(folder, ignore_errors=True)
+    code, code_stamp = export_code_digest(), work / "export-code.sha256"
+    if not code_stamp.exists() or code_stamp.read_text() != code:
+        shutil.rmtree(ours, ignore_errors=True)
     if (
         not args.base_sized
         and not (marian / "config.json").exists()
@@ -131,6 +142,7 @@ def prepare(args, work: Path) -> tuple[Path, Path, Callable[[int], int], Callabl
     if not (converted / "model.bin").exists():
         ctranslate2.converters.TransformersConverter(str(marian)).convert(str(converted), force=True)
     stamp.write_text(weights)
+    code_stamp.write_text(code)
     vocab = json.loads((marian / "vocab.json").read_text())
     piece = {i: p for p, i in vocab.items()}
     if args.base_sized:  # imported: our ids are the Marian ids

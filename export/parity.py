@@ -175,7 +175,11 @@ def check_graphs(
         ref_k, ref_v = model.cross_kv(ref_memory)
         real = torch.from_numpy(mask)
         encoder_diff = max(encoder_diff, _max_diff(memory[mask], ref_memory[real]))
-        encoder_diff = max(encoder_diff, _max_diff(cross_k, ref_k), _max_diff(cross_v, ref_v))
+        # At real tokens: the encoder leaves another token's keys/values in padding, which is masked.
+        for ours, ref in ((cross_k, ref_k), (cross_v, ref_v)):
+            encoder_diff = max(
+                encoder_diff, _max_diff(ours.transpose(0, 1, 3, 2, 4)[:, mask], ref.transpose(2, 3)[:, real])
+            )
         # A decoder step over real encoder outputs: one row per source, the first step.
         step = example_inputs(model, len(sources), len(sources), 0, src.shape[1])
         step.update(cross_k=ref_k, cross_v=ref_v, src_mask=real, source_index=torch.arange(len(sources)))

@@ -261,3 +261,30 @@ def test_a_checkpoints_length_penalty_reaches_the_engine(tiny_checkpoint: Path, 
     monkeypatch.setattr(runtime_module, "new_search", lambda *a: alphas.append(a[3]) or new_search(*a))
     assert runtime.translate_ids(ids, 3, max_output_tokens=20) == tuned
     assert set(alphas) == {2.0}
+
+
+def test_the_encoder_multiplies_real_tokens_only(tiny_checkpoint: Path):
+    """Padding removed: every matrix product runs over the batch's real tokens, and each source's outputs
+    at its real tokens are what it gets encoded alone."""
+    import onnx
+
+    from export.encoder import build_encoder
+
+    model, _ = load_checkpoint(tiny_checkpoint)
+    graph = build_encoder(model)
+    products = [node.output[0] for node in graph.graph.node if node.op_type == "MatMul"]
+    graph.graph.output.extend(
+        onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None) for name in products
+    )
+    session = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
+    c = model.config
+    sources = [[5, 6, 7], list(range(5, 45)), [8]]
+    src, mask = pad_sources(sources, c.pad_id, c.eos_id)
+    memory, cross_k, _, *outputs = session.run(None, {"src_tokens": src, "src_mask": mask})
+    assert src.size == 3 * 41 and {output.shape[0] for output in outputs} == {int(mask.sum())} == {4 + 41 + 2}
+    for row, source in enumerate(sources):
+        alone, alone_mask = pad_sources([source], c.pad_id, c.eos_id)
+        memory_alone, k_alone, _, *_ = session.run(None, {"src_tokens": alone, "src_mask": alone_mask})
+        real = int(alone_mask.sum())
+        np.testing.assert_allclose(memory[row, :real], memory_alone[0], atol=1e-5)
+        np.testing.assert_allclose(cross_k[:, row, :, :real], k_alone[:, 0], atol=1e-5)
