@@ -79,6 +79,13 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--base", type=Path, help="another checkout whose server is measured alongside")
+    parser.add_argument(
+        "--server-flag",
+        action="append",
+        default=[],
+        help="a flag for this checkout's server only (repeat; e.g. --server-flag=--intra-op-threads=1 with "
+        "--base . to measure a setting against the defaults)",
+    )
     args = parser.parse_args(argv)
     source = args.data / "test_2016_flickr.en.gz"
     tokenizer = spm.SentencePieceProcessor(model_file=str(args.model / "sentencepiece.model"))
@@ -95,7 +102,7 @@ def main(argv=None) -> None:
     )  # what translate-file runs by default
     model = OrtModel(args.model.resolve(), options)
     flags = ("--variant", args.variant, "--max-repeats", "0")
-    servers = {"server": start_subprocess_server(args.model.resolve(), *flags)[:2]}
+    servers = {"server": start_subprocess_server(args.model.resolve(), *flags, *args.server_flag)[:2]}
     if args.base:
         servers["base"] = start_subprocess_server(args.model.resolve(), *flags, cwd=args.base)[:2]
     results: dict[str, list] = {kind: [] for kind in [*servers, "offline"]}

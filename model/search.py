@@ -345,8 +345,9 @@ class Search(Protocol):
     def advance(
         self, top_log_probs: np.ndarray, top_ids: np.ndarray, eos_log_probs: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """This step's best candidates of its live rows, (rows, top_k) each, best first, and each row's
-        eos log-probability (rows,) -> (origin of each next row, its token); none when done."""
+        """This step's best candidates of its live rows, (rows, top_k) each, best first (equal ones lower
+        token first, as ONNX TopK returns them), and each row's eos log-probability (rows,) -> (origin of
+        each next row, its token); none when done."""
 
     def result(self) -> Hypothesis: ...
 
@@ -434,38 +435,39 @@ class BeamSearch:
     def advance(
         self, top_log_probs: np.ndarray, top_ids: np.ndarray, eos_log_probs: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        rows = len(self.scores)
-        at_limit = self.history.shape[1] + 1 >= self.max_length
+        rows, length = len(self.scores), self.history.shape[1] + 1
+        at_limit = length >= self.max_length
         if at_limit:  # the only way on is to end
-            values = self.scores + eos_log_probs.astype(np.float64).reshape(rows)
-            origins_of, tokens_of = np.arange(rows), np.full(rows, self.eos_id)
+            k, candidates = 1, np.full(rows, self.eos_id)
+            values = self.scores + eos_log_probs.reshape(rows)
         else:
             k = min(self.top_k, top_ids.shape[1])
-            values = (self.scores[:, None] + top_log_probs[:, :k].astype(np.float64)).reshape(-1)
-            origins_of, tokens_of = np.repeat(np.arange(rows), k), top_ids[:, :k].reshape(-1)
-        ranked = np.lexsort((tokens_of, origins_of, -values))[: 2 * self.beam]
+            candidates = top_ids[:, :k].reshape(-1)
+            values = (self.scores[:, None] + top_log_probs[:, :k]).reshape(-1)  # float64, as the scores
+        # Best first, ties to the lower row, then the lower token: each row's candidates come best first with
+        # ties to the lower token (ONNX TopK's order), so a stable sort of the rows in order keeps both.
+        ranked = np.argsort(-values, kind="stable")[: 2 * self.beam]
+        ranked_candidates = zip(
+            (ranked // k).tolist(), candidates[ranked].tolist(), values[ranked].tolist(), strict=True
+        )
         # Each row's last REPEAT_NGRAM tokens, once per step: the guard's cheap test reads plain lists.
         tails = self.history[:, -REPEAT_NGRAM:].tolist() if self.max_repeats is not None else None
         origins, tokens, scores = [], [], []
-        for rank, index in enumerate(ranked):
-            origin, token = int(origins_of[index]), int(tokens_of[index])
+        for rank, (origin, token, value) in enumerate(ranked_candidates):
             if token == self.eos_id:
                 if rank < self.beam:
-                    length = self.history.shape[1] + 1
-                    value = float(values[index])
                     stopped = "length" if at_limit else "eos"
                     hypothesis = Hypothesis(self.history[origin].tolist(), value / length, stopped)
                     self.finished.append((length_normalized(value, length, self.alpha), hypothesis))
             elif tails is not None and token in tails[origin] and (kept := self._runaway(origin, token)) is not None:
                 # It ends here, cut back to the repeated n-gram's first occurrence; at any rank, so that a
                 # step whose candidates all run away still leaves a hypothesis.
-                length, value = self.history.shape[1] + 1, float(values[index])
                 hypothesis = Hypothesis(kept, value / length, "repetition")
                 self.finished.append((length_normalized(value, length, self.alpha), hypothesis))
             elif len(origins) < self.beam:
                 origins.append(origin)
                 tokens.append(token)
-                scores.append(values[index])
+                scores.append(value)
             if len(self.finished) >= self.beam or (len(origins) == self.beam and rank >= self.beam - 1):
                 break
         if len(self.finished) >= self.beam or at_limit or not origins:
