@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import os
 import platform
 import statistics
@@ -44,18 +45,32 @@ def cpu_seconds(pid: int, thread: int | None = None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def threads_cpu(pid: int) -> collections.Counter:
+    """CPU seconds of the process's threads by OS name (lanes name theirs, and the ONNX Runtime threads they
+    start inherit it; gRPC's core names its own); the main thread as "main" (the event loop)."""
+    by_name: collections.Counter = collections.Counter()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = "main" if int(task.name) == pid else (task / "comm").read_text().strip()
+            by_name[name] += cpu_seconds(pid, int(task.name))
+        except (FileNotFoundError, ProcessLookupError):  # a thread that ended meanwhile
+            continue
+    return by_name
+
+
 def served(port: int, pid: int, source: Path, tokenizer, sentences: int, clients: int, seed: int) -> dict:
     """The server's CPU seconds per sentence, requests per second and p99 latency under the closed loop."""
     args = loadtest.parse_args(
         ["--target", f"127.0.0.1:{port}", "--metrics", "", "--requests", str(sentences), "--duration", "600"]
     )
-    before, main_before = cpu_seconds(pid), cpu_seconds(pid, pid)
+    before, main_before, threads_before = cpu_seconds(pid), cpu_seconds(pid, pid), threads_cpu(pid)
     run = asyncio.run(loadtest.drive(args, loadtest.Profile(f"file:{source}", tokenizer, seed), clients, 0.0))
     ok = [r for r in run.results if r.code == "OK"]
     assert len(ok) == sentences, f"{sentences - len(ok)} requests failed"
     return {
         "cpu": (cpu_seconds(pid) - before) / len(ok),
         "main": (cpu_seconds(pid, pid) - main_before) / len(ok),  # the event loop's thread
+        **{f"thread {name}": seconds / len(ok) for name, seconds in (threads_cpu(pid) - threads_before).items()},
         "rps": len(ok) / run.seconds,
         "p99": loadtest_report.percentile([r.latency for r in ok], 0.99),
     }
@@ -120,7 +135,7 @@ def main(argv=None) -> None:
         for process, _ in servers.values():
             process.terminate()
             process.wait(30)
-    median = {k: {m: statistics.median(r[m] for r in runs) for m in runs[0]} for k, runs in results.items()}
+    median = {k: {m: statistics.median(r.get(m, 0.0) for r in runs) for m in runs[0]} for k, runs in results.items()}
     server, engine, main = median["server"]["cpu"], median["offline"]["cpu"], median["server"]["main"]
     lines = [
         f"command: python {' '.join(sys.argv)}",
@@ -132,6 +147,11 @@ def main(argv=None) -> None:
         f"| server, {args.clients} closed-loop gRPC clients, 1 sentence per request | {server * 1e3:.2f} |",
         f"| of which the main thread (asyncio: gRPC, tokenizing, detokenizing) | {main * 1e3:.2f} |",
         f"| of which the other threads (inference, ONNX Runtime, gRPC's core) | {(server - main) * 1e3:.2f} |",
+        *(
+            f"| threads named {name.removeprefix('thread ')!r} | {seconds * 1e3:.2f} |"
+            for name, seconds in sorted(median["server"].items(), key=lambda item: -item[1])
+            if name.startswith("thread ") and name != "thread main" and seconds * 1e3 >= 0.01
+        ),
         f"| translate-file, batches of 32, {workers} workers of {threads} thread(s) (its defaults) | "
         f"{engine * 1e3:.2f} |",
         f"| server / offline | {server / engine:.2f} |",

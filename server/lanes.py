@@ -4,6 +4,8 @@ and the OS priority of that thread (the scheduler's policies decide what joins a
 from __future__ import annotations
 
 import collections
+import contextlib
+import ctypes
 import itertools
 import logging
 import os
@@ -43,11 +45,14 @@ class Lane:
         self.join_seconds = (1 - JOIN_WEIGHT) * self.join_seconds + JOIN_WEIGHT * seconds
 
     def open(self, replica: Callable[[], Engine], warmup: bool) -> None:
-        """On the lane's own thread: lower its priority, then load the lane's engine (a replica of the model's,
-        unless it has one), so that ONNX Runtime's threads inherit the priority, and start an empty batch.
+        """On the lane's own thread: name it for the OS (``top -H`` and /proc show it; threads it starts,
+        such as ONNX Runtime's, inherit the name), lower its priority, then load the lane's engine (a replica
+        of the model's, unless it has one), so that ONNX Runtime's threads inherit the priority, and start an
+        empty batch.
         (The first lane runs on the server's engine, which on CPU steps small batches on fewer threads.)
         ``ready`` is set in any case; ``error`` says why the lane could not start."""
         try:
+            name_thread(f"lane{self.index} {self.name}")
             lower_thread_priority(self.niceness)
             if self.engine is None:
                 self.engine = replica()
@@ -90,6 +95,15 @@ def lane_names(bounds: Sequence[int]) -> list[str]:
 def bucket_index(tokens: int) -> int:
     """The length bucket (server.metrics.LENGTH_BUCKETS) of a source."""
     return next((i for i, high in enumerate(LENGTH_BUCKETS) if tokens <= high), len(LENGTH_BUCKETS))
+
+
+PR_SET_NAME = 15  # Linux prctl: the calling thread's name, 15 bytes at most
+
+
+def name_thread(name: str) -> None:
+    """Give the calling thread an OS name (Linux; elsewhere nothing happens)."""
+    with contextlib.suppress(AttributeError, OSError):
+        ctypes.CDLL(None).prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
 
 
 def lower_thread_priority(niceness: int) -> None:

@@ -3,9 +3,14 @@ sentences and sizes (no ONNX Runtime, no threads)."""
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
 
 from server.budget import INITIAL_TARGET_RATIO, PREDICTION_MARGIN, PREDICTION_SLACK_TOKENS, MemoryBudget
+from server.lanes import Lane
 from server.policies import (
     STARVATION_SECONDS,
     Continuous,
@@ -15,6 +20,7 @@ from server.policies import (
     join_later,
     length_groups,
 )
+from tests.server.fake_engine import FakeEngine
 
 
 class Sizes:
@@ -114,3 +120,20 @@ def test_continuous_joins_a_busy_batch_once_the_wait_pays_and_forgets_a_starving
 def test_length_groups_cut_sorted_sentences_where_the_length_bucket_changes():
     sentences = [Sentence(n) for n in (3, 10, 16, 17, 30, 200)]
     assert [[s.source_tokens for s in g] for g in length_groups(sentences)] == [[3, 10, 16], [17, 30], [200]]
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="thread names are read from /proc (Linux)")
+def test_a_lane_names_its_thread_for_the_os():
+    """top -H and /proc show which lane burns the CPU (benchmarks/service_overhead.py reads them)."""
+    lane = Lane(3, "65+", "m", 0)
+    lane.engine = FakeEngine()
+    names = []
+
+    def run() -> None:
+        lane.open(lambda: lane.engine, warmup=False)
+        names.append(Path(f"/proc/self/task/{threading.get_native_id()}/comm").read_text().strip())
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    assert names == ["lane3 65+"] and lane.batch is not None
