@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared/data/multi30k")
     args = parser.parse_args(argv)
     # export.benchmark's settings: only the decoder's threads spin, small batches on one thread.
-    options = RuntimeOptions(args.variant, "cpu", args.threads, False, decoder_spinning=True, small_batch_threads=1)
+    options = RuntimeOptions(args.variant, "cpu", args.threads, True, small_batch_threads=1)
     models = {"base": OrtModel(args.base, options), "this": OrtModel(args.model, options)}
     texts = read_lines(corpus_path(args.data, "test_2016_flickr", "en"))
     print(f"command: python {' '.join(sys.argv)}")

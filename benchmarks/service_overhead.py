@@ -112,8 +112,7 @@ def main(argv=None) -> None:
         variant=args.variant,
         provider="cpu",
         intra_op_threads=threads,
-        spinning=False,
-        decoder_spinning=True,
+        spinning=True,
         small_batch_threads=SMALL_BATCH_THREADS,
     )  # what translate-file runs by default
     model = OrtModel(args.model.resolve(), options)

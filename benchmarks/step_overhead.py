@@ -35,7 +35,7 @@ def main() -> int:
     parser.add_argument("--sentences", type=int, default=150)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    options = RuntimeOptions(args.variant, "cpu", 2, False, decoder_spinning=True, small_batch_threads=1)
+    options = RuntimeOptions(args.variant, "cpu", 2, True, small_batch_threads=1)
     model = OrtModel(args.model, options)
     c = model.config
     sources = model.tokenizer.encode_source(read_lines(corpus_path(args.data, "test_2016_flickr", "en")))

@@ -63,9 +63,7 @@ def main(argv=None) -> None:
     ]
     for variant in ("fp32", "int8"):
         models = {  # the settings translate-file uses (only the decoder's threads spin; small batches 1 thread)
-            threads: OrtModel(
-                args.model, RuntimeOptions(variant, "cpu", threads, False, decoder_spinning=True, small_batch_threads=1)
-            )
+            threads: OrtModel(args.model, RuntimeOptions(variant, "cpu", threads, True, small_batch_threads=1))
             for threads in {threads for threads, _ in settings.values()}
         }
         for beam in (1, 4):

@@ -166,7 +166,7 @@ def run_benchmark(args) -> int:
     cap = args.cap or (40 if args.base_sized else 256)
     threads = 1 if args.workers > 1 else args.threads
     options = lambda variant: RuntimeOptions(  # noqa: E731
-        variant, "cpu", threads, False, decoder_spinning=True, small_batch_threads=1
+        variant, "cpu", threads, True, small_batch_threads=1
     )
     ours = {variant: OrtModel(ours_dir, options(variant)) for variant in ("fp32", "int8")}
     texts = read_lines(corpus_path(args.data, "test_2016_flickr", "en"))

@@ -89,8 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch_translator = TorchTranslator(model, tokenizer, length_penalty=length_penalty(args.checkpoint))
     # The engine's best CPU settings: only the decoder spins, small batches on one thread (export/runtime.py).
     fp32, int8 = (
-        OrtModel(args.model, RuntimeOptions(v, "cpu", 0, False, decoder_spinning=True, small_batch_threads=1))
-        for v in ("fp32", "int8")
+        OrtModel(args.model, RuntimeOptions(v, "cpu", 0, True, small_batch_threads=1)) for v in ("fp32", "int8")
     )
     variants: dict[str, Translate] = {
         "PyTorch, no cache": lambda s, b: torch_translator.translate_ids(s, b, use_cache=False),

@@ -74,12 +74,13 @@ class RuntimeOptions:
     variant: Variant = "fp32"
     provider: Provider = "auto"
     intra_op_threads: int = 0  # 0: ONNX Runtime's default (one per physical core)
-    spinning: bool = True  # intra-op threads spin between tasks: faster alone, but steals cores from others
-    # The decoder's threads alone may spin (None: as ``spinning``). Between steps only the decoder runs, so
-    # its spinning threads compete with little; a spinning encoder pool steals a core from every decoder
-    # step (int8, batch 32 greedy / beam 4: 1.08 / 1.06x with the decoder's alone, 0.63 / 0.82x with both;
-    # 2-core x86-64, one run, alternating). The server keeps both off: its lanes share the cores.
-    decoder_spinning: bool | None = None
+    # Intra-op threads spin between a run's tasks instead of sleeping, and stop when the run returns
+    # (session.force_spinning_stop), so they never steal a core from the numpy work between decoder steps or
+    # from the other session. Spinning this way in both sessions against the decoder's alone spinning for
+    # good: fp32 batch 32 greedy 1.06x, beam 4 1.04x (2-core x86-64, medians of 7, alternating in one
+    # process); a spinning encoder beside a decoder that never stops spinning was 0.95x. The server keeps it
+    # off: its lanes share the cores, and a spinning run steals from the other lanes' runs.
+    spinning: bool = True
     io_binding: bool | None = None  # None: on for CUDA, off for CPU
     # The self-attention cache on the step's device for the whole decode (DeviceKVCache; implies
     # io_binding). None: on for CUDA; on the CPU provider it runs the same code, for tests.
@@ -281,12 +282,12 @@ class OrtModel:
 
     def _sessions(self, options: RuntimeOptions, threads: int) -> tuple[ort.InferenceSession, ort.InferenceSession]:
         files = self.manifest["variants"][self.variant]
-        decoder_spinning = options.spinning if options.decoder_spinning is None else options.decoder_spinning
         sessions = []
-        for part, spinning in (("encoder", options.spinning), ("decoder", decoder_spinning)):
+        for part in ("encoder", "decoder"):
             session_options = ort.SessionOptions()
             session_options.intra_op_num_threads = threads
-            session_options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+            session_options.add_session_config_entry("session.intra_op.allow_spinning", str(int(options.spinning)))
+            session_options.add_session_config_entry("session.force_spinning_stop", str(int(options.spinning)))
             session_options.inter_op_num_threads = 1
             session_options.enable_cpu_mem_arena = options.memory_arena
             path, providers = str(self.folder / files[part]), [PROVIDERS[self.provider]]

@@ -88,8 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             variant=args.variant,
             provider=provider,
             intra_op_threads=threads,
-            spinning=False,  # spinning cost throughput and latency in benchmarks/threads.md ...
-            decoder_spinning=True,  # ... except the decoder's alone (export/runtime.py)
+            spinning=True,  # during a run only (export/runtime.py)
             small_batch_threads=SMALL_BATCH_THREADS,
         )
         model = OrtModel(args.model, options)

@@ -111,8 +111,10 @@ def test_sources_join_a_running_batch_with_io_binding(tiny_export: Path, beam: i
 def test_spinning_of_intra_op_threads_is_configurable(tiny_export: Path, spinning: bool):
     runtime = OrtModel(tiny_export, RuntimeOptions(provider="cpu", spinning=spinning))
     for session in (runtime.encoder, runtime.decoder):
-        entry = session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
-        assert entry == ("1" if spinning else "0")
+        options = session.get_session_options()
+        assert options.get_session_config_entry("session.intra_op.allow_spinning") == ("1" if spinning else "0")
+        # spinning threads stop when a run returns: they never steal a core between runs
+        assert options.get_session_config_entry("session.force_spinning_stop") == ("1" if spinning else "0")
 
 
 def test_fp16_variant_runs_and_stays_close(tiny_export: Path, provider: str):

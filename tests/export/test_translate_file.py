@@ -25,7 +25,7 @@ def reference(tiny_export: Path) -> OrtModel:
     """The model as translate-file loads it."""
     return OrtModel(
         tiny_export,
-        RuntimeOptions(provider="cpu", spinning=False, decoder_spinning=True, small_batch_threads=SMALL_BATCH_THREADS),
+        RuntimeOptions(provider="cpu", spinning=True, small_batch_threads=SMALL_BATCH_THREADS),
     )
 
 
