@@ -171,13 +171,18 @@ class Translations:
         job = None
         if len(ready) < len(specs):
             loop = asyncio.get_running_loop()
-            finished: asyncio.Queue[Segment | ServiceError | None] = asyncio.Queue()
+            finished: asyncio.Queue[Segment | ServiceError] = asyncio.Queue()
+
+            def on_done(error: ServiceError | None) -> None:  # success: each segment came with its own wake-up
+                if error is not None:
+                    loop.call_soon_threadsafe(finished.put_nowait, error)
+
             job = Job(
                 [spec for i, spec in enumerate(specs) if i not in ready],
                 beam,
                 max_output,
                 on_segment=lambda segment: loop.call_soon_threadsafe(finished.put_nowait, segment),
-                on_done=lambda error: loop.call_soon_threadsafe(finished.put_nowait, error),
+                on_done=on_done,
                 deadline=deadline,
                 model=engine.name,
             )
@@ -195,8 +200,6 @@ class Translations:
                 item = await finished.get()
                 if isinstance(item, ServiceError):
                     raise item
-                if item is None:
-                    continue
                 index = order[id(item.spec)]
                 self._keep(keys[index], item.result)
                 ready[index] = item.result

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import re
+import threading
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -51,6 +52,24 @@ def test_stream_returns_sentences_in_order(running: RunningServer):
     assert [s.last_in_text for s in segments] == [False, False, True, True]
     singles = running.translate([s.source for s in segments]).translations
     assert [s.translation for s in segments] == [t.text for t in singles]
+
+
+def test_an_inference_thread_wakes_the_event_loop_once_per_segment(running: RunningServer, monkeypatch):
+    """Each wake-up of the event loop from an inference thread costs both threads CPU (a self-pipe write and
+    read): a finished segment wakes it once, and a job that ends well needs no extra word."""
+    wakeups = []
+    real = running.loop.call_soon_threadsafe
+
+    def counted(callback, *args, **kwargs):
+        if threading.current_thread().name.startswith("inference-"):
+            wakeups.append(callback)
+        return real(callback, *args, **kwargs)
+
+    monkeypatch.setattr(running.loop, "call_soon_threadsafe", counted)
+    text = "A man is walking on the street. Two dogs are playing in the park! A woman is sitting."
+    response = running.translate([text, "A cat is sleeping."])
+    assert [t.segments for t in response.translations] == [3, 1]
+    assert len(wakeups) == 4
 
 
 @pytest.mark.parametrize(
