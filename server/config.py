@@ -53,7 +53,9 @@ class ServerConfig:
         "sessions; a request joins the least loaded (2 served 1.17-1.24x the requests/s of 1, p99 0.82-0.87x, "
         "32 clients on 2 cores)",
     )
-    intra_op_spinning: bool = setting(False, "let ONNX Runtime's threads spin between tasks (they steal cores)")
+    intra_op_spinning: bool = setting(
+        False, "let ONNX Runtime's threads spin between a run's tasks (they steal cores from the other lanes' runs)"
+    )
     scheduler: Scheduling = setting("continuous", "continuous (sources join and leave a running batch) or static")
     lanes: tuple[int, ...] = setting(
         (64,), "continuous: source-token bounds splitting the running batch into lanes, e.g. 32,128 ('': one lane)"
