@@ -23,7 +23,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from export.runtime import OrtModel, RuntimeOptions  # noqa: E402
+from export.runtime import OrtModel  # noqa: E402
+from export.translate_file import runtime_options  # noqa: E402
 from model.corpus import corpus_path, read_lines  # noqa: E402
 
 CASES = ((32, 1, 1000), (32, 4, 1000), (1, 1, 150))  # (batch, beam, sentences), as export.benchmark's
@@ -47,8 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sentences", type=int, help="at most this many per case")
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared/data/multi30k")
     args = parser.parse_args(argv)
-    # export.benchmark's settings: only the decoder's threads spin, small batches on one thread.
-    options = RuntimeOptions(args.variant, "cpu", args.threads, True, small_batch_threads=1)
+    options = runtime_options(args.variant, threads=args.threads)  # translate-file's, as export.benchmark's
     models = {"base": OrtModel(args.base, options), "this": OrtModel(args.model, options)}
     texts = read_lines(corpus_path(args.data, "test_2016_flickr", "en"))
     print(f"command: python {' '.join(sys.argv)}")

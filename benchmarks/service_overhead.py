@@ -28,8 +28,8 @@ import sentencepiece as spm
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from export.runtime import OrtModel, RuntimeOptions  # noqa: E402
-from export.translate_file import SMALL_BATCH_THREADS, parallelism  # noqa: E402
+from export.runtime import OrtModel  # noqa: E402
+from export.translate_file import parallelism, runtime_options  # noqa: E402
 from model.corpus import read_lines  # noqa: E402
 from model.search import translate_in_batches  # noqa: E402
 from server import loadtest, loadtest_report  # noqa: E402
@@ -108,14 +108,7 @@ def main(argv=None) -> None:
     # The sentences the load generator sends, in order (its file profile cycles through the file).
     texts = read_lines(source)[: args.sentences]
     workers, threads = parallelism(0, 0, "cpu", len(os.sched_getaffinity(0)))
-    options = RuntimeOptions(
-        variant=args.variant,
-        provider="cpu",
-        intra_op_threads=threads,
-        spinning=True,
-        small_batch_threads=SMALL_BATCH_THREADS,
-    )  # what translate-file runs by default
-    model = OrtModel(args.model.resolve(), options)
+    model = OrtModel(args.model.resolve(), runtime_options(args.variant, threads=threads))  # translate-file's default
     flags = ("--variant", args.variant, "--max-repeats", "0")
     servers = {"server": start_subprocess_server(args.model.resolve(), *flags, *args.server_flag)[:2]}
     if args.base:

@@ -1,7 +1,7 @@
 """Time per decoder step outside ONNX Runtime's run, batch 1 greedy:
 ``python benchmarks/step_overhead.py --model DIR [--variant int8] [--sentences 150] [--repeats 3]``.
 
-Each test_2016_flickr sentence is translated alone (the engine's settings: no spinning, one thread
+Each test_2016_flickr sentence is translated alone (translate-file's settings: one thread
 for small batches); every ``DecodeBatch.step`` is timed whole and so is the ``run_with_iobinding``
 call inside it. What is left is the engine's own per-step work: the search, the cache bookkeeping
 and binding. Prints medians per step over all steps of all repeats (and the mean, which counts the
@@ -22,7 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from export.runtime import OrtModel, RuntimeOptions  # noqa: E402
+from export.runtime import OrtModel  # noqa: E402
+from export.translate_file import runtime_options  # noqa: E402
 from model.corpus import corpus_path, read_lines  # noqa: E402
 from model.search import decode, pad_sources  # noqa: E402
 
@@ -35,7 +36,7 @@ def main() -> int:
     parser.add_argument("--sentences", type=int, default=150)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    options = RuntimeOptions(args.variant, "cpu", 2, True, small_batch_threads=1)
+    options = runtime_options(args.variant, threads=2)
     model = OrtModel(args.model, options)
     c = model.config
     sources = model.tokenizer.encode_source(read_lines(corpus_path(args.data, "test_2016_flickr", "en")))

@@ -19,7 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from export.runtime import OrtModel, RuntimeOptions  # noqa: E402
+from export.runtime import OrtModel  # noqa: E402
+from export.translate_file import runtime_options  # noqa: E402
 from model.corpus import read_lines  # noqa: E402
 from model.search import translate_in_batches  # noqa: E402
 from server.config import DEFAULT_MODEL_DIR  # noqa: E402
@@ -62,8 +63,8 @@ def main(argv=None) -> None:
         "|---" * (len(settings) + 3) + "|",
     ]
     for variant in ("fp32", "int8"):
-        models = {  # the settings translate-file uses (only the decoder's threads spin; small batches 1 thread)
-            threads: OrtModel(args.model, RuntimeOptions(variant, "cpu", threads, True, small_batch_threads=1))
+        models = {  # the settings translate-file uses
+            threads: OrtModel(args.model, runtime_options(variant, threads=threads))
             for threads in {threads for threads, _ in settings.values()}
         }
         for beam in (1, 4):

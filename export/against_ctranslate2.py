@@ -35,6 +35,7 @@ import onnxruntime as ort
 
 from export.manifest import sha256
 from export.runtime import OrtModel, RuntimeOptions
+from export.translate_file import runtime_options
 from model.corpus import corpus_path, read_lines
 from model.search import default_max_output
 
@@ -165,10 +166,7 @@ def run_benchmark(args) -> int:
     ours_dir, converted, to_piece, to_id = prepare(args, work)
     cap = args.cap or (40 if args.base_sized else 256)
     threads = 1 if args.workers > 1 else args.threads
-    options = lambda variant: RuntimeOptions(  # noqa: E731
-        variant, "cpu", threads, True, small_batch_threads=1
-    )
-    ours = {variant: OrtModel(ours_dir, options(variant)) for variant in ("fp32", "int8")}
+    ours = {variant: OrtModel(ours_dir, runtime_options(variant, threads=threads)) for variant in ("fp32", "int8")}
     texts = read_lines(corpus_path(args.data, "test_2016_flickr", "en"))
     tokenizer = ours["fp32"].tokenizer
 

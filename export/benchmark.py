@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from export.runtime import OrtModel, RuntimeOptions
+from export.runtime import OrtModel
+from export.translate_file import runtime_options
 from model.checkpoint import DEFAULT_CHECKPOINT, length_penalty, load_checkpoint
 from model.corpus import corpus_path, read_lines
 from model.translate import TorchTranslator
@@ -87,10 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     texts = read_lines(corpus_path(args.data, "test_2016_flickr", "en"))[: args.sentences]
     sources = tokenizer.encode_source(texts)
     torch_translator = TorchTranslator(model, tokenizer, length_penalty=length_penalty(args.checkpoint))
-    # The engine's best CPU settings: only the decoder spins, small batches on one thread (export/runtime.py).
-    fp32, int8 = (
-        OrtModel(args.model, RuntimeOptions(v, "cpu", 0, True, small_batch_threads=1)) for v in ("fp32", "int8")
-    )
+    fp32, int8 = (OrtModel(args.model, runtime_options(v)) for v in ("fp32", "int8"))  # translate-file's settings
     variants: dict[str, Translate] = {
         "PyTorch, no cache": lambda s, b: torch_translator.translate_ids(s, b, use_cache=False),
         "PyTorch, KV cache": lambda s, b: torch_translator.translate_ids(s, b),

@@ -30,6 +30,12 @@ from model.search import MAX_REPEATS, translate_in_batches
 SMALL_BATCH_THREADS = 1
 
 
+def runtime_options(variant: Variant = "fp32", provider: str = "cpu", threads: int = 0) -> RuntimeOptions:
+    """translate-file's engine settings, which the benchmarks time as ours: intra-op threads spin during a
+    run only (export/runtime.py), batches under SMALL_BATCH_ROWS rows step on SMALL_BATCH_THREADS."""
+    return RuntimeOptions(variant, provider, threads, spinning=True, small_batch_threads=SMALL_BATCH_THREADS)
+
+
 @dataclass(frozen=True)
 class FileTranslation:
     model: Path = setting(help="exported model folder (python -m export)")
@@ -84,14 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         provider = resolve_provider(args.provider)
         workers, threads = parallelism(args.workers, args.threads, provider, len(os.sched_getaffinity(0)))
-        options = RuntimeOptions(
-            variant=args.variant,
-            provider=provider,
-            intra_op_threads=threads,
-            spinning=True,  # during a run only (export/runtime.py)
-            small_batch_threads=SMALL_BATCH_THREADS,
-        )
-        model = OrtModel(args.model, options)
+        model = OrtModel(args.model, runtime_options(args.variant, provider, threads))
     except (ModelFolderError, ValueError) as e:
         print(f"translate-file: {e}", file=sys.stderr)
         return 2

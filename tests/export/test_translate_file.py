@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from export.runtime import OrtModel, RuntimeOptions
-from export.translate_file import SMALL_BATCH_THREADS, main, parallelism
+from export.runtime import OrtModel
+from export.translate_file import main, parallelism, runtime_options
 from model.search import MAX_REPEATS
 from tests.conftest import ROOT, own_sentences
 
@@ -23,10 +23,7 @@ LIMIT = 12  # output tokens: the tiny model's random weights rarely stop early
 @pytest.fixture(scope="module")
 def reference(tiny_export: Path) -> OrtModel:
     """The model as translate-file loads it."""
-    return OrtModel(
-        tiny_export,
-        RuntimeOptions(provider="cpu", spinning=True, small_batch_threads=SMALL_BATCH_THREADS),
-    )
+    return OrtModel(tiny_export, runtime_options())
 
 
 def translate_file(monkeypatch, capsys, lines: list[str], *flags: str) -> tuple[int, str, str]:
