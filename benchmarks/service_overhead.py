@@ -6,6 +6,14 @@ alternate within each repeat (not a test):
 
     python benchmarks/service_overhead.py --data ../shared/data/multi30k --out benchmarks/service_overhead.md
 
+Two more rows split the gap between them (``--no-split`` leaves them out): the same clients on the serving
+core in this process (``Translations``, the scheduler, its lanes and the engine, as the server builds them,
+but no gRPC, so no access log either: this process's CPU while they run), and the gRPC floor: a server of the same
+proto without a model (benchmarks/grpc_floor.py) that answers each request after the time the real server's
+requests took (clients / its requests per second), so that it serves at the same rate, at the same
+concurrency. What the server costs over the core and the floor together is ours to cut; the core against
+offline is the price of continuous batching (batches of the rows in flight, encoder calls as they arrive).
+
 ``--base DIR`` (another checkout, e.g. ``git worktree add /tmp/base COMMIT``) also serves the same export
 from that checkout's code, in the same alternation, and reports this checkout's server against it: CPU per
 sentence, requests per second and p99 latency (a change's regression check).
@@ -19,6 +27,7 @@ import collections
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,7 +42,11 @@ from export.translate_file import parallelism, runtime_options  # noqa: E402
 from model.corpus import read_lines  # noqa: E402
 from model.search import translate_in_batches  # noqa: E402
 from server import loadtest, loadtest_report  # noqa: E402
-from server.config import DEFAULT_MODEL_DIR  # noqa: E402
+from server.config import DEFAULT_MODEL_DIR, parse_config  # noqa: E402
+from server.engine import Engine  # noqa: E402
+from server.metrics import Metrics  # noqa: E402
+from server.scheduler import Scheduler  # noqa: E402
+from server.translations import Translations  # noqa: E402
 from tests.server.test_lifecycle import start_subprocess_server  # noqa: E402
 
 
@@ -77,6 +90,54 @@ def served(port: int, pid: int, source: Path, tokenizer, sentences: int, clients
     }
 
 
+class Core:
+    """The serving core in this process, built as server.app builds it (same flags), without gRPC."""
+
+    def __init__(self, flags: list[str]) -> None:
+        self.config = parse_config([*flags, "--provider", "cpu", "--cache-mib", "0"], {})
+        threads = self.config.first_lane_small_batch_threads
+        self.engine = Engine(self.config, self.config.model[0], small_batch_threads=threads)
+        self.scheduler = Scheduler([self.engine], self.config, Metrics())
+        self.translations = Translations(self.scheduler, self.config, self.scheduler.metrics)
+        self.scheduler.start()
+
+    def cpu(self, texts: list[str], clients: int) -> float:
+        """This process's CPU seconds per sentence while ``clients`` tasks each translate one text at a time
+        (the texts in order, as the load generator's file profile sends them)."""
+        config, pending = self.config, iter(texts)
+
+        async def client() -> None:
+            for text in pending:
+                translated = await self.translations.translate(
+                    self.engine, [text], config.default_beam_size, config.max_output_tokens, None
+                )
+                assert len(translated) == 1, f"{len(translated)} translations for one text"
+
+        async def drive() -> None:
+            await asyncio.gather(*(client() for _ in range(clients)))
+
+        started = time.process_time()
+        asyncio.run(drive())
+        return (time.process_time() - started) / len(texts)
+
+    def stop(self) -> None:
+        self.scheduler.stop(30)
+
+
+def floor(delay_s: float, source: Path, tokenizer, sentences: int, clients: int) -> dict:
+    """benchmarks/grpc_floor.py under the same load, answering after ``delay_s``."""
+    script = Path(__file__).with_name("grpc_floor.py")
+    process = subprocess.Popen(
+        [sys.executable, str(script), "--delay-s", str(delay_s)], stderr=subprocess.PIPE, text=True
+    )
+    try:
+        port = int(process.stderr.readline().split()[-1])
+        return served(port, process.pid, source, tokenizer, sentences, clients, 0)
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
 def offline(model: OrtModel, texts: list[str], batch: int, workers: int) -> float:
     """CPU seconds per sentence of translate-file's translation (its defaults: batches of 32, ``workers``)."""
     translate_ids = lambda ids: model.translate_ids(ids, 1, 256, None)  # noqa: E731 (--max-repeats 0, as served)
@@ -94,6 +155,9 @@ def main(argv=None) -> None:
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--no-split", dest="split", action="store_false", help="leave out the serving core and gRPC floor rows"
+    )
     parser.add_argument("--base", type=Path, help="another checkout whose server is measured alongside")
     parser.add_argument(
         "--server-flag",
@@ -113,18 +177,30 @@ def main(argv=None) -> None:
     servers = {"server": start_subprocess_server(args.model.resolve(), *flags, *args.server_flag)[:2]}
     if args.base:
         servers["base"] = start_subprocess_server(args.model.resolve(), *flags, cwd=args.base)[:2]
-    results: dict[str, list] = {kind: [] for kind in [*servers, "offline"]}
+    core = Core(["--model", str(args.model.resolve()), *flags, *args.server_flag]) if args.split else None
+    kinds = [*servers, "offline", *(["core", "floor"] if args.split else [])]
+    results: dict[str, list] = {kind: [] for kind in kinds}
     try:
         for repeat in range(args.repeats):
             kinds = list(results)
             for kind in kinds if repeat % 2 == 0 else kinds[::-1]:
                 if kind == "offline":
                     results[kind].append({"cpu": offline(model, texts, 32, workers)})
+                elif kind == "core":
+                    results[kind].append({"cpu": core.cpu(texts, args.clients)})
+                elif kind == "floor":  # as long as the server's requests took, by its last (or first) run
+                    rps = results["server"][-1]["rps"] if results["server"] else None
+                    if rps is None:
+                        process, port = servers["server"]
+                        rps = served(port, process.pid, source, tokenizer, args.sentences, args.clients, 0)["rps"]
+                    results[kind].append(floor(args.clients / rps, source, tokenizer, args.sentences, args.clients))
                 else:
                     process, port = servers[kind]
                     results[kind].append(served(port, process.pid, source, tokenizer, args.sentences, args.clients, 0))
                 print(f"{kind}: {results[kind][-1]}", file=sys.stderr)
     finally:
+        if core is not None:
+            core.stop()
         for process, _ in servers.values():
             process.terminate()
             process.wait(30)
@@ -149,6 +225,15 @@ def main(argv=None) -> None:
         f"{engine * 1e3:.2f} |",
         f"| server / offline | {server / engine:.2f} |",
     ]
+    if args.split:
+        in_core, grpc_floor = median["core"]["cpu"], median["floor"]["cpu"]
+        lines += [
+            f"| serving core in one process, the same {args.clients} clients, no gRPC | {in_core * 1e3:.2f} |",
+            f"| gRPC floor: a model-less server of the same proto, answering after the server's latency "
+            f"({median['floor']['rps']:.0f} requests/s) | {grpc_floor * 1e3:.2f} |",
+            f"| core / offline | {in_core / engine:.2f} |",
+            f"| (core + gRPC floor) / offline | {(in_core + grpc_floor) / engine:.2f} |",
+        ]
     if args.base:
         base = median["base"]
         lines += [

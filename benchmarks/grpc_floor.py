@@ -1,0 +1,48 @@
+"""A translation.v1 server without a model: every Translate is answered with its own texts after a fixed
+delay. Under the same closed-loop clients and delay as the real server, its CPU per request is what serving
+gRPC from Python costs at that rate, with nothing of ours in it (benchmarks/service_overhead.py's floor).
+
+    python benchmarks/grpc_floor.py --delay-s 0.13    # prints "on port N" on stderr once it listens
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+import grpc
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from proto import translate_pb2, translate_pb2_grpc  # noqa: E402
+
+
+class Echo(translate_pb2_grpc.TranslatorServicer):
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+
+    async def Translate(self, request, context):  # noqa: N802 (gRPC's method names)
+        await asyncio.sleep(self.delay_s)
+        translations = [translate_pb2.Translation(text=text, segments=1) for text in request.texts]
+        return translate_pb2.TranslateResponse(translations=translations, model="floor@0")
+
+
+async def serve(delay_s: float) -> None:
+    server = grpc.aio.server()
+    translate_pb2_grpc.add_TranslatorServicer_to_server(Echo(delay_s), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    print(f"on port {port}", file=sys.stderr, flush=True)
+    await server.wait_for_termination()
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--delay-s", type=float, default=0.0, help="how long each Translate takes to answer")
+    asyncio.run(serve(parser.parse_args(argv).delay_s))
+
+
+if __name__ == "__main__":
+    main()
