@@ -95,8 +95,8 @@ class Core:
 
     def __init__(self, flags: list[str]) -> None:
         self.config = parse_config([*flags, "--provider", "cpu", "--cache-mib", "0"], {})
-        threads = self.config.first_lane_small_batch_threads
-        self.engine = Engine(self.config, self.config.model[0], small_batch_threads=threads)
+        threads, small = self.config.first_lane_threads, self.config.first_lane_small_batch_threads
+        self.engine = Engine(self.config, self.config.model[0], intra_op_threads=threads, small_batch_threads=small)
         self.scheduler = Scheduler([self.engine], self.config, Metrics())
         self.translations = Translations(self.scheduler, self.config, self.scheduler.metrics)
         self.scheduler.start()

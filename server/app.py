@@ -125,8 +125,10 @@ def _translator_handlers(servicer: TranslatorService) -> grpc.GenericRpcHandler:
 
 def create_server(config: ServerConfig, metrics: Metrics | None = None) -> Server:
     """Build (not start) the server; port 0 in config picks free ports, read back from the result."""
-    threads = config.first_lane_small_batch_threads
-    models = Models([Engine(config, folder, small_batch_threads=threads) for folder in config.model])
+    threads, small = config.first_lane_threads, config.first_lane_small_batch_threads
+    models = Models(
+        [Engine(config, folder, intra_op_threads=threads, small_batch_threads=small) for folder in config.model]
+    )
     metrics = metrics or Metrics()
     for engine in models:
         metrics.model_info.labels(engine.name).info(

@@ -3,6 +3,7 @@ environment variable (``TRANSLATE_<FIELD>``, a deploy-time override of the defau
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,10 +49,15 @@ class ServerConfig:
         1, "continuous, CPU: the first lane's threads for batches under 16 rows (0: as intra_op_threads)"
     )
     short_lane_replicas: int = setting(
-        2,
+        1,
         "continuous: running batches in the first lane, each on its own inference thread, sharing the model's "
-        "sessions; a request joins the least loaded (2 served 1.17-1.24x the requests/s of 1, p99 0.82-0.87x, "
-        "32 clients on 2 cores)",
+        "sessions; a request joins the least loaded (one batch that encodes apart served as many requests/s "
+        "as two on 2 cores at 0.84-0.87x their CPU per sentence; two cut p99 at 8 clients to 0.90x)",
+    )
+    encode_apart: bool = setting(
+        True,
+        "continuous, CPU: the first lane's replicas encode arrivals on a thread of their own while their batch "
+        "steps, and decode on one thread fewer (its intra-op threads when set)",
     )
     intra_op_spinning: bool = setting(
         False, "let ONNX Runtime's threads spin between a run's tasks (they steal cores from the other lanes' runs)"
@@ -91,6 +97,19 @@ class ServerConfig:
     tls_cert: Path | None = setting(None, "TLS certificate (PEM) for gRPC and HTTPS; reloaded when the file changes")
     tls_key: Path | None = setting(None, "its private key (PEM)")
     tls_client_ca: Path | None = setting(None, "a CA (PEM) client certificates must chain to: mutual TLS")
+
+    @property
+    def encodes_apart(self) -> bool:
+        """Whether the first lane's replicas encode on threads of their own (continuous, CPU)."""
+        return self.encode_apart and self.scheduler == "continuous" and self.provider != "cuda"
+
+    @property
+    def first_lane_threads(self) -> int:
+        """The first lane's intra-op threads: intra_op_threads; when it is 0 (one per core) and the lane encodes
+        apart, each replica's share of the cores less its encoder thread (at least 1)."""
+        if self.intra_op_threads or not self.encodes_apart:
+            return self.intra_op_threads
+        return max(1, len(os.sched_getaffinity(0)) // self.short_lane_replicas - 1)
 
     @property
     def first_lane_small_batch_threads(self) -> int | None:

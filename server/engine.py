@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -26,6 +28,16 @@ STEP_LOGITS_COPIES = 3
 # ... and a few (D) states besides the feed-forward hidden state.
 STEP_STATES = 8
 PAGE = 4096  # bytes: resident memory grows by pages
+
+
+@dataclass(frozen=True)
+class EncodedSources:
+    """Encoder outputs waiting to join a batch (``server.interface.Encoded``)."""
+
+    cross_k: Any
+    cross_v: Any
+    src_mask: np.ndarray
+    seconds: float
 
 
 class RunningBatch:
@@ -53,24 +65,26 @@ class RunningBatch:
         """Cross-attention keys/values held now."""
         return self._batch.cross_nbytes
 
-    def join(
-        self,
-        keys: Sequence[Hashable],
-        sources: Sequence[Sequence[int]],
-        beams: Sequence[int],
-        max_lengths: Sequence[int],
-    ) -> Joined:
-        """Encode sources together and add them, each with its beam size and its longest output (tokens
-        with eos); they decode from the next step on."""
-        engine, start = self._engine, time.perf_counter()
-        c = engine.config
+    def encode(self, sources: Sequence[Sequence[int]]) -> EncodedSources:
+        """The sources' cross-attention keys and values, for ``add`` (ONNX Runtime's sessions take
+        concurrent runs, so this may run on another thread while the batch steps)."""
+        start, c = time.perf_counter(), self._engine.config
         src_tokens, src_mask = pad_sources(sources, c.pad_id, c.eos_id)
-        cross_k, cross_v = engine.model.encode(src_tokens, src_mask)
-        alpha = engine.model.length_penalty
+        cross_k, cross_v = self._engine.model.encode(src_tokens, src_mask)
+        return EncodedSources(cross_k, cross_v, src_mask, time.perf_counter() - start)
+
+    def add(
+        self, keys: Sequence[Hashable], encoded: EncodedSources, beams: Sequence[int], max_lengths: Sequence[int]
+    ) -> Joined:
+        """Add encoded sources, each with its beam size and longest output (tokens with eos); they decode from
+        the next step on."""
+        engine = self._engine
+        alpha, eos = engine.model.length_penalty, engine.config.eos_id
         guard = engine.server_config.max_repeats or None
-        searches = [new_search(beam, n, c.eos_id, alpha, guard) for beam, n in zip(beams, max_lengths, strict=True)]
-        self._batch.add(keys, searches, cross_k, cross_v, src_mask)
-        return Joined(time.perf_counter() - start, src_mask.size, int(src_mask.sum()))
+        searches = [new_search(beam, n, eos, alpha, guard) for beam, n in zip(beams, max_lengths, strict=True)]
+        mask = encoded.src_mask
+        self._batch.add(keys, searches, encoded.cross_k, encoded.cross_v, mask)
+        return Joined(encoded.seconds, mask.size, int(mask.sum()))
 
     def step(self) -> list[tuple[Hashable, Hypothesis]]:
         """One decoder step of every row; the sources it finished, with their hypotheses."""

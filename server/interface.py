@@ -26,6 +26,12 @@ class Joined:
     real_tokens: int
 
 
+class Encoded(Protocol):
+    """Sources an engine encoded, not yet in a batch (the engine's own type; the scheduler only passes it on)."""
+
+    seconds: float  # what the encoder call took
+
+
 class Batch(Protocol):
     rows: int  # hypotheses being decoded (a source has one per beam)
     cache_bytes: int  # self-attention cache held now
@@ -33,14 +39,14 @@ class Batch(Protocol):
 
     def __len__(self) -> int: ...
 
-    def join(
-        self,
-        keys: Sequence[Hashable],
-        sources: Sequence[Sequence[int]],
-        beams: Sequence[int],
-        max_lengths: Sequence[int],
+    def encode(self, sources: Sequence[Sequence[int]]) -> Encoded:
+        """Encode sources together for a later ``add``; safe on another thread while the batch steps."""
+
+    def add(
+        self, keys: Sequence[Hashable], encoded: Encoded, beams: Sequence[int], max_lengths: Sequence[int]
     ) -> Joined:
-        """Encode sources together and add them, each with its beam size and longest output (tokens with eos)."""
+        """Add sources ``encode`` encoded, each with its beam size and longest output (tokens with eos); they
+        decode from the next step on. ``Joined.seconds`` is the encoder call's."""
 
     def step(self) -> list[tuple[Hashable, Hypothesis]]:
         """One decoder step of every row; the sources it finished, with their hypotheses (output ids without

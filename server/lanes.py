@@ -4,17 +4,18 @@ and the OS priority of that thread (the scheduler's policies decide what joins a
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import ctypes
 import itertools
 import logging
 import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from server.interface import Batch, Engine
+from server.interface import Batch, Encoded, Engine
 from server.metrics import LENGTH_BUCKETS
 
 if TYPE_CHECKING:
@@ -40,15 +41,41 @@ class Lane:
     ready: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
     join_seconds: float = 0.0  # a join's duration, a running average
+    encoder: concurrent.futures.ThreadPoolExecutor | None = None  # the lane's encoder thread, if it encodes apart
+    # groups of admitted segments being encoded on it, oldest first, with their futures (``Encoded``)
+    encoding: collections.deque[tuple[list[Segment], concurrent.futures.Future]] = field(
+        default_factory=collections.deque
+    )
 
     def joined(self, seconds: float) -> None:
         self.join_seconds = (1 - JOIN_WEIGHT) * self.join_seconds + JOIN_WEIGHT * seconds
 
-    def open(self, replica: Callable[[], Engine], warmup: bool) -> None:
+    def encode_apart(self, group: list[Segment]) -> None:
+        """Encode the group on the lane's encoder thread, for ``encoded``."""
+        self.encoding.append((group, self.encoder.submit(self.batch.encode, [s.spec.ids for s in group])))
+
+    def encoded(self, wait: bool) -> Iterator[tuple[list[Segment], Encoded]]:
+        """Groups whose encoder call has returned, oldest first (``wait``: every group, waiting for each); an
+        encoder error is raised here, on the lane's thread."""
+        while self.encoding and (wait or self.encoding[0][1].done()):
+            group, future = self.encoding.popleft()
+            yield group, future.result()
+
+    def encodes(self, segment: Segment) -> bool:
+        """Whether the segment is being encoded apart (admitted, not yet in the batch)."""
+        return any(segment in group for group, _ in self.encoding)
+
+    def close(self) -> None:
+        """The lane's thread is done: its encoder thread ends."""
+        if self.encoder is not None:
+            self.encoder.shutdown(wait=False, cancel_futures=True)
+
+    def open(self, replica: Callable[[], Engine], warmup: bool, encode_apart: bool = False) -> None:
         """On the lane's own thread: name it for the OS (``top -H`` and /proc show it; threads it starts,
         such as ONNX Runtime's, inherit the name), lower its priority, then load the lane's engine (a replica
         of the model's, unless it has one), so that ONNX Runtime's threads inherit the priority, and start an
-        empty batch.
+        empty batch; with ``encode_apart``, an encoder thread (started on first use by this thread, so it
+        inherits the priority; named "enc" and the lane's number for the OS).
         (The first lane runs on the server's engine, which on CPU steps small batches on fewer threads.)
         ``ready`` is set in any case; ``error`` says why the lane could not start."""
         try:
@@ -59,6 +86,9 @@ class Lane:
                 if warmup:
                     self.engine.warmup()
             self.batch = self.engine.new_batch()
+            if encode_apart:
+                name = f"enc{self.index} {self.name}"
+                self.encoder = concurrent.futures.ThreadPoolExecutor(1, name, name_thread, (name,))
         except Exception as error:
             self.error = error
             raise
@@ -84,6 +114,15 @@ def model_lanes(
                 lane.engine = engine if size == 0 else None
                 lanes[model].append(lane)
     return lanes
+
+
+def choose_lane(lanes: Sequence[Lane], bounds: Sequence[int], request_tokens: int) -> int:
+    """The index of a model's lane (of ``lanes``) for a request: lanes go by the size of the whole request
+    (the sentences of a long document are long work), then to the least loaded of that size's replicas (read
+    without the scheduler's lock: a choice, not a count)."""
+    size = next((i for i, bound in enumerate(bounds) if request_tokens <= bound), len(bounds))
+    replicas = [lane for lane in lanes if lane.size_class == size]
+    return min(replicas, key=lambda lane: len(lane.waiting) + len(lane.running)).index
 
 
 def lane_names(bounds: Sequence[int]) -> list[str]:

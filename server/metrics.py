@@ -128,6 +128,7 @@ class Metrics:
         self.budget_bytes = Gauge(
             "translate_memory_budget_bytes", "The memory budget for caches and attention scores.", registry=r
         )
+        self.largest_scores_bytes = 0
         self.attention_scores_bytes = Gauge(
             "translate_attention_scores_bytes",
             "Attention-score bytes of the largest encoder batch so far (B·H·S² floats).",
@@ -159,12 +160,30 @@ class Metrics:
         self.cache_entries = Gauge("translate_cache_entries", "Sentences held by the translation cache.", registry=r)
         self.model_info = Info("translate_model", "Each served model.", ["model"], registry=r)
 
-    def observe_encoder_batch(self, sentences: int, longest: int, seconds: float, padded: int, real: int) -> None:
-        """An encoder call (a group of arrivals joining a running batch)."""
+    def observe_encoder_batch(
+        self, sentences: int, longest: int, seconds: float, padded: int, real: int, scores_bytes: int
+    ) -> None:
+        """An encoder call (a group of arrivals joining a running batch), and its attention scores' bytes
+        (the gauge keeps the largest)."""
         self.encoder_latency.labels(length_bucket(longest)).observe(seconds)
         self.batch_sentences.observe(sentences)
         self.batch_tokens.observe(padded)
         self.padding_ratio.observe(1 - real / padded)
+        if scores_bytes > self.largest_scores_bytes:
+            self.largest_scores_bytes = scores_bytes
+            self.attention_scores_bytes.set(scores_bytes)
+
+    def set_gauges(self, lane, lanes, waiting: int, running: int, reserved: int, caches: bool) -> None:
+        """The queue and batch gauges after a step of ``lane`` (server.lanes.Lane); with ``caches``, also the
+        cache sizes of every lane's batch (a walk over every buffer)."""
+        self.queue_depth.set(waiting)
+        self.inflight.set(running)
+        self.lane_rows.labels(lane.model, lane.name).set(lane.batch.rows if lane.batch is not None else 0)
+        self.reserved_bytes.set(reserved)
+        if caches:
+            batches = [lane.batch for lane in lanes if lane.batch is not None]
+            self.kv_cache_bytes.set(sum(batch.cache_bytes for batch in batches))
+            self.cross_cache_bytes.set(sum(batch.cross_bytes for batch in batches))
 
     def observe_sentence(self, model: str, source_tokens: int, hypothesis: Hypothesis) -> None:
         """A sentence finished decoding."""

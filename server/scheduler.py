@@ -8,7 +8,8 @@ engine; a longer lane's thread runs at a lower OS priority (``lane_niceness``), 
 work. At every step of a lane, the policy says whether its arrivals join now (continuous: when the time they
 waited pays for what a join costs the running rows; static: only into an empty batch) and which of them
 (those that fit max_batch_size, max_batch_tokens and the memory budget shared by all lanes of all models); the
-chosen are encoded in length groups and join the batch; finished segments leave and are answered at once.
+chosen are encoded in length groups (apart, on the lane's encoder thread while its batch steps, when it has
+one) and join the batch; finished segments leave and are answered at once.
 No segment is evicted mid-way; cancelled or expired jobs leave at the next step. docs/serving.md has the
 design and its measurements.
 """
@@ -25,9 +26,9 @@ from model.search import Hypothesis
 from server.budget import MemoryBudget
 from server.config import ServerConfig
 from server.errors import Cancelled, DeadlineExceeded, InferenceFailed, Overloaded, ServiceError, ShuttingDown
-from server.interface import Engine
+from server.interface import Encoded, Engine
 from server.jobs import Job, Segment, Throughput
-from server.lanes import Lane, model_lanes
+from server.lanes import Lane, choose_lane, model_lanes
 from server.metrics import Metrics
 from server.policies import POLICIES, length_groups
 
@@ -53,7 +54,6 @@ class Scheduler:
         self.lock = threading.Condition()
         self.accepting = True
         self.stopped = False
-        self.largest_scores_bytes = 0
         self.gauges_at = 0.0  # when the gauges were last set (time.monotonic())
         self.throughput = Throughput()  # source tokens finished lately: the Retry-After of a full queue
         metrics.budget_bytes.set(config.memory_budget_bytes)
@@ -83,7 +83,7 @@ class Scheduler:
         job.model = job.model or self.default_model
         engine = self.engines[job.model]
         segments = []
-        lane = self._lane(job.model, sum(len(spec.ids) for spec in job.specs))
+        lane = choose_lane(self.lanes_of[job.model], self.bounds, sum(len(spec.ids) for spec in job.specs))
         for spec in job.specs:
             max_length = engine.max_length(len(spec.ids), job.max_output_tokens)
             reserved, predicted = self.memory.estimate(job.model, len(spec.ids), job.beam, max_length)
@@ -137,19 +137,24 @@ class Scheduler:
     # --- inference threads ------------------------------------------------------------
 
     def _run(self, lane: Lane) -> None:
-        lane.open(self.engines[lane.model].replica, self.config.warmup)
+        engine = self.engines[lane.model]
+        apart = self.config.encodes_apart and lane.size_class == 0 and engine.provider == "cpu"
+        lane.open(engine.replica, self.config.warmup, apart)
         while True:
             with self.lock:
-                while not lane.waiting and not lane.running and not self.stopped:
+                while not (lane.waiting or lane.running or lane.encoding or self.stopped):
                     self.lock.wait()
-                if self.stopped and not lane.waiting and not lane.running:
+                if self.stopped and not (lane.waiting or lane.running or lane.encoding):
+                    lane.close()
                     return
             try:
                 self._drop_abandoned(lane)
                 admitted = self._admit(lane)
                 if admitted:
                     self._encode_and_join(lane, admitted)
-                if lane.running:
+                if lane.encoding:  # an empty batch has nothing to do but wait for them
+                    self._join_encoded(lane, wait=not lane.batch.rows)
+                if lane.batch.rows:
                     self._step(lane)
                 else:  # nothing fit: waiting for room other lanes hold; they notify when they free some
                     with self.lock:
@@ -195,39 +200,44 @@ class Scheduler:
         return self.memory.fits(lane.model, [s.reserved_bytes for s in group], longest - 1)
 
     def _encode_and_join(self, lane: Lane, admitted: list[Segment]) -> None:
-        started = time.perf_counter()
-        self._join(lane, admitted)
-        lane.joined(time.perf_counter() - started)
-
-    def _join(self, lane: Lane, admitted: list[Segment]) -> None:
-        now = time.monotonic()
+        """Encode the admitted segments in length groups and add them to the lane's batch: at once, or, when the
+        lane encodes apart and its batch has rows to step meanwhile, on the lane's encoder thread (they join at
+        the first step after their call returns, ``_join_encoded``). ``lane.join_seconds`` learns only from
+        joins at once: a lane that encodes apart gathers arrivals as long, so its encoder calls stay as large."""
+        started, now = time.perf_counter(), time.monotonic()
         admitted.sort(key=lambda s: s.source_tokens)
         for segment in admitted:
             segment.joined_at = now
             self.metrics.queue_wait.observe(now - segment.enqueued_at)
             lane.running[segment] = None
+        apart = lane.encoder is not None and lane.batch.rows > 0
         for group in length_groups(admitted):
-            sources = [s.spec.ids for s in group]
-            joined = lane.batch.join(group, sources, [s.job.beam for s in group], [s.max_length for s in group])
-            encoded = time.monotonic()
-            for segment in group:
-                segment.encoded_at = encoded
-            longest = max(s.source_tokens for s in group)
-            self.metrics.observe_encoder_batch(
-                len(group), longest, joined.seconds, joined.padded_tokens, joined.real_tokens
-            )
-            scores = self.engines[lane.model].encoder_scores_bytes(len(group), longest)
-            if scores > self.largest_scores_bytes:
-                self.largest_scores_bytes = scores
-                self.metrics.attention_scores_bytes.set(scores)
+            if apart:
+                lane.encode_apart(group)
+            else:
+                self._add(lane, group, lane.batch.encode([s.spec.ids for s in group]))
+        if not apart:
+            lane.joined(time.perf_counter() - started)
 
-    def _lane(self, model: str, request_tokens: int) -> int:
-        """The index of the model's lane for a request: lanes go by the size of the whole request (the
-        sentences of a long document are long work), then to the least loaded of that size's lanes (read
-        without the lock: a choice, not a count)."""
-        size = next((i for i, bound in enumerate(self.bounds) if request_tokens <= bound), len(self.bounds))
-        replicas = [lane for lane in self.lanes_of[model] if lane.size_class == size]
-        return min(replicas, key=lambda lane: len(lane.waiting) + len(lane.running)).index
+    def _join_encoded(self, lane: Lane, wait: bool) -> None:
+        """Add the groups whose encoder call on the lane's encoder thread returned (``wait``: all of them). An
+        encoder error is raised here, on the lane's thread, and fails the batch as an error in a step does."""
+        for group, encoded in lane.encoded(wait):
+            self._add(lane, group, encoded)
+
+    def _add(self, lane: Lane, group: list[Segment], encoded: Encoded) -> None:
+        """An encoded group joins the batch (a segment that left meanwhile, cancelled or expired, leaves again
+        at once); its encoder call's metrics."""
+        joined = lane.batch.add(group, encoded, [s.job.beam for s in group], [s.max_length for s in group])
+        for segment in group:
+            segment.encoded_at = time.monotonic()
+            if segment not in lane.running:
+                lane.batch.remove(segment)
+        longest = max(s.source_tokens for s in group)
+        scores = self.engines[lane.model].encoder_scores_bytes(len(group), longest)
+        self.metrics.observe_encoder_batch(
+            len(group), longest, joined.seconds, joined.padded_tokens, joined.real_tokens, scores
+        )
 
     def _step(self, lane: Lane) -> None:
         """One decoder step of the lane's batch; finished segments are answered at once."""
@@ -272,7 +282,8 @@ class Scheduler:
             self.policy.forget(job)
         for segment in job.segments:
             if segment in lane.running:
-                lane.batch.remove(segment)
+                if not lane.encodes(segment):  # one being encoded is taken out when its group joins
+                    lane.batch.remove(segment)
                 self._leave(segment)
         job.fail(error)
 
@@ -291,6 +302,7 @@ class Scheduler:
         error; start afresh."""
         jobs = {s.job for s in lane.running}
         lane.batch = lane.engine.new_batch()
+        lane.encoding.clear()  # groups still on the encoder thread are dropped when they finish
         with self.lock:
             self.memory.release(sum(s.reserved_bytes for s in lane.running))
             lane.running.clear()
@@ -300,15 +312,7 @@ class Scheduler:
     def _update_gauges(self, lane: Lane) -> None:
         """The queue and batch gauges after a step of ``lane``; the cache sizes, which cost a walk over every
         buffer, at most every GAUGE_INTERVAL_S while lanes are busy (a step takes about a millisecond)."""
-        m = self.metrics
-        m.queue_depth.set(self.waiting)
-        m.inflight.set(self.running)
-        m.lane_rows.labels(lane.model, lane.name).set(lane.batch.rows if lane.batch is not None else 0)
-        m.reserved_bytes.set(self.memory.reserved_bytes)
         now = time.monotonic()
-        if now - self.gauges_at < GAUGE_INTERVAL_S and lane.running:
-            return
-        self.gauges_at = now
-        batches = [lane.batch for lane in self.lanes if lane.batch is not None]
-        m.kv_cache_bytes.set(sum(batch.cache_bytes for batch in batches))
-        m.cross_cache_bytes.set(sum(batch.cross_bytes for batch in batches))
+        walk = now - self.gauges_at >= GAUGE_INTERVAL_S or not lane.running
+        self.gauges_at = now if walk else self.gauges_at
+        self.metrics.set_gauges(lane, self.lanes, self.waiting, self.running, self.memory.reserved_bytes, walk)

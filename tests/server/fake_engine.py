@@ -6,6 +6,7 @@ b rows); its memory is counted in fixed byte costs per token.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +23,12 @@ class _Source:
     beam: int
     max_length: int
     output: list[int] = field(default_factory=list)
+
+
+@dataclass
+class _Encoded:
+    sources: list[list[int]]
+    seconds: float = 0.0
 
 
 class FakeBatch:
@@ -44,17 +51,22 @@ class FakeBatch:
     def cross_bytes(self) -> int:
         return sum((len(s.reversed_ids) + 1) * BYTES_PER_TOKEN for s in self.sources.values())
 
-    def join(
-        self,
-        keys: Sequence[Hashable],
-        sources: Sequence[Sequence[int]],
-        beams: Sequence[int],
-        max_lengths: Sequence[int],
+    def encode(self, sources: Sequence[Sequence[int]]) -> _Encoded:
+        self.engine.encoded_on.append((threading.current_thread().name, len(self.engine.steps)))
+        time.sleep(self.engine.encode_seconds)
+        if self.engine.encode_error is not None:
+            raise self.engine.encode_error
+        return _Encoded([list(ids) for ids in sources])
+
+    def add(
+        self, keys: Sequence[Hashable], encoded: _Encoded, beams: Sequence[int], max_lengths: Sequence[int]
     ) -> Joined:
+        sources = encoded.sources
         for key, ids, beam, length in zip(keys, sources, beams, max_lengths, strict=True):
             assert key not in self.sources, key
             self.sources[key] = _Source(list(reversed(ids)), beam, length)
         self.engine.joins.append(list(keys))
+        self.engine.joined_at_step.append(len(self.engine.steps))
         longest = max(len(ids) for ids in sources) + 1
         return Joined(0.001, longest * len(sources), sum(len(ids) + 1 for ids in sources))
 
@@ -80,8 +92,11 @@ class FakeEngine:
     name, version, provider, variant = "fake", "0", "cpu", "fp32"
     source_language, target_language = "en", "de"
 
-    def __init__(self, step_seconds: float = 0.0) -> None:
-        self.step_seconds = step_seconds
+    def __init__(self, step_seconds: float = 0.0, encode_seconds: float = 0.0) -> None:
+        self.step_seconds, self.encode_seconds = step_seconds, encode_seconds
+        self.encoded_on: list[tuple[str, int]] = []  # each encode call's thread, and the steps made before it
+        self.joined_at_step: list[int] = []  # the steps made before each join
+        self.encode_error: Exception | None = None  # raised by every encode call while set
         self.joins: list[list[Hashable]] = []  # keys joined together, in order
         self.steps: list[int] = []  # rows of each step
 

@@ -150,7 +150,7 @@ def test_metrics_carry_the_model(two: RunningServer):
             time.sleep(0.01)
         assert two.metric("translate_model_info", {"model": name, "variant": "fp32"}) == 1
     body = urllib.request.urlopen(f"http://127.0.0.1:{two.server.metrics_port}/metrics", timeout=5).read().decode()
-    assert 'translate_lane_rows{lane="1-16/0",model="tiny-de-en"}' in body  # the first of short_lane_replicas
+    assert 'translate_lane_rows{lane="1-16",model="tiny-de-en"}' in body  # the second model's first lane
 
 
 def test_concurrent_traffic_to_both_models_is_answered_by_each(two: RunningServer, tiny_reverse_export: Path):

@@ -85,7 +85,10 @@ def test_long_and_short_requests_decode_in_separate_lanes(scheduled, long_input:
     """Lanes go by request size: a document of short sentences is long work too."""
     name, server = scheduled
     # Each size's lanes (continuous: the first size's replicas, short_lane_replicas, count together).
-    lanes = {"1-64": ["1-64/0", "1-64/1"], "65+": ["65+"]} if name == "continuous" else {"1+": ["1+"]}
+    lanes: dict[int, list[str]] = {}
+    for lane in server.server.scheduler.lanes:
+        lanes.setdefault(lane.size_class, []).append(lane.name)
+    assert len(lanes) == (2 if name == "continuous" else 1)
     peak = dict.fromkeys(lanes, 0.0)
     text = LONG_TEXT if long_input == "one sentence" else " ".join(own_sentences(40)[20:])
     done = threading.Event()
@@ -197,6 +200,98 @@ def test_a_request_joins_the_least_loaded_replica_of_its_lane():
     long = _job(engine, [LONG_TEXT])
     scheduler.submit(long)
     assert long.segments[0].lane == 2
+
+
+class _Answers:
+    """A job's answers as the scheduler gives them: its segments, and the error that ended it (None: done)."""
+
+    def __init__(self) -> None:
+        self.segments: list = []
+        self.done = threading.Event()
+        self.error = None
+
+    def job(self, engine, sentences: list[str]) -> Job:
+        return _job(engine, sentences, on_segment=self.segments.append, on_done=self._done)
+
+    def _done(self, error) -> None:
+        self.error = error
+        self.done.set()
+
+
+def _apart(engine: FakeEngine) -> Scheduler:
+    config = server_config(Path("unused"), scheduler="continuous", lanes=(64,), warmup=False, encode_apart=True)
+    scheduler = Scheduler([engine], config, Metrics())
+    scheduler.start()
+    return scheduler
+
+
+def _decoding(scheduler: Scheduler, engine: FakeEngine, answers: _Answers) -> None:
+    """Submit a 13-word sentence (13 steps) and return once its batch has stepped."""
+    scheduler.submit(answers.job(engine, ["A man is walking near the water and a dog follows him"]))
+    while not engine.steps:
+        time.sleep(0.001)
+
+
+def test_arrivals_to_a_running_batch_are_encoded_apart_while_it_steps():
+    engine = FakeEngine(step_seconds=0.005, encode_seconds=0.03)
+    scheduler = _apart(engine)
+    first, second = _Answers(), _Answers()
+    try:
+        _decoding(scheduler, engine, first)
+        scheduler.submit(second.job(engine, ["A dog runs in the park."]))
+        assert first.done.wait(10) and second.done.wait(10)
+    finally:
+        scheduler.stop(timeout=10)
+    assert first.error is None and second.error is None
+    for answers in (first, second):
+        assert [s.output for s in answers.segments] == [list(reversed(answers.segments[0].spec.ids))]
+    (alone, at), (apart, started) = engine.encoded_on  # the first into an empty batch, on the lane's thread
+    assert alone.startswith("inference-") and apart.startswith("enc0 1-64")
+    assert engine.joined_at_step[1] - started >= 3  # the batch stepped while the arrival was encoded
+    assert scheduler.memory.reserved_bytes == 0 and scheduler.running == 0
+
+
+def test_a_request_cancelled_while_encoded_apart_leaves_nothing_behind():
+    engine = FakeEngine(step_seconds=0.005, encode_seconds=0.05)
+    scheduler = _apart(engine)
+    first, second = _Answers(), _Answers()
+    try:
+        _decoding(scheduler, engine, first)
+        job = second.job(engine, ["A dog runs in the park."])
+        scheduler.submit(job)
+        while len(engine.encoded_on) < 2:
+            time.sleep(0.001)
+        scheduler.cancel(job)
+        assert second.done.wait(10) and first.done.wait(10)
+        deadline = time.monotonic() + 5
+        while scheduler.lanes[0].batch.rows and time.monotonic() < deadline:
+            time.sleep(0.001)
+    finally:
+        scheduler.stop(timeout=10)
+    assert type(second.error).__name__ == "Cancelled" and second.segments == []
+    assert first.error is None and len(first.segments) == 1
+    assert len(engine.joins) == 2 and scheduler.lanes[0].batch.rows == 0  # it joined, and left at once
+    assert scheduler.memory.reserved_bytes == 0 and scheduler.running == 0
+
+
+def test_an_encoder_error_apart_fails_the_batch_and_the_lane_goes_on():
+    engine = FakeEngine(step_seconds=0.005)
+    scheduler = _apart(engine)
+    running, arriving, later = _Answers(), _Answers(), _Answers()
+    try:
+        _decoding(scheduler, engine, running)
+        engine.encode_error = MemoryError("no room")
+        scheduler.submit(arriving.job(engine, ["A dog runs in the park."]))
+        assert arriving.done.wait(10) and running.done.wait(10)
+        engine.encode_error = None
+        scheduler.submit(later.job(engine, ["A cat sleeps."]))
+        assert later.done.wait(10)
+    finally:
+        scheduler.stop(timeout=10)
+    # As an error in a step: every job of the lane's batch is answered with INTERNAL, the lane goes on.
+    assert type(running.error).__name__ == type(arriving.error).__name__ == "InferenceFailed"
+    assert later.error is None and later.segments[0].output == list(reversed(later.segments[0].spec.ids))
+    assert scheduler.memory.reserved_bytes == 0 and scheduler.running == 0
 
 
 def test_continuous_admission_by_lane():
