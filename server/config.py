@@ -57,7 +57,7 @@ class ServerConfig:
     encode_apart: bool = setting(
         True,
         "continuous, CPU: the first lane's replicas encode arrivals on a thread of their own while their batch "
-        "steps, and decode on one thread fewer (its intra-op threads when set)",
+        "steps, and decode on their share of the intra-op threads (one per core when 0) less that one",
     )
     intra_op_spinning: bool = setting(
         False, "let ONNX Runtime's threads spin between a run's tasks (they steal cores from the other lanes' runs)"
@@ -105,11 +105,12 @@ class ServerConfig:
 
     @property
     def first_lane_threads(self) -> int:
-        """The first lane's intra-op threads: intra_op_threads; when it is 0 (one per core) and the lane encodes
-        apart, each replica's share of the cores less its encoder thread (at least 1)."""
-        if self.intra_op_threads or not self.encodes_apart:
+        """The first lane's intra-op threads: intra_op_threads, or, when the lane encodes apart, each replica's
+        share of them (of the cores when 0) less its encoder thread (at least 1)."""
+        if not self.encodes_apart:
             return self.intra_op_threads
-        return max(1, len(os.sched_getaffinity(0)) // self.short_lane_replicas - 1)
+        threads = self.intra_op_threads or len(os.sched_getaffinity(0))
+        return max(1, threads // self.short_lane_replicas - 1)
 
     @property
     def first_lane_small_batch_threads(self) -> int | None:

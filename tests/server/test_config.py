@@ -24,6 +24,15 @@ def test_onnx_runtime_threads_do_not_spin_by_default():
     assert parse_config(["--intra-op-spinning", "true"], {}).intra_op_spinning is True
 
 
+def test_a_first_lane_that_encodes_apart_leaves_a_thread_per_replica_to_its_encoder():
+    assert ServerConfig(intra_op_threads=2).first_lane_threads == 1  # the Kubernetes ConfigMap's setting
+    assert ServerConfig(intra_op_threads=8, short_lane_replicas=2).first_lane_threads == 3
+    assert ServerConfig(intra_op_threads=2, short_lane_replicas=4).first_lane_threads == 1
+    assert ServerConfig(intra_op_threads=0).first_lane_threads >= 1  # cores less one
+    for inline in ({"encode_apart": False}, {"scheduler": "static"}, {"provider": "cuda"}):
+        assert ServerConfig(intra_op_threads=8, **inline).first_lane_threads == 8
+
+
 def test_one_lane_when_no_bounds_are_given():
     assert ServerConfig(lanes=()).lanes == ()
 
