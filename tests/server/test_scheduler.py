@@ -365,13 +365,14 @@ def test_longer_lanes_run_at_lower_os_priority(tiny_export: Path):
         assert len(niced) >= 2, "the long lane's ONNX Runtime threads inherit its priority"
         assert server.translate([LONG_TEXT]).translations[0].text  # and the lane works
 
-        # The first lane runs small batches on short_lane_threads (1), larger ones and the long lane on
-        # intra_op_threads.
+        # The first lane runs small batches on short_lane_threads (1) and larger ones on intra_op_threads less
+        # its encoder thread (it encodes apart: 2 - 1); the long lane runs on intra_op_threads.
         def threads(session) -> int:
             return session.get_session_options().intra_op_num_threads
 
         short, long = short_lane.engine.model, long_lane.engine.model
-        assert [threads(short.small_decoder), threads(short.decoder), threads(long.small_decoder)] == [1, 2, 2]
+        assert [threads(short.small_decoder), threads(short.decoder), threads(long.small_decoder)] == [1, 1, 2]
+        assert short_lane.encoder is not None and long_lane.encoder is None
     finally:
         server.close()
 
