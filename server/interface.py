@@ -1,9 +1,10 @@
 """What the scheduler needs from an inference engine, and nothing else (no ONNX Runtime here).
 
 In the style of TGI's ``Model.generate_token(batch)``: the scheduler creates a running batch,
-has the engine encode sources (on any thread, while the batch steps) and adds them to it, steps it,
-getting back the sources that step finished, and removes sources whose callers went away. Caches, sessions and searches stay
-inside the engine (``server.engine``; ``tests/server/fake_engine.py`` is a model-free one).
+has the engine encode sources (on any thread, while the batch steps) and adds them to it, steps
+it, getting back the sources that step finished, and removes sources whose callers went away.
+Caches, sessions and searches stay inside the engine (``server.engine``;
+``tests/server/fake_engine.py`` is a model-free one).
 """
 
 from __future__ import annotations
