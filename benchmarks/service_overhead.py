@@ -43,7 +43,7 @@ from model.corpus import read_lines  # noqa: E402
 from model.search import translate_in_batches  # noqa: E402
 from server import loadtest, loadtest_report  # noqa: E402
 from server.config import DEFAULT_MODEL_DIR, parse_config  # noqa: E402
-from server.engine import Engine  # noqa: E402
+from server.engine import serving_engines  # noqa: E402
 from server.metrics import Metrics  # noqa: E402
 from server.scheduler import Scheduler  # noqa: E402
 from server.translations import Translations  # noqa: E402
@@ -95,8 +95,7 @@ class Core:
 
     def __init__(self, flags: list[str]) -> None:
         self.config = parse_config([*flags, "--provider", "cpu", "--cache-mib", "0"], {})
-        threads, small = self.config.first_lane_threads, self.config.first_lane_small_batch_threads
-        self.engine = Engine(self.config, self.config.model[0], intra_op_threads=threads, small_batch_threads=small)
+        (self.engine,) = serving_engines(self.config)
         self.scheduler = Scheduler([self.engine], self.config, Metrics())
         self.translations = Translations(self.scheduler, self.config, self.scheduler.metrics)
         self.scheduler.start()
@@ -188,11 +187,8 @@ def main(argv=None) -> None:
                     results[kind].append({"cpu": offline(model, texts, 32, workers)})
                 elif kind == "core":
                     results[kind].append({"cpu": core.cpu(texts, args.clients)})
-                elif kind == "floor":  # as long as the server's requests took, by its last (or first) run
-                    rps = results["server"][-1]["rps"] if results["server"] else None
-                    if rps is None:
-                        process, port = servers["server"]
-                        rps = served(port, process.pid, source, tokenizer, args.sentences, args.clients, 0)["rps"]
+                elif kind == "floor":  # as long as the server's requests took in its latest run (the first
+                    rps = results["server"][-1]["rps"]  # repeat runs the server first)
                     results[kind].append(floor(args.clients / rps, source, tokenizer, args.sentences, args.clients))
                 else:
                     process, port = servers[kind]

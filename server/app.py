@@ -18,7 +18,7 @@ from prometheus_client import start_http_server
 from proto import translate_pb2
 from server.access import AccessLog
 from server.config import ServerConfig
-from server.engine import Engine
+from server.engine import serving_engines
 from server.http import HttpApi
 from server.metrics import Metrics
 from server.models import Models
@@ -125,10 +125,7 @@ def _translator_handlers(servicer: TranslatorService) -> grpc.GenericRpcHandler:
 
 def create_server(config: ServerConfig, metrics: Metrics | None = None) -> Server:
     """Build (not start) the server; port 0 in config picks free ports, read back from the result."""
-    threads, small = config.first_lane_threads, config.first_lane_small_batch_threads
-    models = Models(
-        [Engine(config, folder, intra_op_threads=threads, small_batch_threads=small) for folder in config.model]
-    )
+    models = Models(serving_engines(config))
     metrics = metrics or Metrics()
     for engine in models:
         metrics.model_info.labels(engine.name).info(

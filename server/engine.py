@@ -40,6 +40,13 @@ class EncodedSources:
     seconds: float
 
 
+def serving_engines(config: ServerConfig) -> list[Engine]:
+    """Each of ``config``'s models on the sessions the server runs it on: its first lane's (first_lane_threads,
+    small batches on first_lane_small_batch_threads); longer lanes load replicas of it."""
+    threads, small = config.first_lane_threads, config.first_lane_small_batch_threads
+    return [Engine(config, folder, intra_op_threads=threads, small_batch_threads=small) for folder in config.model]
+
+
 class RunningBatch:
     """Sources being decoded together on one engine (``server.interface.Batch``)."""
 

@@ -181,7 +181,7 @@ class Metrics:
         self.lane_rows.labels(lane.model, lane.name).set(lane.batch.rows if lane.batch is not None else 0)
         self.reserved_bytes.set(reserved)
         if caches:
-            batches = [lane.batch for lane in lanes if lane.batch is not None]
+            batches = [other.batch for other in lanes if other.batch is not None]
             self.kv_cache_bytes.set(sum(batch.cache_bytes for batch in batches))
             self.cross_cache_bytes.set(sum(batch.cross_bytes for batch in batches))
 

@@ -229,8 +229,9 @@ class Scheduler:
         """An encoded group joins the batch (a segment that left meanwhile, cancelled or expired, leaves again
         at once); its encoder call's metrics."""
         joined = lane.batch.add(group, encoded, [s.job.beam for s in group], [s.max_length for s in group])
+        now = time.monotonic()
         for segment in group:
-            segment.encoded_at = time.monotonic()
+            segment.encoded_at = now
             if segment not in lane.running:
                 lane.batch.remove(segment)
         longest = max(s.source_tokens for s in group)
@@ -314,5 +315,6 @@ class Scheduler:
         buffer, at most every GAUGE_INTERVAL_S while lanes are busy (a step takes about a millisecond)."""
         now = time.monotonic()
         walk = now - self.gauges_at >= GAUGE_INTERVAL_S or not lane.running
-        self.gauges_at = now if walk else self.gauges_at
+        if walk:
+            self.gauges_at = now
         self.metrics.set_gauges(lane, self.lanes, self.waiting, self.running, self.memory.reserved_bytes, walk)
