@@ -6,13 +6,15 @@ alternate within each repeat (not a test):
 
     python benchmarks/service_overhead.py --data ../shared/data/multi30k --out benchmarks/service_overhead.md
 
-Two more rows split the gap between them (``--no-split`` leaves them out): the same clients on the serving
+More rows split the gap between them (``--no-split`` leaves them out): the same clients on the serving
 core in this process (``Translations``, the scheduler, its lanes and the engine, as the server builds them,
 but no gRPC, so no access log either: this process's CPU while they run), and the gRPC floor: a server of the same
 proto without a model (benchmarks/grpc_floor.py) that answers each request after the time the real server's
 requests took (clients / its requests per second), so that it serves at the same rate, at the same
 concurrency. What the server costs over the core and the floor together is ours to cut; the core against
-offline is the price of continuous batching (batches of the rows in flight, encoder calls as they arrive).
+offline is the price of continuous batching (batches of the rows in flight, encoder calls as they arrive). A
+third row takes part of that price apart: translate-file's path on the same batches of 32 in the order the
+texts arrive instead of sorted by length (the server cannot sort the rows in flight).
 
 ``--base DIR`` (another checkout, e.g. ``git worktree add /tmp/base COMMIT``) also serves the same export
 from that checkout's code, in the same alternation, and reports this checkout's server against it: CPU per
@@ -24,13 +26,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import concurrent.futures
 import os
 import platform
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import sentencepiece as spm
 
@@ -137,11 +142,55 @@ def floor(delay_s: float, source: Path, tokenizer, sentences: int, clients: int)
         process.wait(30)
 
 
-def offline(model: OrtModel, texts: list[str], batch: int, workers: int) -> float:
-    """CPU seconds per sentence of translate-file's translation (its defaults: batches of 32, ``workers``)."""
+class OrtClock:
+    """Thread CPU seconds spent inside ONNX Runtime's runs in this process while it is entered, on the
+    threads that call them (every session's ``run`` and ``run_with_iobinding``): all of a run's CPU when its
+    session has one intra-op thread, as translate-file's and the server's first lane's have on 2 cores."""
+
+    NAMES = ("run", "run_with_iobinding")
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.lock = threading.Lock()
+        self.originals: dict[str, Any] = {}
+
+    def __enter__(self) -> OrtClock:
+        from onnxruntime.capi import onnxruntime_inference_collection as collection
+
+        for name in self.NAMES:
+            original = self.originals[name] = getattr(collection.Session, name)
+
+            def timed(session, *args, original=original, **kwargs):
+                started = time.thread_time()
+                try:
+                    return original(session, *args, **kwargs)
+                finally:
+                    with self.lock:
+                        self.seconds += time.thread_time() - started
+
+            setattr(collection.Session, name, timed)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        from onnxruntime.capi import onnxruntime_inference_collection as collection
+
+        for name, original in self.originals.items():
+            setattr(collection.Session, name, original)
+
+
+def offline(model: OrtModel, texts: list[str], batch: int, workers: int, by_length: bool = True) -> float:
+    """CPU seconds per sentence of translate-file's translation (its defaults: batches of 32, ``workers``);
+    ``by_length=False``: the same batches in the order the texts come (arrival order, as the server sees them),
+    not sorted by length."""
     translate_ids = lambda ids: model.translate_ids(ids, 1, 256, None)  # noqa: E731 (--max-repeats 0, as served)
     started = time.process_time()
-    translate_in_batches(model.tokenizer, texts, translate_ids, batch, workers)
+    if by_length:
+        translate_in_batches(model.tokenizer, texts, translate_ids, batch, workers)
+    else:
+        ids = model.tokenizer.encode_source(texts)
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+            outputs = pool.map(translate_ids, [ids[i : i + batch] for i in range(0, len(ids), batch)])
+            model.tokenizer.decode([output for chunk in outputs for output in chunk])
     return (time.process_time() - started) / len(texts)
 
 
@@ -155,7 +204,10 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path)
     parser.add_argument(
-        "--no-split", dest="split", action="store_false", help="leave out the serving core and gRPC floor rows"
+        "--no-split",
+        dest="split",
+        action="store_false",
+        help="leave out the arrival-order, serving core and gRPC floor rows",
     )
     parser.add_argument("--base", type=Path, help="another checkout whose server is measured alongside")
     parser.add_argument(
@@ -177,29 +229,37 @@ def main(argv=None) -> None:
     if args.base:
         servers["base"] = start_subprocess_server(args.model.resolve(), *flags, cwd=args.base)[:2]
     core = Core(["--model", str(args.model.resolve()), *flags, *args.server_flag]) if args.split else None
-    kinds = [*servers, "offline", *(["core", "floor"] if args.split else [])]
+    kinds = [*servers, "offline", *(["arrival order", "core", "floor"] if args.split else [])]
     results: dict[str, list] = {kind: [] for kind in kinds}
-    try:
-        for repeat in range(args.repeats):
-            kinds = list(results)
-            for kind in kinds if repeat % 2 == 0 else kinds[::-1]:
-                if kind == "offline":
-                    results[kind].append({"cpu": offline(model, texts, 32, workers)})
-                elif kind == "core":
-                    results[kind].append({"cpu": core.cpu(texts, args.clients)})
-                elif kind == "floor":  # as long as the server's requests took in its latest run (the first
-                    rps = results["server"][-1]["rps"]  # repeat runs the server first)
-                    results[kind].append(floor(args.clients / rps, source, tokenizer, args.sentences, args.clients))
-                else:
-                    process, port = servers[kind]
-                    results[kind].append(served(port, process.pid, source, tokenizer, args.sentences, args.clients, 0))
-                print(f"{kind}: {results[kind][-1]}", file=sys.stderr)
-    finally:
-        if core is not None:
-            core.stop()
-        for process, _ in servers.values():
-            process.terminate()
-            process.wait(30)
+    with OrtClock() as ort_clock:
+        try:
+            for repeat in range(args.repeats):
+                kinds = list(results)
+                for kind in kinds if repeat % 2 == 0 else kinds[::-1]:
+                    in_ort = ort_clock.seconds
+                    if kind == "offline":
+                        results[kind].append({"cpu": offline(model, texts, 32, workers)})
+                    elif kind == "arrival order":
+                        results[kind].append({"cpu": offline(model, texts, 32, workers, by_length=False)})
+                    elif kind == "core":
+                        results[kind].append({"cpu": core.cpu(texts, args.clients)})
+                    elif kind == "floor":  # as long as the server's requests took in its latest run (the first
+                        rps = results["server"][-1]["rps"]  # repeat runs the server first)
+                        results[kind].append(floor(args.clients / rps, source, tokenizer, args.sentences, args.clients))
+                    else:
+                        process, port = servers[kind]
+                        results[kind].append(
+                            served(port, process.pid, source, tokenizer, args.sentences, args.clients, 0)
+                        )
+                    if kind in ("offline", "arrival order", "core"):  # in this process: its runs are counted
+                        results[kind][-1]["ort"] = (ort_clock.seconds - in_ort) / len(texts)
+                    print(f"{kind}: {results[kind][-1]}", file=sys.stderr)
+        finally:
+            if core is not None:
+                core.stop()
+            for process, _ in servers.values():
+                process.terminate()
+                process.wait(30)
     median = {k: {m: statistics.median(r.get(m, 0.0) for r in runs) for m in runs[0]} for k, runs in results.items()}
     server, engine, main = median["server"]["cpu"], median["offline"]["cpu"], median["server"]["main"]
     lines = [
@@ -219,16 +279,25 @@ def main(argv=None) -> None:
         ),
         f"| translate-file, batches of 32, {workers} workers of {threads} thread(s) (its defaults) | "
         f"{engine * 1e3:.2f} |",
+        f"| of which inside ONNX Runtime's runs | {median['offline']['ort'] * 1e3:.2f} |",
         f"| server / offline | {server / engine:.2f} |",
     ]
     if args.split:
-        in_core, grpc_floor = median["core"]["cpu"], median["floor"]["cpu"]
+        in_core, grpc_floor, arrival = median["core"]["cpu"], median["floor"]["cpu"], median["arrival order"]["cpu"]
         lines += [
+            f"| translate-file's path on the same batches in arrival order (not sorted by length) | "
+            f"{arrival * 1e3:.2f} |",
             f"| serving core in one process, the same {args.clients} clients, no gRPC | {in_core * 1e3:.2f} |",
+            f"| of which inside ONNX Runtime's runs (on the threads that call them) | "
+            f"{median['core']['ort'] * 1e3:.2f} |",
             f"| gRPC floor: a model-less server of the same proto, answering after the server's latency "
             f"({median['floor']['rps']:.0f} requests/s) | {grpc_floor * 1e3:.2f} |",
             f"| core / offline | {in_core / engine:.2f} |",
+            f"| of which arrival order (arrival order / offline) | {arrival / engine:.2f} |",
+            f"| and the rest of the core (core / arrival order) | {in_core / arrival:.2f} |",
             f"| (core + gRPC floor) / offline | {(in_core + grpc_floor) / engine:.2f} |",
+            f"| (the core's ONNX Runtime runs + gRPC floor) / offline | "
+            f"{(median['core']['ort'] + grpc_floor) / engine:.2f} |",
         ]
     if args.base:
         base = median["base"]

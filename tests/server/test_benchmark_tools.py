@@ -51,3 +51,50 @@ def test_the_in_process_core_translates_every_text_once(tiny_export: Path):
         assert tokens == sum(len(ids) for ids in core.engine.tokenize(texts))
     finally:
         core.stop()
+
+
+def test_offline_batches_go_by_length_or_in_arrival_order(tiny_export: Path):
+    from export.runtime import OrtModel
+    from export.translate_file import runtime_options
+
+    model = OrtModel(tiny_export, runtime_options("fp32", threads=1))
+    texts = own_sentences(10)
+    ids = model.tokenizer.encode_source(texts)
+    translate_ids, batches = model.translate_ids, []
+
+    def recording(sources, *args):
+        batches.append([list(s) for s in sources])
+        return translate_ids(sources, *args)
+
+    model.translate_ids = recording
+    assert service_overhead.offline(model, texts, 4, 2, by_length=False) > 0
+    assert sorted(batches) == sorted([ids[i : i + 4] for i in range(0, 10, 4)])  # consecutive, in file order
+    batches.clear()
+    service_overhead.offline(model, texts, 4, 2)
+
+    def sorted_runs(batches: list[list[list[int]]]) -> bool:
+        lengths = sorted(([len(s) for s in b] for b in batches), key=min)
+        return all(max(a) <= min(b) for a, b in zip(lengths, lengths[1:], strict=False))
+
+    assert sorted(len(s) for b in batches for s in b) == sorted(map(len, ids))
+    assert sorted_runs(batches) and not sorted_runs([ids[i : i + 4] for i in range(0, 10, 4)])
+
+
+def test_the_ort_clock_counts_cpu_inside_runs_only_while_entered(tiny_export: Path):
+    from onnxruntime.capi import onnxruntime_inference_collection as collection
+
+    from export.runtime import OrtModel
+    from export.translate_file import runtime_options
+
+    model = OrtModel(tiny_export, runtime_options("fp32", threads=1))
+    sources = model.tokenizer.encode_source(own_sentences(6))
+    originals = collection.Session.run, collection.Session.run_with_iobinding
+    started = time.thread_time()
+    with service_overhead.OrtClock() as clock:
+        model.translate_ids(sources, 2, 32)
+    spent = time.thread_time() - started
+    assert 0 < clock.seconds <= spent
+    assert (collection.Session.run, collection.Session.run_with_iobinding) == originals
+    counted = clock.seconds
+    model.translate_ids(sources, 2, 32)
+    assert clock.seconds == counted
