@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import concurrent.futures
 import os
 import platform
 import statistics
@@ -184,13 +183,7 @@ def offline(model: OrtModel, texts: list[str], batch: int, workers: int, by_leng
     not sorted by length."""
     translate_ids = lambda ids: model.translate_ids(ids, 1, 256, None)  # noqa: E731 (--max-repeats 0, as served)
     started = time.process_time()
-    if by_length:
-        translate_in_batches(model.tokenizer, texts, translate_ids, batch, workers)
-    else:
-        ids = model.tokenizer.encode_source(texts)
-        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-            outputs = pool.map(translate_ids, [ids[i : i + batch] for i in range(0, len(ids), batch)])
-            model.tokenizer.decode([output for chunk in outputs for output in chunk])
+    translate_in_batches(model.tokenizer, texts, translate_ids, batch, workers, by_length)
     return (time.process_time() - started) / len(texts)
 
 

@@ -755,12 +755,14 @@ def translate_in_batches(
     translate_ids: Callable[[list[list[int]]], list[list[int]]],
     batch_size: int,
     workers: int = 1,
+    by_length: bool = True,
 ) -> list[str]:
     """Tokenize, translate length-sorted batches (little padding), detokenize in the input order.
     ``workers`` > 1: that many batches at once, on threads (``translate_ids`` must allow it; ONNX Runtime
-    releases the GIL while it runs)."""
+    releases the GIL while it runs). ``by_length=False``: batches of the texts in their own order (as a
+    server sees its arrivals; benchmarks/service_overhead.py)."""
     ids = tokenizer.encode_source(texts)
-    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i])) if by_length else list(range(len(ids)))
     chunks = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
     translate = lambda chunk: translate_ids([ids[i] for i in chunk])  # noqa: E731
     if workers > 1:
