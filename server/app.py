@@ -13,13 +13,13 @@ from aiohttp import web
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from prometheus_client import start_http_server
 
 from proto import translate_pb2
 from server.access import AccessLog
 from server.config import ServerConfig
 from server.engine import serving_engines
 from server.http import HttpApi
+from server.listen import MetricsEndpoint, bound, grpc_address, listen
 from server.metrics import Metrics
 from server.models import Models
 from server.scheduler import Scheduler
@@ -42,9 +42,10 @@ class Server:
     models: Models
     config: ServerConfig
     translations: Translations  # the core both front ends share
-    _metrics_http: object = None
+    metrics_http: MetricsEndpoint | None = None
     http_runner: web.AppRunner | None = None
     http_port: int = 0  # the bound HTTP API port once started; 0 when disabled
+    http_addresses: tuple[str, ...] = ()  # what the HTTP API listens on once started (host:port each)
     certificates: Certificates | None = None  # TLS for both front ends, reloaded when the files change
     _reloading: asyncio.Task | None = None
 
@@ -53,9 +54,11 @@ class Server:
         if self.http_runner is not None:
             await self.http_runner.setup()
             ssl_context = self.certificates.http_context if self.certificates else None
-            host = self.config.host.strip("[]")
-            await web.TCPSite(self.http_runner, host, self.config.http_port, ssl_context=ssl_context).start()
-            self.http_port = self.config.http_port
+            sockets = listen(self.config.host, self.config.http_port)
+            for sock in sockets:
+                await web.SockSite(self.http_runner, sock, ssl_context=ssl_context).start()
+            self.http_port = sockets[0].getsockname()[1]
+            self.http_addresses = tuple(bound(sockets))
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.scheduler.start)  # continuous: longer lanes load their sessions
         if self.config.warmup:
@@ -66,11 +69,11 @@ class Server:
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info(
-            "serving %s on port %d, metrics on %d, HTTP API %s",
+            "serving %s: gRPC on %s, HTTP API on %s, metrics on %s",
             self.models.describe(),
-            self.port,
-            self.metrics_port,
-            self.http_port or "off",
+            grpc_address(self.config.host, self.port),
+            " ".join(self.http_addresses) or "off",
+            " ".join(self.metrics_http.addresses),
         )
 
     async def _reload_certificates(self) -> None:
@@ -91,8 +94,8 @@ class Server:
             await self.http_runner.shutdown()
             await self.http_runner.cleanup()
         await asyncio.get_running_loop().run_in_executor(None, self.scheduler.stop, 5.0)
-        if self._metrics_http is not None:
-            self._metrics_http.shutdown()
+        if self.metrics_http is not None:
+            self.metrics_http.shutdown()
 
 
 def _tolerant(parse):
@@ -154,20 +157,20 @@ def create_server(config: ServerConfig, metrics: Metrics | None = None) -> Serve
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection([SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
-    address = f"{config.host}:{config.port}"
+    address = grpc_address(config.host, config.port)
     certificates = Certificates(config) if config.tls_cert is not None else None
     if certificates is not None:
         port = server.add_secure_port(address, certificates.grpc_credentials())
     else:
         port = server.add_insecure_port(address)
-    metrics_http, _ = start_http_server(config.metrics_port, registry=metrics.registry)
+    metrics_http = MetricsEndpoint(config.host, config.metrics_port, metrics.registry)
     # A client that goes away cancels its handler, and so its job (as a cancelled RPC does).
     http_api = HttpApi(models, translations, config, access).application()
     http_runner = web.AppRunner(http_api, handler_cancellation=True, access_log=None) if config.http_port else None
     return Server(
         server,
         port,
-        metrics_http.server_port,
+        metrics_http.port,
         health_servicer,
         scheduler,
         metrics,

@@ -39,7 +39,11 @@ class ServerConfig:
     )
     variant: Variant = setting("fp32", "the exported variant to load: int8 is faster on CPU, fp16 is for CUDA")
     provider: Provider = setting("auto", "ONNX Runtime's provider (auto: CUDA where available)")
-    host: str = setting("[::]", "address the gRPC, HTTP and metrics ports listen on")
+    host: str = setting(
+        "[::]",
+        "where the gRPC, HTTP and metrics ports listen: [::] every address of both families (IPv4 and IPv6), an "
+        "address of either family (0.0.0.0: every IPv4 address), or a host name (each address it resolves to)",
+    )
     port: int = setting(50051, "the gRPC port")
     metrics_port: int = setting(9464, "the Prometheus metrics port (plain HTTP)")
     http_port: int = setting(5000, "the LibreTranslate-compatible HTTP API's port (server/http.py); 0 turns it off")

@@ -2,8 +2,9 @@
 health service reports SERVING for SERVICE (default: the Translator service), 1 otherwise.
 
 Docker's HEALTHCHECK and docker compose run it; Kubernetes probes the same health service
-natively over plaintext, and through this script (an exec probe) when TLS is on. The port and
-whether TLS is on are read as the server reads them (TRANSLATE_PORT, TRANSLATE_TLS_CERT, ...), so
+natively over plaintext, and through this script (an exec probe) when TLS is on. It calls the IPv4
+loopback (127.0.0.1) when the server listens on every address, as a cluster's callers do. The host,
+port and whether TLS is on are read as the server reads them (TRANSLATE_PORT, TRANSLATE_TLS_CERT, ...), so
 the check follows overrides made through the environment. With TLS it verifies the server against
 TRANSLATE_HEALTHCHECK_CA (default: the server's own certificate file, for a self-signed one) by the
 name TRANSLATE_HEALTHCHECK_SERVER_NAME (default localhost), and with mutual TLS presents
@@ -20,12 +21,13 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from server.config import ServerConfig, parse_config
+from server.listen import hostport, local_address
 
 TRANSLATOR_SERVICE = "translation.v1.Translator"
 
 
 def channel(config: ServerConfig) -> grpc.Channel:
-    target = f"localhost:{config.port}"
+    target = hostport(local_address(config.host), config.port)
     if config.tls_cert is None:
         return grpc.insecure_channel(target)
     environ = os.environ

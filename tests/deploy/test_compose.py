@@ -75,8 +75,8 @@ def test_load_generator_command_runs(compose, live_server, tiny_export, tmp_path
     command = compose["services"]["loadgen"]["command"]
     assert command[0] == "translate-loadtest"
     local = {
-        "--target": f"localhost:{live_server.server.port}",
-        "--metrics": f"http://localhost:{live_server.server.metrics_port}/metrics",
+        "--target": f"127.0.0.1:{live_server.server.port}",
+        "--metrics": f"http://127.0.0.1:{live_server.server.metrics_port}/metrics",
         "--tokenizer": str(tiny_export / "sentencepiece.model"),
         "--concurrency": "2",
         "--requests": "4",

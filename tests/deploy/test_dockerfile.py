@@ -121,7 +121,7 @@ def test_healthcheck_passes_on_a_serving_server(live_server, args, reported):
 
 def test_healthcheck_fails_without_a_server():
     with socket.socket() as unused:
-        unused.bind(("localhost", 0))
+        unused.bind(("127.0.0.1", 0))
         port = unused.getsockname()[1]
     result = run_healthcheck(port)
     assert result.returncode == 1

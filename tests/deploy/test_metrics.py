@@ -65,7 +65,7 @@ EXPRESSIONS = [("dashboard", e) for e in dashboard_expressions()] + [("alerts", 
 @pytest.fixture(scope="module")
 def scraped(live_server) -> dict[str, set[str]]:
     """Exported series names (with their histogram/counter suffixes) and the labels each carries."""
-    url = f"http://localhost:{live_server.server.metrics_port}/metrics"
+    url = f"http://127.0.0.1:{live_server.server.metrics_port}/metrics"
     with urllib.request.urlopen(url, timeout=10) as response:
         text = response.read().decode()
     series: dict[str, set[str]] = {}

@@ -25,7 +25,7 @@ class RunningServer:
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.server: Server = self.call(self._create(config))
-        self.channel = grpc.insecure_channel(f"localhost:{self.server.port}")
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.server.port}")
         self.stub = translate_pb2_grpc.TranslatorStub(self.channel)
 
     async def _create(self, config: ServerConfig) -> Server:
@@ -69,7 +69,6 @@ def server_config(model: Path, **overrides) -> ServerConfig:
     base = ServerConfig(
         model=model,
         provider="cpu",
-        host="127.0.0.1",
         port=0,
         metrics_port=0,
         http_port=0,

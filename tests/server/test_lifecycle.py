@@ -52,7 +52,7 @@ def start_subprocess_server(model: Path, *flags: str, cwd: Path | None = None) -
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         line = process.stderr.readline()
-        match = re.search(r"on port (\d+), metrics on (\d+)", line)
+        match = re.search(r"gRPC on \S+:(\d+), HTTP API on .*, metrics on \S+:(\d+)", line)
         if match:  # from here on stderr (access-log lines) is drained, so a full pipe never blocks the server
             threading.Thread(target=process.stderr.read, daemon=True).start()
             return process, int(match.group(1)), int(match.group(2))
@@ -95,7 +95,7 @@ def test_sigterm_drains_in_flight_requests(tiny_export: Path):
 
 
 def test_client_command_prints_translations_and_errors(running: RunningServer):
-    target = f"localhost:{running.server.port}"
+    target = f"127.0.0.1:{running.server.port}"
     ok = subprocess.run(
         [sys.executable, "-m", "server.client", "--target", target],
         input="A man is walking.\nA cat is sleeping.\n",

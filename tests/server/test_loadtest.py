@@ -44,7 +44,7 @@ def test_run_on_profile_gives_one_sentence_texts(tokenizer):
 def test_bounded_load_is_counted_exactly(running: RunningServer, tiny_export: Path, tmp_path: Path):
     args = [
         "--target",
-        f"localhost:{running.server.port}",
+        f"127.0.0.1:{running.server.port}",
         "--metrics",
         f"http://127.0.0.1:{running.server.metrics_port}/metrics",
         "--tokenizer",
@@ -73,7 +73,7 @@ def test_bounded_load_is_counted_exactly(running: RunningServer, tiny_export: Pa
 def test_open_loop_with_deadlines_counts_errors(running: RunningServer, tiny_export: Path, tmp_path: Path):
     args = [
         "--target",
-        f"localhost:{running.server.port}",
+        f"127.0.0.1:{running.server.port}",
         "--metrics",
         "",
         "--tokenizer",

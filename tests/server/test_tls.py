@@ -84,7 +84,7 @@ def make_certificates(d: Path) -> Path:
 
 
 def translate(port: int, credentials: grpc.ChannelCredentials | None) -> str:
-    target = f"localhost:{port}"
+    target = f"127.0.0.1:{port}"
     channel = grpc.secure_channel(target, credentials) if credentials else grpc.insecure_channel(target)
     with channel:
         stub = translate_pb2_grpc.TranslatorStub(channel)
@@ -130,7 +130,7 @@ def test_tls_settings_are_checked():
 def https_translate(port: int, ca: Path) -> str:
     context = ssl.create_default_context(cafile=str(ca))
     request = urllib.request.Request(
-        f"https://localhost:{port}/translate",
+        f"https://127.0.0.1:{port}/translate",
         data=b'{"q": "A man.", "source": "en", "target": "de"}',
         headers={"Content-Type": "application/json"},
     )
@@ -223,7 +223,7 @@ def test_the_load_generator_speaks_mutual_tls(tiny_export: Path, certificates: P
             "--api",
             api,
             "--target",
-            f"localhost:{port}",
+            f"127.0.0.1:{port}",
             "--metrics",
             "",
             "--requests",

@@ -1,0 +1,116 @@
+"""Every port (gRPC, HTTP, metrics) answers on the IPv4 and the IPv6 loopback under the default --host."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from proto import translate_pb2, translate_pb2_grpc
+from server.config import ServerConfig
+from server.listen import ListenError, addresses, grpc_address, listen
+from tests.server.conftest import RunningServer, server_config
+from tests.server.test_http import free_port
+
+
+def has_ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+LOOPBACKS = ["127.0.0.1", pytest.param("[::1]", marks=pytest.mark.skipif(not has_ipv6_loopback(), reason="no ::1"))]
+
+
+def get(url: str) -> tuple[int, bytes]:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return response.status, response.read()
+
+
+@pytest.fixture(scope="module")
+def default_host_server(tiny_export: Path) -> Iterator[RunningServer]:
+    config = server_config(tiny_export, host=ServerConfig().host, http_port=free_port())
+    running = RunningServer(config)
+    yield running
+    running.close()
+
+
+def test_the_default_host_means_both_families():
+    assert ServerConfig().host == "[::]"
+    assert addresses("[::]") == [(socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")]
+    assert grpc_address("[::]", 50051) == "[::]:50051"
+
+
+@pytest.mark.parametrize(
+    "host, expected",
+    [
+        ("0.0.0.0", [(socket.AF_INET, "0.0.0.0")]),
+        ("127.0.0.1", [(socket.AF_INET, "127.0.0.1")]),
+        ("::1", [(socket.AF_INET6, "::1")]),
+        ("[::1]", [(socket.AF_INET6, "::1")]),
+    ],
+)
+def test_an_address_of_either_family_is_that_address(host: str, expected):
+    assert addresses(host) == expected
+
+
+def test_a_host_name_means_each_of_its_addresses():
+    assert (socket.AF_INET, "127.0.0.1") in addresses("localhost")
+    with pytest.raises(ListenError, match="resolves to no address"):
+        addresses("no-such-host.invalid")
+
+
+def test_one_free_port_for_every_address():
+    sockets = listen("[::]", 0)
+    try:
+        ports = {sock.getsockname()[1] for sock in sockets}
+        families = [sock.family for sock in sockets]
+        assert len(ports) == 1, ports
+        assert families[0] == socket.AF_INET and (len(families) == 2 or not has_ipv6_loopback()), families
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def test_a_port_in_use_is_a_clear_error():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(ListenError, match=r"cannot listen on 127\.0\.0\.1:\d+"):
+            listen("127.0.0.1", taken.getsockname()[1])
+
+
+@pytest.mark.parametrize("loopback", LOOPBACKS)
+def test_http_and_metrics_answer_on_both_loopbacks(default_host_server: RunningServer, loopback: str):
+    server = default_host_server.server
+    status, body = get(f"http://{loopback}:{server.http_port}/languages")
+    assert status == 200 and b'"code": "en"' in body.replace(b'":"', b'": "'), body[:200]
+    status, body = get(f"http://{loopback}:{server.metrics_port}/metrics")
+    assert status == 200 and b"translate_model_info" in body, body[:200]
+
+
+@pytest.mark.parametrize("loopback", LOOPBACKS)
+def test_grpc_answers_on_both_loopbacks(default_host_server: RunningServer, loopback: str):
+    with grpc.insecure_channel(f"{loopback}:{default_host_server.server.port}") as channel:
+        models = translate_pb2_grpc.TranslatorStub(channel).ListModels(translate_pb2.ListModelsRequest(), timeout=10)
+    assert models.models, models
+
+
+def test_the_startup_line_names_the_bound_addresses(tiny_export: Path, caplog):
+    caplog.set_level(logging.INFO, logger="server.app")
+    running = RunningServer(server_config(tiny_export, host="127.0.0.1", http_port=free_port()))
+    try:
+        port, http_port, metrics_port = running.server.port, running.server.http_port, running.server.metrics_port
+    finally:
+        running.close()
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("serving "))
+    expected = f"gRPC on 127.0.0.1:{port}, HTTP API on 127.0.0.1:{http_port}, metrics on 127.0.0.1:{metrics_port}"
+    assert expected in line, line
