@@ -13,7 +13,6 @@ word), and the share whose span contains it.
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import sys
 import time
@@ -23,6 +22,7 @@ import numpy as np
 import onnxruntime as ort
 
 from export.aligner import build_aligner
+from export.cpu import describe_cpu
 from export.runtime import OrtModel, RuntimeOptions
 from model.checkpoint import load_checkpoint
 from model.corpus import corpus_path, read_lines
@@ -168,7 +168,7 @@ def main(argv=None) -> None:
         model.align(pairs)
         align_s.append(time.perf_counter() - started)
     print(f"command: python {' '.join(sys.argv)}")
-    print(f"machine: {platform.machine()}; model {args.model}; {len(sources)} {args.split} sentences, greedy fp32")
+    print(f"machine: {describe_cpu()}; model {args.model}; {len(sources)} {args.split} sentences, greedy fp32")
     print(f"lexicon words with exactly one expected output word: {cases}\n")
     print("| layer | offset | tag placed exactly | span contains the word |")
     print("|---|---|---|---|")

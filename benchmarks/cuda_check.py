@@ -13,8 +13,6 @@ cache), at batch 1 and 32, greedy and beam 4.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import shlex
 import statistics
 import subprocess
@@ -28,6 +26,7 @@ import sacrebleu
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from export.cpu import describe_cpu  # noqa: E402
 from export.runtime import OrtModel, RuntimeOptions  # noqa: E402
 from model.corpus import corpus_path, read_lines  # noqa: E402
 
@@ -77,10 +76,7 @@ def main() -> int:
     sources = tokenizer.encode_source(texts)
 
     print(f"command: python benchmarks/cuda_check.py {shlex.join(sys.argv[1:])}")
-    print(
-        f"machine: {gpu_name()}; {platform.machine()}, {len(os.sched_getaffinity(0))} cores; "
-        f"onnxruntime {ort.__version__}; medians of {args.repeats}"
-    )
+    print(f"machine: {gpu_name()}; {describe_cpu()}; onnxruntime {ort.__version__}; medians of {args.repeats}")
     print("\n| check | result |\n|---|---|")
     for beam in (1, 4):
         _, on_cpu = translate_all(cpu, sources, 32, beam)

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -27,11 +25,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from export.cpu import describe_cpu  # noqa: E402
 from export.runtime import OrtModel, RuntimeOptions  # noqa: E402
 from server.config import ServerConfig  # noqa: E402
 from server.engine import Engine  # noqa: E402
 
 LENGTHS = (16, 64, 256, 512, 1024)
+SWEEP_SENTENCES = 128  # test_2016_flickr sentences of the batch-size sweep
 
 
 def median_time(fn, repeats: int) -> float:
@@ -101,7 +101,7 @@ def batch_sweep(model_dir: Path, data: Path, repeats: int) -> list[dict]:
     from model.corpus import corpus_path, read_lines
 
     ort_model = OrtModel(model_dir, RuntimeOptions(provider="cpu", spinning=False, small_batch_threads=1))
-    texts = read_lines(corpus_path(data, "test_2016_flickr", "en"))[:128]
+    texts = read_lines(corpus_path(data, "test_2016_flickr", "en"))[:SWEEP_SENTENCES]
     ids = ort_model.tokenizer.encode_source(texts)
     result = []
     for batch in (1, 4, 16, 64):
@@ -113,7 +113,14 @@ def batch_sweep(model_dir: Path, data: Path, repeats: int) -> list[dict]:
                 outputs.extend(len(o) + 1 for o in ort_model.translate_ids(ids[i : i + batch]))
 
         seconds = median_time(run, repeats)
-        result.append({"batch": batch, "tokens_per_s": sum(outputs) / seconds, "sentences_per_s": len(ids) / seconds})
+        result.append(
+            {
+                "batch": batch,
+                "sentences": len(ids),
+                "tokens_per_s": sum(outputs) / seconds,
+                "sentences_per_s": len(ids) / seconds,
+            }
+        )
         print(json.dumps(result[-1]), file=sys.stderr, flush=True)
     return result
 
@@ -239,7 +246,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     lines = [
         f"command: `python benchmarks/engine_report.py --model {args.model} --repeats {args.repeats}`",
-        f"machine: {platform.machine()}, {os.cpu_count()} cores; medians of {args.repeats} runs",
+        f"machine: {describe_cpu()}; medians of {args.repeats} runs",
         "",
         "| length | encoder ms | step ms, cache (ORT) | step ms, cache (PyTorch) | step ms, no cache (PyTorch) "
         "| attention share of ORT step |",
@@ -266,7 +273,7 @@ def main() -> int:
         )
     lines += [
         "",
-        "Batch-size sweep (ONNX Runtime fp32, greedy, 128 test_2016_flickr sentences):",
+        f"Batch-size sweep (ONNX Runtime fp32, greedy, {sweep[0]['sentences']} test_2016_flickr sentences):",
         "",
         "| batch | output tokens/s | sentences/s |",
         "|---|---|---|",

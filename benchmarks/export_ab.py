@@ -11,8 +11,6 @@ batch size (as ``export.benchmark`` sends them), medians of ``--repeats``, and t
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import sys
 import time
@@ -23,6 +21,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from export.cpu import describe_cpu  # noqa: E402
 from export.runtime import OrtModel  # noqa: E402
 from export.translate_file import runtime_options  # noqa: E402
 from model.corpus import corpus_path, read_lines  # noqa: E402
@@ -53,8 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     texts = read_lines(corpus_path(args.data, "test_2016_flickr", "en"))
     print(f"command: python {' '.join(sys.argv)}")
     print(
-        f"machine: {platform.machine()}, {os.cpu_count()} cores; {args.variant}, {args.threads} threads; "
-        f"medians of {args.repeats}, alternating\n"
+        f"machine: {describe_cpu()}; {args.variant}, {args.threads} threads; medians of {args.repeats}, alternating\n"
     )
     print("| case | base tok/s | this tok/s | this / base | identical |")
     print("|---|---|---|---|---|")

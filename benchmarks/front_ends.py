@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import platform
 import statistics
 import sys
 import threading
@@ -30,6 +28,7 @@ import sentencepiece as spm
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from export.cpu import describe_cpu  # noqa: E402
 from server import loadtest  # noqa: E402
 from server.config import DEFAULT_MODELS  # noqa: E402
 from tests.server.test_http import free_port  # noqa: E402
@@ -222,7 +221,7 @@ def main() -> int:
     mix = mixed(args.data, tokenizers, args.requests, args.mixed_clients, args.mixed_budget_mib)
     lines = [
         f"command: `python benchmarks/front_ends.py {' '.join(sys.argv[1:])}`",
-        f"machine: {platform.machine()}, {os.cpu_count()} cores, clients in one process on the same cores; "
+        f"machine: {describe_cpu()}, clients in one process on the same cores; "
         f"default server settings (fp32, continuous, lanes 64); {args.requests} requests per run",
         "",
         "Idle resident memory (warm server, no requests):",

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import platform
 import sys
 import threading
 import time
@@ -28,6 +26,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 from front_ends import resident_bytes  # noqa: E402
 
+from export.cpu import describe_cpu  # noqa: E402
 from server import loadtest  # noqa: E402
 from server.config import DEFAULT_MODELS  # noqa: E402
 from tests.server.test_lifecycle import start_subprocess_server  # noqa: E402
@@ -90,7 +89,7 @@ def main() -> int:
     unexpected = {code: n for code, n in summary["codes"].items() if code != "OK" and code not in REFUSALS}
     lines = [
         f"command: `python benchmarks/overload.py {' '.join(sys.argv[1:])}`",
-        f"machine: {platform.machine()}, {os.cpu_count()} cores, client on the same cores; "
+        f"machine: {describe_cpu()}, client on the same cores; "
         "server with the deployment's "
         f"ConfigMap ({' '.join(flags)}), both default models; profile {profile_spec}",
         "",

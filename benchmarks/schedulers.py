@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import platform
 import statistics
 import sys
 from pathlib import Path
@@ -25,6 +23,7 @@ import sentencepiece as spm
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from export.cpu import describe_cpu  # noqa: E402
 from server import loadtest, loadtest_report  # noqa: E402
 from tests.server.test_lifecycle import start_subprocess_server  # noqa: E402
 
@@ -94,7 +93,7 @@ def main() -> int:
         stop_servers(servers)
     lines = [
         f"command: `python benchmarks/schedulers.py {' '.join(sys.argv[1:])}`",
-        f"machine: {platform.machine()}, {os.cpu_count()} cores; Poisson arrivals at {args.load:.0%} of the lower "
+        f"machine: {describe_cpu()}; Poisson arrivals at {args.load:.0%} of the lower "
         f"measured capacity (closed loop, 32 clients); {args.requests} requests per run; medians of {args.repeats} "
         "runs, schedulers alternating; short = up to 32 source tokens",
         "",

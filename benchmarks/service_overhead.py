@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import collections
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -41,6 +40,7 @@ import sentencepiece as spm
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from export.cpu import describe_cpu  # noqa: E402
 from export.runtime import OrtModel  # noqa: E402
 from export.translate_file import parallelism, runtime_options  # noqa: E402
 from model.corpus import read_lines  # noqa: E402
@@ -257,8 +257,7 @@ def main(argv=None) -> None:
     server, engine, main = median["server"]["cpu"], median["offline"]["cpu"], median["server"]["main"]
     lines = [
         f"command: python {' '.join(sys.argv)}",
-        f"machine: {platform.machine()}, {os.cpu_count()} cores; {args.variant}; "
-        f"medians of {args.repeats}, alternating",
+        f"machine: {describe_cpu()}; {args.variant}; medians of {args.repeats}, alternating",
         "",
         "| path | CPU ms per sentence |",
         "|---|---|",

@@ -13,8 +13,6 @@ that work's share of the decode loop and of the whole translation (the encoder i
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import shlex
 import statistics
 import sys
@@ -24,6 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from export.cpu import describe_cpu  # noqa: E402
 from export.runtime import OrtModel  # noqa: E402
 from export.translate_file import runtime_options  # noqa: E402
 from model.corpus import corpus_path, read_lines  # noqa: E402
@@ -78,10 +77,7 @@ def main() -> int:
     translating = time.perf_counter() - started
     outside = [whole - run for whole, run in zip(steps, runs, strict=True)]
     print(f"command: python benchmarks/step_overhead.py {shlex.join(sys.argv[1:])}")
-    print(
-        f"machine: {platform.machine()}, {len(os.sched_getaffinity(0))} cores; {args.variant}; batch {args.batch}, "
-        f"beam {args.beam}; {len(steps)} steps"
-    )
+    print(f"machine: {describe_cpu()}; {args.variant}; batch {args.batch}, beam {args.beam}; {len(steps)} steps")
     print(
         f"step: median {statistics.median(steps) * 1e3:.3f} ms; "
         f"inside run: median {statistics.median(runs) * 1e3:.3f} ms"

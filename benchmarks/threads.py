@@ -11,8 +11,6 @@ p50/p99, for both schedulers.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import sys
 from pathlib import Path
@@ -24,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 from schedulers import run_load, stop_servers, write_report  # noqa: E402
 
+from export.cpu import describe_cpu  # noqa: E402
 from tests.server.test_lifecycle import start_subprocess_server  # noqa: E402
 
 VARIANTS = {
@@ -62,7 +61,7 @@ def main() -> int:
         stop_servers(servers)
     lines = [
         f"command: `python benchmarks/threads.py {' '.join(sys.argv[1:])}`",
-        f"machine: {platform.machine()}, {os.cpu_count()} cores, client on the same cores; profile {args.profile}; "
+        f"machine: {describe_cpu()}, client on the same cores; profile {args.profile}; "
         f"capacity: closed loop, 32 clients; latency: Poisson arrivals at {args.rate:g}/s, {args.requests} requests "
         f"per run, medians of {args.repeats} runs; all variants side by side",
         "",

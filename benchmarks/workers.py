@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from export.cpu import describe_cpu  # noqa: E402
 from export.runtime import OrtModel  # noqa: E402
 from export.translate_file import runtime_options  # noqa: E402
 from model.corpus import read_lines  # noqa: E402
@@ -56,7 +56,7 @@ def main(argv=None) -> None:
     }
     lines = [
         f"command: python {' '.join(sys.argv)}",
-        f"machine: {platform.machine()}, {cores} cores; {len(texts)} sentences, batches of 32; medians of "
+        f"machine: {describe_cpu(cores)}; {len(texts)} sentences, batches of 32; medians of "
         f"{args.repeats}, settings alternating",
         "",
         "| variant | search | " + " | ".join(settings) + f" | {cores} batches / 1 batch |",

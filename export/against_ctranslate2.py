@@ -20,8 +20,6 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import json
-import os
-import platform
 import shlex
 import shutil
 import statistics
@@ -33,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from export.cpu import describe_cpu
 from export.manifest import sha256
 from export.runtime import OrtModel, RuntimeOptions
 from export.translate_file import runtime_options
@@ -43,13 +42,6 @@ CASES = ((1, 1, 150), (32, 1, 1000), (1, 4, 150), (32, 4, 1000))  # batch, beam,
 BASE_SIZED_CASES = ((1, 1, 60), (32, 1, 320), (1, 4, 60), (32, 4, 320))  # every output is 40 tokens there
 BASE_SIZED = {"d_model": 512, "heads": 8, "layers": 6, "ffn": 2048, "vocab": 32000}
 Run = Callable[[list[list[int]], int, int], list[list[int]]]
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.machine()
 
 
 def base_sized_marian(folder: Path, spm: Path) -> Path:
@@ -208,7 +200,7 @@ def run_benchmark(args) -> int:
 
     print(f"command: python -m export.benchmark {shlex.join(sys.argv[1:])}")
     print(
-        f"machine: {cpu_name()}, {len(os.sched_getaffinity(0))} cores; "
+        f"machine: {describe_cpu()}; "
         f"{f'{args.workers} batches at once on 1 thread' if args.workers > 1 else f'{threads} threads'} each; "
         f"onnxruntime {ort.__version__}, ctranslate2 {ctranslate2.__version__}; medians of {args.repeats}; "
         f"{'base-sized random model' if args.base_sized else 'default model'}, outputs capped at {cap} tokens\n"

@@ -9,8 +9,6 @@ fp32 and int8. Prints a Markdown table of medians over repeated runs.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import shlex
 import statistics
 import sys
@@ -21,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from export.cpu import describe_cpu
 from export.runtime import OrtModel
 from export.translate_file import runtime_options
 from model.checkpoint import DEFAULT_CHECKPOINT, length_penalty, load_checkpoint
@@ -42,9 +41,7 @@ def measure(translate: Translate, sources: list[list[int]], batch: int, beam: in
 
 
 def machine() -> str:
-    return (
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}"
-    )
+    return f"{describe_cpu()}, torch threads {torch.get_num_threads()}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

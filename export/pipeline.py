@@ -27,7 +27,7 @@ from export.aligner import ALIGNMENT_READINGS, build_aligner, check_aligner
 from export.builder import OPSET
 from export.graphs import ENCODER_AXES, ENCODER_INPUTS, ENCODER_OUTPUTS, export_graphs
 from export.manifest import sha256, write_manifest
-from export.optimize import optimize, quantize_int8
+from export.optimize import INT8_QUANTIZATION, optimize, quantize_int8
 from export.parity import FP32_TOLERANCE, check_graphs
 from export.runtime import NO_FUSIONS, PROVIDERS, OrtModel, RuntimeOptions, resolve_provider
 from model.checkpoint import (
@@ -187,6 +187,8 @@ def export(cfg: ExportConfig) -> Path:
         for name in tokenizer_files["files"]:
             shutil.copy(cfg.checkpoint / name, folder / name)
         files = {v.name: {**v.files, "parity": variant_parity(model, folder, v.name, sources)} for v in variants}
+        if "int8" in files:
+            files["int8"]["quantization"] = INT8_QUANTIZATION
         aligner = _check_aligner(model, folder, check)
         manifest = describe(cfg, model, folder, files, aligner, tokenizer_files, tokenizer.special_ids)
         write_manifest(folder, manifest)  # hashes first, so the quality pass loads a verified folder

@@ -10,6 +10,7 @@ provider too (``io_binding=True``), which is how it is tested without a GPU.
 from __future__ import annotations
 
 import ctypes
+import logging
 import threading
 import weakref
 from collections.abc import Sequence
@@ -22,6 +23,7 @@ import numpy as np
 import onnxruntime as ort
 
 from export.cache_ops import cache_op_path
+from export.cpu import describe_cpu, int8_products_saturate
 from export.manifest import ModelFolderError, Provider, Variant, read_manifest
 from model.config import ModelConfig
 from model.search import (
@@ -36,6 +38,8 @@ from model.search import (
     translate_in_batches,
 )
 from model.tokenizer import Tokenizer, TokenizerError
+
+log = logging.getLogger(__name__)
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
 # Allocations over this get their own mapping, returned on free: long inputs' encoder states and the
@@ -251,6 +255,8 @@ class OrtModel:
         except TokenizerError as e:
             raise ModelFolderError(str(e)) from e
         self.provider = resolve_provider(options.provider)
+        if self.variant == "int8" and not variants["int8"].get("quantization", {}).get("reduce_range"):
+            self._warn_if_int8_saturates()
         self.device = "cuda" if self.provider == "cuda" else "cpu"
         self.device_cache = self.provider == "cuda" if options.device_cache is None else options.device_cache
         self.io_binding = self.provider == "cuda" if options.io_binding is None else options.io_binding
@@ -279,6 +285,16 @@ class OrtModel:
         self._cache_ops = (
             CacheOps(PROVIDERS[self.provider], self.device, self.cache_dtype) if self.device_cache else None
         )
+
+    def _warn_if_int8_saturates(self) -> None:
+        """An int8 export from before 7-bit weights loses BLEU on CPUs without VNNI (export/optimize.py)."""
+        if self.provider == "cpu" and int8_products_saturate():
+            log.warning(
+                "%s: its int8 weights use 8 bits, which this CPU's int8 products saturate (%s): translations "
+                "lose quality; export it again (python -m export --int8 --force) or serve --variant fp32",
+                self.folder,
+                describe_cpu(),
+            )
 
     def _sessions(self, options: RuntimeOptions, threads: int) -> tuple[ort.InferenceSession, ort.InferenceSession]:
         files = self.manifest["variants"][self.variant]

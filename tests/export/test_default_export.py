@@ -1,18 +1,28 @@
-"""The exported default models (en→de, de→en): translations identical to PyTorch, int8 quality."""
+"""The exported default models (en→de, de→en): translations identical to PyTorch, int8 quality on CPUs with and
+without VNNI."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import sacrebleu
 
 from export.__main__ import main as export
+from export.cpu import describe_cpu, int8_products_saturate
+from export.manifest import read_manifest
 from export.runtime import OrtModel, RuntimeOptions
 from model.checkpoint import DEFAULT_CHECKPOINT, DEFAULT_DE_EN_CHECKPOINT, length_penalty, load_checkpoint
 from model.corpus import corpus_path, read_lines
 from model.translate import TorchTranslator
 from tests.conftest import MULTI30K, OWN_SENTENCES, own_sentences
+
+INT8_BLEU_DROP = 0.3  # the most int8 may lose against fp32 on test_2016_flickr, on any x86-64 CPU
+QEMU = shutil.which("qemu-x86_64")
+EMULATED_CPU = "EPYC-Rome"  # AMD Zen 2: AVX2 and FMA, no AVX-512, no VNNI (qemu-user 7.2 emulates AVX2)
 
 # checkpoint, source and target language
 DIRECTIONS = {"en-de": (DEFAULT_CHECKPOINT, "en", "de"), "de-en": (DEFAULT_DE_EN_CHECKPOINT, "de", "en")}
@@ -54,6 +64,7 @@ def test_onnx_translations_identical_to_pytorch(direction, default_export: Path,
 
 
 def test_int8_bleu_drop_is_small(direction, default_export: Path, multi30k: Path):
+    """On this machine's CPU, whichever kernel its int8 products take (VNNI or not)."""
     _, source, target = direction
     sources = read_lines(corpus_path(multi30k, "test_2016_flickr", source))
     references = read_lines(corpus_path(multi30k, "test_2016_flickr", target))
@@ -61,4 +72,34 @@ def test_int8_bleu_drop_is_small(direction, default_export: Path, multi30k: Path
     for variant in ("fp32", "int8"):
         runtime = OrtModel(default_export, RuntimeOptions(variant=variant, provider="cpu"))
         scores[variant] = sacrebleu.corpus_bleu(runtime.translate(sources), [references]).score
-    assert scores["fp32"] - scores["int8"] <= 0.5, scores
+    cpu = f"{describe_cpu()}; int8 products {'saturate' if int8_products_saturate() else 'exact'}"
+    assert scores["fp32"] - scores["int8"] <= INT8_BLEU_DROP, f"{scores} on {cpu}"
+
+
+def test_the_manifest_records_7_bit_int8_weights(default_export: Path):
+    assert read_manifest(default_export)["variants"]["int8"]["quantization"]["reduce_range"] is True
+
+
+@pytest.mark.skipif(QEMU is None, reason="qemu-x86_64 not installed (Debian qemu-user): no CPU without VNNI to emulate")
+def test_int8_bleu_drop_is_small_on_a_cpu_without_vnni(direction, default_export: Path, multi30k: Path):
+    """The same check on an emulated AMD EPYC-Rome (AVX2, no AVX-512, no VNNI), where ONNX Runtime's u8×s8
+    products sum pairs in 16 bits: 8-bit weights lost 1.34 BLEU there (en→de), 7-bit ones lose none."""
+    _, source, target = direction
+    emulated = [QEMU, "-cpu", EMULATED_CPU, sys.executable]
+    probe = "from export.cpu import int8_products_saturate as s; print(s())"
+    saturates = subprocess.run([*emulated, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert saturates.stdout.strip() == "True", f"{EMULATED_CPU} is not emulated without VNNI: {saturates}"
+    sources = "".join(f"{line}\n" for line in read_lines(corpus_path(multi30k, "test_2016_flickr", source)))
+    references = read_lines(corpus_path(multi30k, "test_2016_flickr", target))
+    flags = ["-m", "export.translate_file", "--model", str(default_export), "--workers", "1", "--threads", "2"]
+    scores = {}
+    for variant, python in (("fp32", [sys.executable]), ("int8", emulated)):
+        result = subprocess.run(
+            [*python, *flags, "--variant", variant],
+            input=sources.encode(),
+            capture_output=True,
+            timeout=900,
+            check=True,
+        )
+        scores[variant] = sacrebleu.corpus_bleu(result.stdout.decode().splitlines(), [references]).score
+    assert scores["fp32"] - scores["int8"] <= INT8_BLEU_DROP, f"{scores}: fp32 here, int8 on {EMULATED_CPU} (qemu)"
