@@ -14,7 +14,7 @@
 
 ARG PYTHON_IMAGE=python:3.11-slim
 # The index torch's CPU wheel (and what it needs) comes from. Builds without a registry point both
-# arguments at local sources: deploy/image/README.md (`make image` does it).
+# arguments at local sources: deploy/README.md, section "Images", has the commands (`make image` passes them).
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 # onnxruntime-gpu wheels on PyPI are built for CUDA 12 and cuDNN 9; this tag ships both.
 ARG CUDA_IMAGE=nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04

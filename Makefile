@@ -49,7 +49,7 @@ SOAK_SECONDS ?= 600
 soak: $(STAMP) $(MODEL_DIR)/manifest.json
 	$(PY) benchmarks/soak.py --model $(MODEL_DIR) --duration $(SOAK_SECONDS)
 
-# The CPU server image, with docker, podman or buildah (deploy/image/README.md builds it offline).
+# The CPU server image, with docker, podman or buildah (deploy/README.md, section "Images": offline too).
 IMAGE ?= translation-service:dev
 PYTHON_IMAGE ?= python:3.11-slim
 TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu

@@ -1,4 +1,5 @@
-"""A command-line client: ``python -m server.client [--target HOST:PORT] [--from de --to en] [--beam N]``.
+"""A command-line client: ``python -m server.client [--target HOST:PORT] [--from LANG] [--to LANG]
+[--model NAME[@VERSION]] [--beam N] [--max-output-tokens N] [--timeout SECONDS] [--batch LINES]``.
 
 Reads source lines on stdin and prints one translation per line (a blank line stays blank). On error it
 prints the gRPC status code and message and exits non-zero.
@@ -19,7 +20,7 @@ from server.channel import channel
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "--target", default="localhost:50051", help="host:port, or dns:///name:port for every address of a name"
+        "--target", default="127.0.0.1:50051", help="host:port, or dns:///name:port for every address of a name"
     )
     parser.add_argument(
         "--from", dest="source", default="", help="source language (default: the server's default model)"

@@ -14,7 +14,7 @@ Generated texts are made of short filler sentences; append ``:run-on`` to a
 fixed/uniform/mix profile for texts that are one sentence each (no sentence
 breaks, so the server cannot split a long text into short sentences).
 
-``--api http`` drives the LibreTranslate HTTP API (``--target localhost:5000``, ``POST /translate``
+``--api http`` drives the LibreTranslate HTTP API (``--target 127.0.0.1:5000``, ``POST /translate``
 with ``--languages en:de``) instead of gRPC, so both front ends are measured the same way; HTTP statuses
 are reported under their gRPC twins' names (server/errors.py) and output tokens are the translation
 re-tokenized (HTTP does not return the count).
@@ -258,9 +258,9 @@ class LoadTest:
     """The load generator's options (benchmarks drive ``drive`` with these too)."""
 
     api: Literal["grpc", "http"] = setting("grpc", "the front end to drive")
-    target: str = setting("", "host:port (default localhost:50051 for grpc, localhost:5000 for http)")
+    target: str = setting("", "host:port (default 127.0.0.1:50051 for grpc, 127.0.0.1:5000 for http)")
     languages: str = setting("en:de", "source:target of each request (the model it goes to)")
-    metrics: str = setting("http://localhost:9464/metrics", "the server's metrics URL ('' to skip)")
+    metrics: str = setting("http://127.0.0.1:9464/metrics", "the server's metrics URL ('' to skip)")
     tokenizer: Path = setting(DEFAULT_MODEL_DIR / "sentencepiece.model", "counts the tokens of inputs and outputs")
     profile: str = setting("uniform:8-40", "input lengths: file:PATH, fixed:N, uniform:A-B or mix:P:A-B:C-D")
     concurrency: tuple[int, ...] = setting((8,), "closed loop clients; a comma list sweeps them")
@@ -278,7 +278,7 @@ class LoadTest:
 
     def __post_init__(self) -> None:
         if not self.target:
-            object.__setattr__(self, "target", "localhost:5000" if self.api == "http" else "localhost:50051")
+            object.__setattr__(self, "target", "127.0.0.1:5000" if self.api == "http" else "127.0.0.1:50051")
         problems = flags.choice_problems(self)
         if self.api == "http" and self.beam:
             problems.append("--beam applies to grpc only: the HTTP API decodes with the server's default beam")

@@ -15,7 +15,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from server.config import ServerConfig
-from tests.deploy.conftest import DEPLOY
+from tests.deploy.conftest import DEPLOY, OVERLAY_NAMES
+from tests.deploy.test_kubernetes import container, mib
 
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "translation.json"
 ALERTS = DEPLOY / "prometheus" / "alerts.yml"
@@ -113,6 +114,21 @@ def test_alert_rules_are_complete():
         assert set(rule) == {"alert", "expr", "for", "labels", "annotations"}, rule["alert"]
         assert rule["labels"]["severity"] in ("warning", "critical")
         assert rule["annotations"]["summary"] and rule["annotations"]["description"]
+
+
+def test_memory_alert_states_the_container_limit(overlays, compose):
+    """The alert's limit is a number (compose has no kube-state-metrics to read it from): the one in
+    every overlay's container and in compose's mem_limit, as is the dashboard's."""
+    (rule,) = [r for r in alert_rules() if r["alert"] == "TranslatorMemoryHigh"]
+    threshold = re.fullmatch(
+        r'process_resident_memory_bytes\{job="translator"\} > 0\.9 \* (\d+) \* 1024 \* 1024', rule["expr"]
+    )
+    assert threshold, rule["expr"]
+    limit_mib = int(threshold.group(1))
+    for overlay in OVERLAY_NAMES:
+        assert mib(container(overlays[overlay])["resources"]["limits"]["memory"]) == limit_mib, overlay
+    assert compose["services"]["translator"]["mem_limit"] == f"{limit_mib}m"
+    assert f"container limit ({limit_mib} MiB" in DASHBOARD.read_text()
 
 
 def test_prometheus_scrapes_the_translator_and_loads_the_alerts():
