@@ -28,8 +28,9 @@ def optimize(source: Path, target: Path) -> Path:
 # (2-core AMD EPYC with avx512_vnni, and the same under qemu-user -cpu EPYC-Rome: AVX2, no VNNI):
 #   8-bit weights: VNNI 40.24 / 38.78, no VNNI 38.75 / 38.67 (en→de loses 1.34)
 #   7-bit weights: VNNI 40.23 / 38.79, no VNNI 40.23 / 38.74
-# With VNNI the 7-bit weights ran at 0.99x / 1.12x the 8-bit ones' tokens/s (translate-file --workers 1
-# --threads 2, medians of 5, alternating); u8 weights (U8U8) never saturate either, but ran at 0.70x / 0.81x.
+# With VNNI the 7-bit weights ran at 0.98-0.99x / 1.05-1.12x the 8-bit ones' tokens/s (translate-file --workers 1
+# --threads 2 --max-repeats 0, medians of 5, alternating, two runs); u8 weights (U8U8) never saturate either, but
+# ran at 0.70-0.72x / 0.77-0.81x.
 INT8_QUANTIZATION = {"activations": "uint8, dynamic", "weights": "int8, per channel", "reduce_range": True}
 
 
