@@ -128,7 +128,7 @@ def _translator_handlers(servicer: TranslatorService) -> grpc.GenericRpcHandler:
 
 def create_server(config: ServerConfig, metrics: Metrics | None = None) -> Server:
     """Build (not start) the server; port 0 in config picks free ports, read back from the result."""
-    models = Models(serving_engines(config))
+    models = Models(serving_engines(config), config.language_detection)
     metrics = metrics or Metrics()
     for engine in models:
         metrics.model_info.labels(engine.name).info(

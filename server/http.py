@@ -5,12 +5,17 @@
                       "confidence": float | [float]} and, when a text is flagged, "flags": [str] | [[str]]
                       ("repetition", "length": a runaway-output guard stopped it; "low_confidence")
     GET  /languages   [{"code", "name", "targets"}]
+    POST /detect      q (a string): [{"confidence": 0-100, "language": code}], best first, among the languages
+                      the served models read (server/detect.py)
+
+``source`` and ``target`` choose among the server's models (``server.models``); ``source: "auto"`` detects the
+texts' language (together: one request, one model) and the answer carries ``detectedLanguage``
+({"confidence", "language"}, a list of them for a list q). LibreTranslate's ``api_key`` and ``alternatives``
+are accepted and ignored. A translation names the model that answered in ``X-Translation-Model``
+(``name@version``).
 
 Errors are JSON ``{"error": message}`` with the status of ``server.errors`` (400, 429 with Retry-After,
 503, 504, 500), and 404/405/413 for unknown paths, wrong methods and bodies over max_message_bytes.
-``source`` and ``target`` choose among the server's models (``server.models``); LibreTranslate's ``api_key``
-and ``alternatives`` are accepted and ignored; ``source: "auto"`` is refused (no language detection). A
-translation names the model that answered in ``X-Translation-Model`` (``name@version``).
 """
 
 from __future__ import annotations
@@ -27,9 +32,10 @@ from aiohttp import web
 
 from server.access import REQUEST_ID_HEADER, AccessLog, Exchange, request_id
 from server.config import ServerConfig
+from server.detect import Detected
 from server.errors import InvalidRequest, Overloaded, ServiceError, http_status_of, status_of
 from server.interface import Engine
-from server.models import Models
+from server.models import AUTO, Models
 from server.service import model_name
 from server.tracing import request_span
 from server.translations import Translations
@@ -105,6 +111,7 @@ class HttpApi:
         app = web.Application(middlewares=[request_ids, json_errors], client_max_size=self.config.max_message_bytes)
         app.router.add_post("/translate", self.translate)
         app.router.add_get("/languages", self.languages)
+        app.router.add_post("/detect", self.detect)
         return app
 
     # --- requests -------------------------------------------------------------------------
@@ -141,8 +148,9 @@ class HttpApi:
             return q, True
         raise InvalidRequest("q must be a string or a list of strings")
 
-    def _model(self, fields: dict[str, Any]) -> Engine:
-        """The model of the request's source and target languages (both required, as in LibreTranslate)."""
+    def _model(self, fields: dict[str, Any], texts: list[str], format: str) -> tuple[Engine, Detected | None]:
+        """The model of the request's source and target languages (both required, as in LibreTranslate), and
+        what was detected when the source is "auto"."""
         source, target = fields.get("source"), fields.get("target")
         pairs = self.models.describe()
         for name, value in (("source", source), ("target", target)):
@@ -150,11 +158,9 @@ class HttpApi:
                 raise InvalidRequest(f"Invalid request: missing {name} parameter (this server translates {pairs})")
             if not isinstance(value, str):
                 raise InvalidRequest(f"{name} must be a language code, e.g. {self.models.default.source_language!r}")
-        if source == "auto":
-            raise InvalidRequest(
-                f"source=auto: this server does not detect languages; give the source language ({pairs})"
-            )
-        return self.models.resolve(source=source, target=target)
+        if source == AUTO:
+            return self.models.resolve_auto(texts, target=target, format=format)
+        return self.models.resolve(source=source, target=target), None
 
     # --- routes ---------------------------------------------------------------------------
 
@@ -164,9 +170,10 @@ class HttpApi:
         try:
             fields = await self._fields(request)
             texts, as_list = self._texts(fields)
-            engine = exchange.engine = self._model(fields)
-            exchange.texts = texts
             format = str(fields.get("format") or "text")
+            engine, detected = self._model(fields, texts, format)
+            exchange.engine = engine
+            exchange.texts = texts
             deadline = time.monotonic() + self.config.http_timeout_s
             beam, max_output = self.config.default_beam_size, self.config.max_output_tokens
             min_confidence = self._min_confidence(fields)
@@ -187,6 +194,8 @@ class HttpApi:
             "translatedText": one([result.text for result in results]),
             "confidence": one([round(result.confidence, 4) for result in results]),
         }
+        if detected is not None:
+            body["detectedLanguage"] = one([vars(detected)] * len(results))
         flags = [[flag for flag in (r.guard, "low_confidence" if r.low_confidence else "") if flag] for r in results]
         if any(flags):
             body["flags"] = one(flags)
@@ -212,6 +221,21 @@ class HttpApi:
             {"code": code, "name": LANGUAGE_NAMES.get(code, code), "targets": codes} for code, codes in targets.items()
         ]
         return web.json_response(body)
+
+    async def detect(self, request: web.Request) -> web.Response:
+        """LibreTranslate's /detect: [{"confidence": 0-100, "language": code}], best first, among the served
+        source languages."""
+        exchange = Exchange("HTTP /detect", request[REQUEST_ID])
+        try:
+            q = (await self._fields(request)).get("q")
+            if not isinstance(q, str) or not q.strip():
+                raise InvalidRequest("Invalid request: missing q parameter (a string)")
+            exchange.texts = [q]
+            found = self.models.detector.detect(q)
+        except Exception as error:
+            return self._fail(exchange, error)
+        self.access.finish(exchange, "OK")
+        return web.json_response([{"confidence": d.confidence, "language": d.language} for d in found])
 
     def _fail(self, exchange: Exchange, error: BaseException) -> web.Response:
         status, message = http_status_of(error)

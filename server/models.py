@@ -10,8 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from server.config import LanguageDetection
+from server.detect import Detected, LanguageDetector
 from server.errors import InvalidRequest
 from server.interface import Engine
+
+AUTO = "auto"  # the source language that asks the server to detect it
 
 
 def pair(engine: Engine) -> str:
@@ -19,7 +23,7 @@ def pair(engine: Engine) -> str:
 
 
 class Models:
-    def __init__(self, engines: Sequence[Engine]) -> None:
+    def __init__(self, engines: Sequence[Engine], detection: LanguageDetection = "accurate") -> None:
         if not engines:
             raise ValueError("a server needs at least one model")
         names = [engine.name for engine in engines]
@@ -29,6 +33,7 @@ class Models:
                 "\"name\" in its checkpoint's config.json, carried into the export's manifest)"
             )
         self.engines = list(engines)
+        self.detector = LanguageDetector((engine.source_language for engine in self.engines), detection)
 
     def __iter__(self):
         return iter(self.engines)
@@ -47,6 +52,19 @@ class Models:
     def describe(self) -> str:
         """'en→de (en-de-transformer), de→en (de-en-transformer)'."""
         return ", ".join(f"{pair(engine)} ({engine.name})" for engine in self.engines)
+
+    def resolve_auto(
+        self, texts: Sequence[str], model: str = "", target: str = "", format: str = "text"
+    ) -> tuple[Engine, Detected]:
+        """The model for texts whose source language is to be detected (among the served source languages),
+        and what was detected. InvalidRequest names the detected language when no model takes it."""
+        detected = self.detector.best(texts, format)
+        try:
+            return self.resolve(model, detected.language, target), detected
+        except InvalidRequest as error:
+            raise InvalidRequest(
+                f"source=auto detected {detected.language!r} ({detected.confidence:.0f}%), but {error}"
+            ) from error
 
     def resolve(self, model: str = "", source: str = "", target: str = "") -> Engine:
         """The one model that matches every field given (empty fields match any), or the default when none

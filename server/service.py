@@ -14,9 +14,10 @@ import grpc
 from proto import translate_pb2, translate_pb2_grpc
 from server.access import ATTEMPT_HEADER, PREVIOUS_ATTEMPTS, REQUEST_ID_HEADER, AccessLog, Exchange, request_id
 from server.config import ServerConfig
+from server.detect import Detected
 from server.errors import InvalidRequest, ServiceError, status_of
 from server.interface import Engine
-from server.models import Models
+from server.models import AUTO, Models
 from server.tracing import request_span
 from server.translations import Translations
 
@@ -91,6 +92,14 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
         _check_parsed(request)
         return self.models.resolve(request.model, request.source_language, request.target_language)
 
+    def _translation_model(self, request) -> tuple[Engine, Detected | None]:
+        """The model a (parsed) translation request chooses, detecting its source language for "auto"."""
+        _check_parsed(request)
+        if request.source_language == AUTO:
+            format = request.options.format or "text"
+            return self.models.resolve_auto(request.texts, request.model, request.target_language, format)
+        return self._model(request), None
+
     def _job(self, request, context: grpc.aio.ServicerContext) -> tuple[list[str], int, int, float | None]:
         """The request's texts, beam, output limit and deadline (a ``time.monotonic()`` instant, or None)."""
         beam, max_output = self._options(request)
@@ -136,7 +145,7 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
 
     @rpc("Translate")
     async def Translate(self, request, context, exchange: Exchange):  # noqa: N802 (gRPC's method names)
-        exchange.engine = self._model(request)
+        exchange.engine, detected = self._translation_model(request)
         exchange.texts = list(request.texts)
         results = await self.translations.translate(
             exchange.engine,
@@ -148,11 +157,12 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
         return translate_pb2.TranslateResponse(
             translations=[translate_pb2.Translation(**vars(result)) for result in results],
             model=model_name(exchange.engine),
+            detected_language=translate_pb2.DetectedLanguage(**vars(detected)) if detected else None,
         )
 
     @rpc("TranslateStream")
     async def TranslateStream(self, request, context, exchange: Exchange):  # noqa: N802
-        engine = exchange.engine = self._model(request)
+        engine = exchange.engine = self._translation_model(request)[0]
         exchange.texts = list(request.texts)
         if request.options.format not in ("", "text"):
             raise InvalidRequest(
@@ -188,6 +198,13 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
         if request is MALFORMED:
             raise InvalidRequest("the request is not a valid ListModelsRequest")
         return translate_pb2.ListModelsResponse(models=[self._info(engine) for engine in self.models])
+
+    @rpc("Detect")
+    async def Detect(self, request, context, exchange: Exchange):  # noqa: N802
+        _check_parsed(request)
+        exchange.texts = [request.text]
+        found = self.models.detector.detect(request.text)
+        return translate_pb2.DetectResponse(languages=[translate_pb2.DetectedLanguage(**vars(d)) for d in found])
 
     def _info(self, engine: Engine) -> translate_pb2.ModelInfo:
         c = self.config

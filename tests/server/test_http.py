@@ -84,7 +84,8 @@ def test_json_with_a_list_keeps_order_and_empty_texts(server: RunningServer):
     [
         ({"source": "en", "target": "de"}, "missing q parameter"),
         ({"q": "Hi.", "target": "de"}, "missing source parameter"),
-        ({"q": "Hi.", "source": "auto", "target": "de"}, "does not detect languages"),
+        ({"q": "1, 2, 3", "source": "auto", "target": "de"}, "the language of the text cannot be detected"),
+        ({"q": "Hi.", "source": "auto", "target": "en"}, "source=auto detected 'en' (100%), but no model here matches"),
         (
             {"q": "Hi.", "source": "de", "target": "en"},
             "no model here matches source='de' target='en'; this server translates en→de (tiny-test)",
