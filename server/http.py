@@ -5,6 +5,7 @@
                       "confidence": float | [float]} and, when a text is flagged, "flags": [str] | [[str]]
                       ("repetition", "length": a runaway-output guard stopped it; "low_confidence")
     GET  /languages   [{"code", "name", "targets"}]
+    GET  /frontend/settings, GET /spec   what LibreTranslate's page reads; the OpenAPI document (server/openapi.py)
     POST /detect      q (a string): [{"confidence": 0-100, "language": code}], best first, among the languages
                       the served models read (server/detect.py)
 
@@ -30,6 +31,7 @@ from typing import Any
 
 from aiohttp import web
 
+from server import openapi
 from server.access import REQUEST_ID_HEADER, AccessLog, Exchange, request_id
 from server.config import ServerConfig
 from server.detect import Detected
@@ -44,6 +46,7 @@ log = logging.getLogger(__name__)
 
 # ISO 639-1 names for /languages (LibreTranslate's "name"); a code not listed is its own name.
 LANGUAGE_NAMES = {
+    AUTO: "Auto Detect",
     "ar": "Arabic",
     "cs": "Czech",
     "da": "Danish",
@@ -67,6 +70,7 @@ LANGUAGE_NAMES = {
     "uk": "Ukrainian",
     "zh": "Chinese",
 }
+FRONTEND_TIMEOUT_MS = 500  # how long LibreTranslate's page waits after typing before it translates
 FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 REQUEST_ID = web.RequestKey("request_id", str)
@@ -74,6 +78,17 @@ REQUEST_ID = web.RequestKey("request_id", str)
 
 def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
     return web.json_response({"error": message}, status=status, headers=headers)
+
+
+def _decoded(body: bytes, charset: str) -> str:
+    try:
+        return body.decode(charset)
+    except LookupError as e:
+        raise InvalidRequest(f"charset={charset!r} is unknown; send JSON in UTF-8") from e
+    except UnicodeDecodeError as e:
+        raise InvalidRequest(
+            f"the body is not valid {charset} (byte {body[e.start]:#04x} at offset {e.start}); send JSON in UTF-8"
+        ) from e
 
 
 @web.middleware
@@ -112,6 +127,8 @@ class HttpApi:
         app.router.add_post("/translate", self.translate)
         app.router.add_get("/languages", self.languages)
         app.router.add_post("/detect", self.detect)
+        app.router.add_get("/frontend/settings", self.frontend_settings)
+        app.router.add_get("/spec", self.spec)
         return app
 
     # --- requests -------------------------------------------------------------------------
@@ -119,12 +136,15 @@ class HttpApi:
     async def _fields(self, request: web.Request) -> dict[str, Any]:
         """The request's fields from a JSON object or a form (a form's repeated q is a list)."""
         if request.content_type in FORM_TYPES:
-            form = await request.post()
+            try:
+                form = await request.post()
+            except ValueError as e:  # bytes that are not the charset's, a multipart body that does not parse
+                raise InvalidRequest(f"the form body cannot be read ({e}); send {' or '.join(FORM_TYPES)}") from e
             fields: dict[str, Any] = dict(form)
             if len(qs := form.getall("q", [])) > 1:
                 fields["q"] = list(qs)
             return fields
-        body = await request.text()
+        body = _decoded(await request.read(), request.charset or "utf-8")
         if not body.strip():
             return {}
         try:
@@ -135,6 +155,13 @@ class HttpApi:
             ) from e
         if not isinstance(fields, dict):
             raise InvalidRequest("the body must be a JSON object with q, source and target")
+        try:  # JSON's \ud800 escapes make strings that no encoder (the tokenizer's included) can take
+            json.dumps(fields, ensure_ascii=False).encode()
+        except UnicodeEncodeError as e:
+            raise InvalidRequest(
+                f"the body holds a lone surrogate escape ({e.object[e.start : e.end]!r}); escape characters "
+                "outside the Basic Multilingual Plane as surrogate pairs, or send them as UTF-8"
+            ) from e
         return fields
 
     def _texts(self, fields: dict[str, Any]) -> tuple[list[str], bool]:
@@ -236,6 +263,33 @@ class HttpApi:
             return self._fail(exchange, error)
         self.access.finish(exchange, "OK")
         return web.json_response([{"confidence": d.confidence, "language": d.language} for d in found])
+
+    async def frontend_settings(self, request: web.Request) -> web.Response:
+        """LibreTranslate's page settings: no character limit (limits are in tokens), no keys, no files; the
+        page starts from auto (where detection is on) and the default model's target."""
+        default = self.models.default
+        source = AUTO if self.config.language_detection != "off" else default.source_language
+        self.access.finish(Exchange("HTTP /frontend/settings", request[REQUEST_ID]), "OK")
+        return web.json_response(
+            {
+                "charLimit": -1,
+                "frontendTimeout": FRONTEND_TIMEOUT_MS,
+                "apiKeys": False,
+                "keyRequired": False,
+                "suggestions": False,
+                "filesTranslation": False,
+                "supportedFilesFormat": [],
+                "language": {
+                    "source": {"code": source, "name": LANGUAGE_NAMES.get(source, source)},
+                    "target": {"code": default.target_language, "name": LANGUAGE_NAMES.get(default.target_language)},
+                },
+            }
+        )
+
+    async def spec(self, request: web.Request) -> web.Response:
+        """The OpenAPI document of this API (server/openapi.py)."""
+        self.access.finish(Exchange("HTTP /spec", request[REQUEST_ID]), "OK")
+        return web.json_response(openapi.spec(self.models))
 
     def _fail(self, exchange: Exchange, error: BaseException) -> web.Response:
         status, message = http_status_of(error)

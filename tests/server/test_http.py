@@ -94,6 +94,8 @@ def test_json_with_a_list_keeps_order_and_empty_texts(server: RunningServer):
         ({"q": "<p>Hi.</b>", "source": "en", "target": "de", "format": "html"}, "</b> at line 1, column 7"),
         ({"q": [1, 2], "source": "en", "target": "de"}, "q must be a string or a list of strings"),
         (b"{not json", "the body is not valid JSON"),
+        (b"\xa7\xff{}", "the body is not valid utf-8 (byte 0xa7 at offset 0)"),
+        (b'{"q": "a \\ud800 b", "source": "en", "target": "de"}', "lone surrogate escape ('\\ud800')"),
         ({"q": ["Hi."] * 100, "source": "en", "target": "de"}, "q: 100 texts, the limit is 64"),
     ],
 )
@@ -142,3 +144,14 @@ def test_an_unexpected_failure_is_500_without_details(server: RunningServer, mon
     monkeypatch.setattr(server.server.translations, "translate", broken)
     status, _, body = http(server, "/translate", {"q": "Hi.", "source": "en", "target": "de"})
     assert status == 500 and "secret" not in body["error"] and "the server logged the details" in body["error"]
+
+
+def test_a_malformed_multipart_body_is_400(server: RunningServer):
+    url = f"http://127.0.0.1:{server.server.http_port}/translate"
+    headers = {"Content-Type": "multipart/form-data; boundary=xyz"}
+    body = b'--xyz\r\nContent-Disposition: form-data; name="q"\r\n\r\nHi.\r\n--xyz'  # never closed
+    request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+    with pytest.raises(urllib.error.HTTPError) as error:
+        urllib.request.urlopen(request, timeout=30)
+    assert error.value.code == 400, error.value.read()
+    assert "form body cannot be read" in json.loads(error.value.read())["error"]

@@ -1,0 +1,167 @@
+"""The HTTP API's OpenAPI 3.1 document, served at ``/spec``: every route, field and error of server/http.py.
+
+Built from the served models, so ``source`` and ``target`` list the languages this server has; a property-based
+test (tests/server/test_openapi.py, schemathesis) checks the server against it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from server.models import AUTO, Models
+
+JSON = "application/json"
+FORM = "application/x-www-form-urlencoded"
+ERRORS = {
+    "400": "The request is invalid; the message names the field and the limit, or the pairs served",
+    "413": "The body is over max_message_bytes",
+    "429": "The queue is full or a text needs more memory than the budget; Retry-After says when to try again",
+    "500": "Inference failed on the batch holding the request; the server keeps serving",
+    "503": "The server is draining (SIGTERM)",
+    "504": "http_timeout_s passed while the request was queued or decoding",
+}
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _error(description: str) -> dict[str, Any]:
+    return {"description": description, "content": {JSON: {"schema": _ref("Error")}}}
+
+
+def _body(schema: str, form_schema: str | None = None) -> dict[str, Any]:
+    content = {JSON: {"schema": _ref(schema)}}
+    if form_schema:
+        content[FORM] = {"schema": _ref(form_schema)}
+    return {"required": True, "content": content}
+
+
+def _ok(description: str, schema: dict[str, Any], headers: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "description": description,
+        "content": {JSON: {"schema": schema}},
+        **({"headers": headers} if headers else {}),
+    }
+
+
+def _schemas(models: Models) -> dict[str, Any]:
+    sources = sorted({engine.source_language for engine in models}) + [AUTO]
+    targets = sorted({engine.target_language for engine in models})
+    one_or_many = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}]}
+    detected = {
+        "type": "object",
+        "required": ["language", "confidence"],
+        "properties": {
+            "language": {"type": "string", "description": "ISO 639-1 code"},
+            "confidence": {"type": "number", "minimum": 0, "maximum": 100},
+        },
+    }
+    translate_fields = {
+        "source": {"type": "string", "enum": sources, "description": "source language; auto detects it"},
+        "target": {"type": "string", "enum": targets},
+        "format": {"type": "string", "enum": ["text", "html"], "default": "text"},
+        "min_confidence": {"type": "number", "description": "flag translations scoring under it (negative)"},
+        "api_key": {"type": "string", "description": "accepted and ignored"},
+        "alternatives": {"type": "integer", "description": "accepted and ignored"},
+    }
+    return {
+        "Error": {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}},
+        "TranslateRequest": {
+            "type": "object",
+            "required": ["q", "source", "target"],
+            "properties": {"q": {**one_or_many, "description": "a text, or a list of texts"}, **translate_fields},
+        },
+        "TranslateForm": {
+            "type": "object",
+            "required": ["q", "source", "target"],
+            "properties": {"q": {"type": "string"}, **translate_fields},
+        },
+        "TranslateResponse": {
+            "type": "object",
+            "required": ["translatedText", "confidence"],
+            "properties": {
+                "translatedText": {**one_or_many, "description": "one per text, in order, shaped as q"},
+                "confidence": {
+                    "oneOf": [{"type": "number"}, {"type": "array", "items": {"type": "number"}}],
+                    "description": "mean token log-probability, at most 0",
+                },
+                "flags": {"type": "array", "description": "repetition, length, low_confidence (per text for a list)"},
+                "detectedLanguage": {
+                    "oneOf": [detected, {"type": "array", "items": detected}],
+                    "description": "with source auto",
+                },
+            },
+        },
+        "DetectRequest": {
+            "type": "object",
+            "required": ["q"],
+            "properties": {"q": {"type": "string", "minLength": 1}, "api_key": {"type": "string"}},
+        },
+        "Detected": detected,
+        "Language": {
+            "type": "object",
+            "required": ["code", "name", "targets"],
+            "properties": {
+                "code": {"type": "string"},
+                "name": {"type": "string"},
+                "targets": {"type": "array", "items": {"type": "string"}},
+            },
+        },
+        "FrontendSettings": {"type": "object", "required": ["charLimit", "language"]},
+    }
+
+
+def spec(models: Models) -> dict[str, Any]:
+    model_header = {"X-Translation-Model": {"description": "name@version", "schema": {"type": "string"}}}
+    errors = {code: _error(text) for code, text in ERRORS.items()}
+    small_errors = {code: errors[code] for code in ("400", "413")}
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Translation service: the LibreTranslate HTTP API",
+            "version": "1",
+            "description": f"Serves {models.describe()}. Limits are in tokens (see gRPC's ModelInfo.limits).",
+        },
+        "paths": {
+            "/translate": {
+                "post": {
+                    "summary": "Translate texts",
+                    "requestBody": _body("TranslateRequest", "TranslateForm"),
+                    "responses": {
+                        "200": _ok("The translations", _ref("TranslateResponse"), model_header),
+                        **errors,
+                    },
+                }
+            },
+            "/detect": {
+                "post": {
+                    "summary": "Detect a text's language among the served source languages",
+                    "requestBody": _body("DetectRequest", "DetectRequest"),
+                    "responses": {
+                        "200": _ok("Best first", {"type": "array", "items": _ref("Detected")}),
+                        **small_errors,
+                    },
+                }
+            },
+            "/languages": {
+                "get": {
+                    "summary": "Each source language and its targets",
+                    "responses": {"200": _ok("The languages", {"type": "array", "items": _ref("Language")})},
+                }
+            },
+            "/frontend/settings": {
+                "get": {
+                    "summary": "What a LibreTranslate page needs to know",
+                    "responses": {"200": _ok("The settings", _ref("FrontendSettings"))},
+                }
+            },
+            "/spec": {
+                "get": {
+                    "summary": "This document",
+                    "responses": {"200": _ok("OpenAPI 3.1", {"type": "object"})},
+                }
+            },
+        },
+        "components": {"schemas": _schemas(models)},
+    }
