@@ -80,6 +80,14 @@ def error_response(status: int, message: str, headers: dict[str, str] | None = N
     return web.json_response({"error": message}, status=status, headers=headers)
 
 
+def _multi(values) -> dict[str, Any]:
+    """A form's or query string's fields; a repeated q is a list."""
+    fields: dict[str, Any] = dict(values)
+    if len(qs := values.getall("q", [])) > 1:
+        fields["q"] = list(qs)
+    return fields
+
+
 def _decoded(body: bytes, charset: str) -> str:
     try:
         return body.decode(charset)
@@ -134,16 +142,17 @@ class HttpApi:
     # --- requests -------------------------------------------------------------------------
 
     async def _fields(self, request: web.Request) -> dict[str, Any]:
-        """The request's fields from a JSON object or a form (a form's repeated q is a list)."""
+        """The request's fields from a JSON object or a form (a form's repeated q is a list), over those of its
+        query string: LibreTranslate reads both, and clients such as deep-translator send only the latter."""
+        return {**_multi(request.query), **await self._body_fields(request)}
+
+    async def _body_fields(self, request: web.Request) -> dict[str, Any]:
         if request.content_type in FORM_TYPES:
             try:
                 form = await request.post()
             except ValueError as e:  # bytes that are not the charset's, a multipart body that does not parse
                 raise InvalidRequest(f"the form body cannot be read ({e}); send {' or '.join(FORM_TYPES)}") from e
-            fields: dict[str, Any] = dict(form)
-            if len(qs := form.getall("q", [])) > 1:
-                fields["q"] = list(qs)
-            return fields
+            return _multi(form)
         body = _decoded(await request.read(), request.charset or "utf-8")
         if not body.strip():
             return {}

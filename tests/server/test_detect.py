@@ -121,3 +121,11 @@ def test_the_light_mode_still_names_sentences_and_off_refuses_auto():
     assert light.detect(GERMAN)[0].language == "de" and light.detect(ENGLISH)[0].language == "en"
     with pytest.raises(InvalidRequest, match=r"detection is off.*--language-detection off"):
         LanguageDetector(["en", "de"], "off").best([GERMAN])
+
+
+def test_deep_translator_translates_auto(two: RunningServer):
+    deep_translator = pytest.importorskip("deep_translator")
+    url = f"http://127.0.0.1:{two.server.http_port}/"
+    auto = deep_translator.LibreTranslator(source="auto", target="en", api_key="unused", custom_url=url)
+    given = deep_translator.LibreTranslator(source="de", target="en", api_key="unused", custom_url=url)
+    assert auto.translate(GERMAN) == given.translate(GERMAN)

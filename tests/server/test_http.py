@@ -62,6 +62,16 @@ def test_a_libretranslate_client_translates_as_grpc_does(server: RunningServer):
     assert [client.translate(s, "en", "de") for s in sentences] == expected  # form posts
 
 
+def test_deep_translators_libretranslate_backend_translates_as_grpc_does(server: RunningServer):
+    """deep-translator sends its fields in the query string of a POST (LibreTranslate reads both)."""
+    deep_translator = pytest.importorskip("deep_translator")
+    url = f"http://127.0.0.1:{server.server.http_port}/"
+    client = deep_translator.LibreTranslator(source="en", target="de", api_key="unused", custom_url=url)
+    sentences = own_sentences(3)
+    expected = [t.text for t in server.translate(sentences).translations]
+    assert [client.translate(s) for s in sentences] == expected
+
+
 def test_json_with_a_list_keeps_order_and_empty_texts(server: RunningServer):
     sentences = own_sentences(4)
     expected = [t.text for t in server.translate(sentences).translations]
