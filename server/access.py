@@ -41,6 +41,7 @@ class Exchange:
     request_id: str
     started: float = field(default_factory=time.monotonic)
     engine: Engine | None = None  # the model that translates it, once known
+    caller: str = ""  # the name of its API key (never the key), or "anonymous", where keys are on
     texts: list[str] = field(default_factory=list)
     input_tokens: int = 0
     output_tokens: int = 0
@@ -80,6 +81,8 @@ class AccessLog:
             "total_s": round(time.monotonic() - exchange.started, 6),
             "attempt": exchange.previous_attempts + 1,
         }
+        if exchange.caller:
+            record["caller"] = exchange.caller
         if self.with_texts:
             record["text"] = exchange.texts
         log.info(json.dumps(record, ensure_ascii=False))

@@ -19,6 +19,8 @@ from server.access import AccessLog
 from server.config import ServerConfig
 from server.engine import serving_engines
 from server.http import HttpApi
+from server.keys import RELOAD_CHECK_SECONDS as KEYS_RELOAD_SECONDS
+from server.keys import KeyGuard
 from server.listen import MetricsEndpoint, bound, grpc_address, listen
 from server.metrics import Metrics
 from server.models import Models
@@ -47,6 +49,8 @@ class Server:
     http_port: int = 0  # the bound HTTP API port once started; 0 when disabled
     http_addresses: tuple[str, ...] = ()  # what the HTTP API listens on once started (host:port each)
     certificates: Certificates | None = None  # TLS for both front ends, reloaded when the files change
+    keys: KeyGuard | None = None  # API keys and limits (server/keys.py), reloaded when their file changes
+    _reloading_keys: asyncio.Task | None = None
     _reloading: asyncio.Task | None = None
 
     async def start(self) -> None:
@@ -66,6 +70,8 @@ class Server:
                 await loop.run_in_executor(None, engine.warmup)
         if self.certificates is not None:
             self._reloading = asyncio.create_task(self._reload_certificates())
+        if self.keys is not None and self.keys.enabled:
+            self._reloading_keys = asyncio.create_task(self._reload_keys())
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info(
@@ -82,12 +88,18 @@ class Server:
             await asyncio.sleep(RELOAD_CHECK_SECONDS)
             await asyncio.get_running_loop().run_in_executor(None, self.certificates.reload_http)
 
+    async def _reload_keys(self) -> None:
+        while True:
+            await asyncio.sleep(KEYS_RELOAD_SECONDS)
+            self.keys.reload()
+
     async def drain(self) -> None:
         """Graceful shutdown: NOT_SERVING, refuse new work (UNAVAILABLE), let in-flight requests
         finish within grace_seconds, then stop."""
         await self.health.enter_graceful_shutdown()
-        if self._reloading is not None:
-            self._reloading.cancel()
+        for task in (self._reloading, self._reloading_keys):
+            if task is not None:
+                task.cancel()
         self.scheduler.stop_accepting()
         await self.grpc_server.stop(self.config.grace_seconds)
         if self.http_runner is not None:  # new HTTP requests were answered 503 since stop_accepting
@@ -152,7 +164,8 @@ def create_server(config: ServerConfig, metrics: Metrics | None = None) -> Serve
     server = grpc.aio.server(options=options, maximum_concurrent_rpcs=config.max_concurrent_rpcs)
     translations = Translations(scheduler, config, metrics)
     access = AccessLog(metrics, config.access_log, config.access_log_texts, config.access_log_sample)
-    service = TranslatorService(models, translations, config, access)
+    keys = KeyGuard(config.api_keys, config.redis_url)
+    service = TranslatorService(models, translations, config, access, keys)
     server.add_generic_rpc_handlers((_translator_handlers(service),))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -165,7 +178,7 @@ def create_server(config: ServerConfig, metrics: Metrics | None = None) -> Serve
         port = server.add_insecure_port(address)
     metrics_http = MetricsEndpoint(config.host, config.metrics_port, metrics.registry)
     # A client that goes away cancels its handler, and so its job (as a cancelled RPC does).
-    http_api = HttpApi(models, translations, config, access).application()
+    http_api = HttpApi(models, translations, config, access, keys).application()
     http_runner = web.AppRunner(http_api, handler_cancellation=True, access_log=None) if config.http_port else None
     return Server(
         server,
@@ -180,6 +193,7 @@ def create_server(config: ServerConfig, metrics: Metrics | None = None) -> Serve
         metrics_http,
         http_runner,
         certificates=certificates,
+        keys=keys,
     )
 
 

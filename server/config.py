@@ -98,6 +98,14 @@ class ServerConfig:
     max_connection_age_s: float = setting(
         300.0, "connections close after this, so clients balancing per connection find new replicas"
     )
+    api_keys: Path | None = setting(
+        None,
+        "the API keys file (server/keys.py: sha256 digests and per-key limits, reread when it changes); none: every "
+        "caller is anonymous and unlimited",
+    )
+    redis_url: str = setting(
+        "", "Redis for the per-key request counts that replicas share, e.g. redis://redis:6379/0 (none: per process)"
+    )
     language_detection: LanguageDetection = setting(
         "accurate",
         "source auto and /detect (server/detect.py): accurate (+70 MiB resident for en and de; 98-99% right on "

@@ -4,8 +4,10 @@
 |------------------|--------------------|------|---------------------------------------------------------------|
 | InvalidRequest   | INVALID_ARGUMENT   | 400  | empty/too many texts, too long input, bad options, languages   |
 |                  |                    |      | or markup (MarkupError)                                       |
+| Unauthenticated  | UNAUTHENTICATED    | 403  | no API key where the keys file admits no anonymous callers    |
+| PermissionDenied | PERMISSION_DENIED  | 403  | an API key the keys file does not hold (server/keys.py)       |
 | Overloaded       | RESOURCE_EXHAUSTED | 429  | queue full, or the request needs more memory than the budget  |
-|                  |                    |      | (HTTP adds Retry-After)                                       |
+|                  |                    |      | or a key over its requests per minute (HTTP adds Retry-After) |
 | ShuttingDown     | UNAVAILABLE        | 503  | the server is draining (SIGTERM)                              |
 | DeadlineExceeded | DEADLINE_EXCEEDED  | 504  | the caller's deadline (HTTP: http_timeout_s) passed while     |
 |                  |                    |      | queued or decoding                                            |
@@ -26,6 +28,16 @@ class ServiceError(Exception):
 class InvalidRequest(ServiceError):
     code = grpc.StatusCode.INVALID_ARGUMENT
     http_status = 400
+
+
+class Unauthenticated(ServiceError):
+    code = grpc.StatusCode.UNAUTHENTICATED
+    http_status = 403  # LibreTranslate's answer to a missing key
+
+
+class PermissionDenied(ServiceError):
+    code = grpc.StatusCode.PERMISSION_DENIED
+    http_status = 403
 
 
 class Overloaded(ServiceError):

@@ -11,11 +11,11 @@
 
 ``source`` and ``target`` choose among the server's models (``server.models``); ``source: "auto"`` detects the
 texts' language (together: one request, one model) and the answer carries ``detectedLanguage``
-({"confidence", "language"}, a list of them for a list q). LibreTranslate's ``api_key`` and ``alternatives``
-are accepted and ignored. A translation names the model that answered in ``X-Translation-Model``
-(``name@version``).
+({"confidence", "language"}, a list of them for a list q). ``api_key`` is the caller's key where the server has
+keys (server/keys.py); ``alternatives`` is accepted and ignored. A translation names the model that answered in
+``X-Translation-Model`` (``name@version``).
 
-Errors are JSON ``{"error": message}`` with the status of ``server.errors`` (400, 429 with Retry-After,
+Errors are JSON ``{"error": message}`` with the status of ``server.errors`` (400, 403, 429 with Retry-After,
 503, 504, 500), and 404/405/413 for unknown paths, wrong methods and bodies over max_message_bytes.
 """
 
@@ -37,6 +37,7 @@ from server.config import ServerConfig
 from server.detect import Detected
 from server.errors import InvalidRequest, Overloaded, ServiceError, http_status_of, status_of
 from server.interface import Engine
+from server.keys import Caller, KeyGuard
 from server.models import AUTO, Models
 from server.service import model_name
 from server.tracing import request_span
@@ -124,7 +125,10 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
 
 
 class HttpApi:
-    def __init__(self, models: Models, translations: Translations, config: ServerConfig, access: AccessLog) -> None:
+    def __init__(
+        self, models: Models, translations: Translations, config: ServerConfig, access: AccessLog, keys: KeyGuard
+    ) -> None:
+        self.keys = keys
         self.models = models
         self.translations = translations
         self.config = config
@@ -173,6 +177,18 @@ class HttpApi:
             ) from e
         return fields
 
+    async def _admit(self, request: web.Request, fields: dict[str, Any], texts: list[str]) -> Caller:
+        key = fields.get("api_key")
+        if key is not None and not isinstance(key, str):
+            raise InvalidRequest("api_key must be a string")
+        alternatives = fields.get("alternatives")  # accepted and ignored, but of its documented type
+        if alternatives not in (None, "") and not (
+            (isinstance(alternatives, int) and not isinstance(alternatives, bool))
+            or (isinstance(alternatives, str) and alternatives.lstrip("-").isdigit())
+        ):
+            raise InvalidRequest("alternatives must be a whole number")
+        return await self.keys.admit(key, request.remote or "", sum(map(len, texts)))
+
     def _texts(self, fields: dict[str, Any]) -> tuple[list[str], bool]:
         """q as a list of texts, and whether it came as a list."""
         q = fields.get("q")
@@ -206,6 +222,7 @@ class HttpApi:
         try:
             fields = await self._fields(request)
             texts, as_list = self._texts(fields)
+            exchange.caller = (await self._admit(request, fields, texts)).name
             format = str(fields.get("format") or "text")
             engine, detected = self._model(fields, texts, format)
             exchange.engine = engine
@@ -263,10 +280,12 @@ class HttpApi:
         source languages."""
         exchange = Exchange("HTTP /detect", request[REQUEST_ID])
         try:
-            q = (await self._fields(request)).get("q")
+            fields = await self._fields(request)
+            q = fields.get("q")
             if not isinstance(q, str) or not q.strip():
                 raise InvalidRequest("Invalid request: missing q parameter (a string)")
             exchange.texts = [q]
+            exchange.caller = (await self._admit(request, fields, [q])).name
             found = self.models.detector.detect(q)
         except Exception as error:
             return self._fail(exchange, error)
@@ -274,8 +293,8 @@ class HttpApi:
         return web.json_response([{"confidence": d.confidence, "language": d.language} for d in found])
 
     async def frontend_settings(self, request: web.Request) -> web.Response:
-        """LibreTranslate's page settings: no character limit (limits are in tokens), no keys, no files; the
-        page starts from auto (where detection is on) and the default model's target."""
+        """LibreTranslate's page settings: no character limit (limits are in tokens), whether keys are on and
+        required, no files; the page starts from auto (where detection is on) and the default model's target."""
         default = self.models.default
         source = AUTO if self.config.language_detection != "off" else default.source_language
         self.access.finish(Exchange("HTTP /frontend/settings", request[REQUEST_ID]), "OK")
@@ -283,8 +302,8 @@ class HttpApi:
             {
                 "charLimit": -1,
                 "frontendTimeout": FRONTEND_TIMEOUT_MS,
-                "apiKeys": False,
-                "keyRequired": False,
+                "apiKeys": self.keys.enabled,
+                "keyRequired": self.keys.anonymous is None,
                 "suggestions": False,
                 "filesTranslation": False,
                 "supportedFilesFormat": [],

@@ -14,8 +14,10 @@ JSON = "application/json"
 FORM = "application/x-www-form-urlencoded"
 ERRORS = {
     "400": "The request is invalid; the message names the field and the limit, or the pairs served",
+    "403": "No api_key where the server refuses anonymous callers, or a key it does not hold",
     "413": "The body is over max_message_bytes",
-    "429": "The queue is full or a text needs more memory than the budget; Retry-After says when to try again",
+    "429": "The queue is full, the key is over its requests per minute, or a text needs more memory than the "
+    "budget; Retry-After says when to try again",
     "500": "Inference failed on the batch holding the request; the server keeps serving",
     "503": "The server is draining (SIGTERM)",
     "504": "http_timeout_s passed while the request was queued or decoding",
@@ -60,9 +62,9 @@ def _schemas(models: Models) -> dict[str, Any]:
     translate_fields = {
         "source": {"type": "string", "enum": sources, "description": "source language; auto detects it"},
         "target": {"type": "string", "enum": targets},
-        "format": {"type": "string", "enum": ["text", "html"], "default": "text"},
+        "format": {"type": "string", "enum": ["text", "html", ""], "default": "text", "description": "empty: text"},
         "min_confidence": {"type": "number", "description": "flag translations scoring under it (negative)"},
-        "api_key": {"type": "string", "description": "accepted and ignored"},
+        "api_key": {"type": "string", "description": "the caller's API key, where the server has keys"},
         "alternatives": {"type": "integer", "description": "accepted and ignored"},
     }
     return {
@@ -115,7 +117,7 @@ def _schemas(models: Models) -> dict[str, Any]:
 def spec(models: Models) -> dict[str, Any]:
     model_header = {"X-Translation-Model": {"description": "name@version", "schema": {"type": "string"}}}
     errors = {code: _error(text) for code, text in ERRORS.items()}
-    small_errors = {code: errors[code] for code in ("400", "413")}
+    small_errors = {code: errors[code] for code in ("400", "403", "413", "429")}
     return {
         "openapi": "3.1.0",
         "info": {

@@ -17,6 +17,7 @@ from server.config import ServerConfig
 from server.detect import Detected
 from server.errors import InvalidRequest, ServiceError, status_of
 from server.interface import Engine
+from server.keys import KEY_METADATA, KeyGuard
 from server.models import AUTO, Models
 from server.tracing import request_span
 from server.translations import Translations
@@ -65,7 +66,10 @@ def rpc(method: str):
 
 
 class TranslatorService(translate_pb2_grpc.TranslatorServicer):
-    def __init__(self, models: Models, translations: Translations, config: ServerConfig, access: AccessLog) -> None:
+    def __init__(
+        self, models: Models, translations: Translations, config: ServerConfig, access: AccessLog, keys: KeyGuard
+    ) -> None:
+        self.keys = keys
         self.models = models
         self.translations = translations
         self.config = config
@@ -106,6 +110,14 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
         remaining = context.time_remaining()
         return list(request.texts), beam, max_output, time.monotonic() + remaining if remaining is not None else None
 
+    async def _admit(self, request, context: grpc.aio.ServicerContext, exchange: Exchange) -> None:
+        """The caller's API key (the x-api-key metadata) and limits (server/keys.py)."""
+        _check_parsed(request)
+        texts = request.texts if hasattr(request, "texts") else [request.text]
+        key = dict(context.invocation_metadata() or ()).get(KEY_METADATA)
+        address = context.peer().rsplit(":", 1)[0]  # ipv4:127.0.0.1:5555, ipv6:[::1]:5555: the port varies
+        exchange.caller = (await self.keys.admit(key, address, sum(map(len, texts)))).name
+
     @staticmethod
     def _min_confidence(request) -> float | None:
         return request.options.min_confidence or None
@@ -145,6 +157,7 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
 
     @rpc("Translate")
     async def Translate(self, request, context, exchange: Exchange):  # noqa: N802 (gRPC's method names)
+        await self._admit(request, context, exchange)
         exchange.engine, detected = self._translation_model(request)
         exchange.texts = list(request.texts)
         results = await self.translations.translate(
@@ -162,6 +175,7 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
 
     @rpc("TranslateStream")
     async def TranslateStream(self, request, context, exchange: Exchange):  # noqa: N802
+        await self._admit(request, context, exchange)
         engine = exchange.engine = self._translation_model(request)[0]
         exchange.texts = list(request.texts)
         if request.options.format not in ("", "text"):
@@ -201,7 +215,7 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
 
     @rpc("Detect")
     async def Detect(self, request, context, exchange: Exchange):  # noqa: N802
-        _check_parsed(request)
+        await self._admit(request, context, exchange)
         exchange.texts = [request.text]
         found = self.models.detector.detect(request.text)
         return translate_pb2.DetectResponse(languages=[translate_pb2.DetectedLanguage(**vars(d)) for d in found])

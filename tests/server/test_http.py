@@ -103,6 +103,8 @@ def test_json_with_a_list_keeps_order_and_empty_texts(server: RunningServer):
         ({"q": "Hi.", "source": "en", "target": "de", "format": "xml"}, "format='xml' is not supported"),
         ({"q": "<p>Hi.</b>", "source": "en", "target": "de", "format": "html"}, "</b> at line 1, column 7"),
         ({"q": [1, 2], "source": "en", "target": "de"}, "q must be a string or a list of strings"),
+        ({"q": "Hi.", "source": "en", "target": "de", "api_key": 7}, "api_key must be a string"),
+        ({"q": "Hi.", "source": "en", "target": "de", "alternatives": "two"}, "alternatives must be a whole number"),
         (b"{not json", "the body is not valid JSON"),
         (b"\xa7\xff{}", "the body is not valid utf-8 (byte 0xa7 at offset 0)"),
         (b'{"q": "a \\ud800 b", "source": "en", "target": "de"}', "lone surrogate escape ('\\ud800')"),

@@ -1,0 +1,206 @@
+"""API keys and limits: the keys file, both front ends, limits shared by two replicas through a real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import pytest
+
+from proto import translate_pb2
+from server.errors import InvalidRequest, Overloaded, PermissionDenied, Unauthenticated
+from server.keys import KEY_METADATA, WINDOW_SECONDS, KeyGuard, KeysFileError, Limits, digest, main, read_keys
+from tests.server.conftest import RunningServer, server_config
+from tests.server.test_http import free_port, http
+
+KEY, OTHER_KEY = "k-team-a-1234567890", "k-team-b-0987654321"
+
+
+def write_keys(path: Path, anonymous: dict | None = None, **limits) -> Path:
+    entries = [{"name": "team-a", "sha256": digest(KEY), **limits}, {"name": "team-b", "sha256": digest(OTHER_KEY)}]
+    path.write_text(json.dumps({"keys": entries, "anonymous": anonymous}))
+    return path
+
+
+def run(coroutine):
+    return asyncio.run(coroutine)
+
+
+@pytest.mark.parametrize(
+    "document, message",
+    [
+        ("{not json", "see server/keys.py for the format"),
+        ('{"keys": [{"sha256": "00"}]}', r"keys\[0\]: each key needs a name"),
+        ('{"keys": [{"name": "a", "sha256": "ABC"}]}', "64 lower-case hex digits"),
+        ('{"keys": [], "anonymous": {"requests_per_minute": -1}}', "anonymous: requests_per_minute"),
+    ],
+)
+def test_a_bad_keys_file_names_what_to_fix(tmp_path: Path, document: str, message: str):
+    (tmp_path / "keys.json").write_text(document)
+    with pytest.raises(KeysFileError, match=message):
+        read_keys(tmp_path / "keys.json")
+
+
+def test_who_the_caller_is(tmp_path: Path):
+    guard = KeyGuard(write_keys(tmp_path / "keys.json"))
+    assert guard.caller(KEY, "10.0.0.1").name == "team-a"
+    with pytest.raises(Unauthenticated, match="an API key is required"):
+        guard.caller(None, "10.0.0.1")
+    with pytest.raises(PermissionDenied, match="not valid"):
+        guard.caller("k-guessed", "10.0.0.1")
+    open_guard = KeyGuard(write_keys(tmp_path / "open.json", anonymous={"requests_per_minute": 5}))
+    assert open_guard.caller("", "10.0.0.1").bucket == "anonymous@10.0.0.1"
+    no_keys = KeyGuard(None)  # no keys file: every caller unlimited, whatever key it sends
+    assert no_keys.caller(None, "x").limits == no_keys.caller("k-any", "x").limits == Limits()
+
+
+def test_limits_per_request_and_per_minute(tmp_path: Path):
+    guard = KeyGuard(write_keys(tmp_path / "keys.json", requests_per_minute=3, chars_per_request=10))
+    with pytest.raises(InvalidRequest, match="11 characters, over team-a's limit of 10"):
+        run(guard.admit(KEY, "", 11))
+    if time.time() % WINDOW_SECONDS > WINDOW_SECONDS - 2:
+        time.sleep(2)  # all within one window
+    for _ in range(3):
+        run(guard.admit(KEY, "", 5))
+    with pytest.raises(Overloaded, match="over its 3 requests per minute") as error:
+        run(guard.admit(KEY, "", 5))
+    assert 1 <= error.value.retry_after_s <= WINDOW_SECONDS
+    assert run(guard.admit(OTHER_KEY, "", 500)).name == "team-b"  # its own, unlimited
+
+
+def test_a_changed_file_is_read_again_and_a_broken_one_keeps_the_keys(tmp_path: Path):
+    path = write_keys(tmp_path / "keys.json")
+    guard = KeyGuard(path)
+    path.write_text(json.dumps({"keys": [{"name": "team-b", "sha256": digest(OTHER_KEY)}], "anonymous": None}))
+    assert guard.reload()
+    with pytest.raises(PermissionDenied):
+        guard.caller(KEY, "")
+    path.write_text("{broken")
+    assert not guard.reload()
+    assert guard.caller(OTHER_KEY, "").name == "team-b"
+
+
+def test_the_command_makes_a_key_and_its_entry(capsys, monkeypatch):
+    assert main(["new", "team-c", "--requests-per-minute", "60"]) == 0
+    lines = dict(line.split(": ", 1) for line in capsys.readouterr().out.splitlines())
+    entry = json.loads(lines["entry"])
+    assert entry["sha256"] == digest(lines["key"]) and entry["requests_per_minute"] == 60
+
+
+# --- both front ends ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def keyed(tiny_export: Path, tmp_path_factory) -> Iterator[RunningServer]:
+    keys = write_keys(tmp_path_factory.mktemp("keys") / "keys.json", requests_per_minute=0, chars_per_request=200)
+    server = RunningServer(server_config(tiny_export, http_port=free_port(), api_keys=keys, max_output_tokens=8))
+    yield server
+    server.close()
+
+
+def test_http_answers_403_without_a_valid_key(keyed: RunningServer, caplog):
+    caplog.set_level(logging.INFO, logger="server.access")
+    body = {"q": "A man.", "source": "en", "target": "de"}
+    status, _, answer = http(keyed, "/translate", body)
+    assert status == 403 and "API key is required" in answer["error"]
+    status, _, answer = http(keyed, "/translate", {**body, "api_key": "k-guessed"})
+    assert status == 403 and "not valid" in answer["error"]
+    status, _, answer = http(keyed, "/translate", {**body, "api_key": KEY})
+    assert status == 200 and answer["translatedText"]
+    status, _, answer = http(keyed, "/translate", {**body, "q": "x" * 201, "api_key": KEY})
+    assert status == 400 and "over team-a's limit of 200" in answer["error"]
+    status, _, answer = http(keyed, "/detect", {"q": "A man.", "api_key": KEY})
+    assert status == 200
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert '"caller": "team-a"' in logged and KEY not in logged and "k-guessed" not in logged
+    status, _, settings = http(keyed, "/frontend/settings")
+    assert settings["apiKeys"] is True and settings["keyRequired"] is True
+
+
+def test_grpc_takes_the_key_as_metadata(keyed: RunningServer):
+    request = translate_pb2.TranslateRequest(texts=["A man."])
+    for metadata, code in (((), grpc.StatusCode.UNAUTHENTICATED), (((KEY_METADATA, "k-x"),), "PERMISSION_DENIED")):
+        with pytest.raises(grpc.RpcError) as error:
+            keyed.stub.Translate(request, metadata=metadata, timeout=10)
+        assert error.value.code().name == getattr(code, "name", code), error.value.details()
+    assert keyed.stub.Translate(request, metadata=((KEY_METADATA, KEY),), timeout=30).translations[0].text
+    assert keyed.stub.Detect(translate_pb2.DetectRequest(text="A man."), metadata=((KEY_METADATA, KEY),))
+
+
+def test_deep_translator_with_a_key(keyed: RunningServer):
+    deep_translator = pytest.importorskip("deep_translator")
+    url = f"http://127.0.0.1:{keyed.server.http_port}/"
+    assert deep_translator.LibreTranslator(source="en", target="de", api_key=KEY, custom_url=url).translate("A man.")
+    with pytest.raises(deep_translator.exceptions.AuthorizationException):
+        deep_translator.LibreTranslator(source="en", target="de", api_key="k-x", custom_url=url).translate("A man.")
+
+
+# --- two replicas, one Redis --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory) -> Iterator[str]:
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server not installed (Debian redis-server; .ci/run installs it)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    folder = tmp_path_factory.mktemp("redis")
+    process = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", str(folder)],
+        stdout=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        time.sleep(0.05)
+    yield f"redis://127.0.0.1:{port}/0"
+    process.terminate()
+    process.wait(10)
+
+
+def test_two_replicas_share_a_keys_limit_and_a_revocation(tiny_export: Path, redis_url: str, tmp_path: Path):
+    limit = 40
+    keys = write_keys(tmp_path / "keys.json", requests_per_minute=limit)
+    config = server_config(tiny_export, http_port=0, api_keys=keys, redis_url=redis_url, max_output_tokens=4)
+    replicas = [RunningServer(config), RunningServer(dataclasses.replace(config))]
+    request = translate_pb2.TranslateRequest(texts=["A man."])
+    metadata = ((KEY_METADATA, KEY),)
+
+    def call(i: int) -> str:
+        try:
+            replicas[i % 2].stub.Translate(request, metadata=metadata, timeout=30)
+            return "OK"
+        except grpc.RpcError as error:
+            return error.code().name
+
+    try:
+        if time.time() % WINDOW_SECONDS > WINDOW_SECONDS - 10:
+            time.sleep(WINDOW_SECONDS - time.time() % WINDOW_SECONDS + 0.1)  # one window for the whole load
+        with ThreadPoolExecutor(8) as pool:  # closed loop, 8 callers over both replicas
+            codes = list(pool.map(call, range(3 * limit)))
+        assert codes.count("OK") == limit and codes.count("RESOURCE_EXHAUSTED") == 2 * limit, codes
+        keys.write_text(json.dumps({"keys": [], "anonymous": None}))  # revoked
+        revoked = time.monotonic()
+        refused: dict[int, float] = {}
+        while len(refused) < 2 and time.monotonic() - revoked < 5:
+            for i in range(2):
+                if i not in refused and call(i) == "PERMISSION_DENIED":
+                    refused[i] = time.monotonic() - revoked
+            time.sleep(0.05)
+        assert len(refused) == 2, f"refused after {refused} s; both replicas must refuse within 5 s"
+    finally:
+        for replica in replicas:
+            replica.close()
