@@ -5,6 +5,7 @@
                       "confidence": float | [float]} and, when a text is flagged, "flags": [str] | [[str]]
                       ("repetition", "length": a runaway-output guard stopped it; "low_confidence")
     GET  /languages   [{"code", "name", "targets"}]
+    GET  /             a page to try it (server/page/: plain HTML and JavaScript on this API)
     GET  /frontend/settings, GET /spec   what LibreTranslate's page reads; the OpenAPI document (server/openapi.py)
     POST /detect      q (a string): [{"confidence": 0-100, "language": code}], best first, among the languages
                       the served models read (server/detect.py)
@@ -22,11 +23,13 @@ Errors are JSON ``{"error": message}`` with the status of ``server.errors`` (400
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -70,6 +73,18 @@ LANGUAGE_NAMES = {
     "tr": "Turkish",
     "uk": "Ukrainian",
     "zh": "Chinese",
+}
+PAGE = Path(__file__).resolve().parent / "page"
+# The page at / (plain HTML and JavaScript on this API, no build step), its files and their types.
+PAGE_FILES = {
+    "/": ("index.html", "text/html"),
+    "/page.js": ("page.js", "text/javascript"),
+    "/page.css": ("page.css", "text/css"),
+}
+# The page runs only its own files and talks only to this server.
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
+    "X-Content-Type-Options": "nosniff",
 }
 FRONTEND_TIMEOUT_MS = 500  # how long LibreTranslate's page waits after typing before it translates
 FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
@@ -141,6 +156,8 @@ class HttpApi:
         app.router.add_post("/detect", self.detect)
         app.router.add_get("/frontend/settings", self.frontend_settings)
         app.router.add_get("/spec", self.spec)
+        for path, (file, content_type) in PAGE_FILES.items():
+            app.router.add_get(path, functools.partial(self.page, file, content_type))
         return app
 
     # --- requests -------------------------------------------------------------------------
@@ -313,6 +330,12 @@ class HttpApi:
                 },
             }
         )
+
+    async def page(self, file: str, content_type: str, request: web.Request) -> web.Response:
+        """The page at / and its files."""
+        self.access.finish(Exchange(f"HTTP {request.path}", request[REQUEST_ID]), "OK")
+        body = (PAGE / file).read_bytes()
+        return web.Response(body=body, content_type=content_type, charset="utf-8", headers=PAGE_HEADERS)
 
     async def spec(self, request: web.Request) -> web.Response:
         """The OpenAPI document of this API (server/openapi.py)."""

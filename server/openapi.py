@@ -158,6 +158,12 @@ def spec(models: Models) -> dict[str, Any]:
                     "responses": {"200": _ok("The settings", _ref("FrontendSettings"))},
                 }
             },
+            "/": {
+                "get": {
+                    "summary": "A page to try the API (HTML)",
+                    "responses": {"200": {"description": "The page", "content": {"text/html": {"schema": {}}}}},
+                }
+            },
             "/spec": {
                 "get": {
                     "summary": "This document",

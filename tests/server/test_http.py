@@ -167,3 +167,11 @@ def test_a_malformed_multipart_body_is_400(server: RunningServer):
         urllib.request.urlopen(request, timeout=30)
     assert error.value.code == 400, error.value.read()
     assert "form body cannot be read" in json.loads(error.value.read())["error"]
+
+
+def test_the_page_runs_only_its_own_files(server: RunningServer):
+    """The page at / (its browser test: test_page.py) and its files, under a policy that allows nothing else."""
+    for path, kind in (("/", "text/html"), ("/page.js", "text/javascript"), ("/page.css", "text/css")):
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.server.http_port}{path}", timeout=10) as response:
+            assert response.headers["Content-Type"].startswith(kind) and response.read()
+            assert "default-src 'self'" in response.headers["Content-Security-Policy"]

@@ -59,7 +59,7 @@ def test_every_route_keeps_its_documented_contract(api: RunningServer):
 def test_the_spec_names_every_route_and_the_served_languages(api: RunningServer):
     status, _, spec = http(api, "/spec")
     assert status == 200 and spec["openapi"].startswith("3.1")
-    assert set(spec["paths"]) == {"/translate", "/detect", "/languages", "/frontend/settings", "/spec"}
+    assert set(spec["paths"]) == {"/", "/translate", "/detect", "/languages", "/frontend/settings", "/spec"}
     source = spec["components"]["schemas"]["TranslateRequest"]["properties"]["source"]["enum"]
     assert source == ["de", "en", "auto"]
 
