@@ -202,3 +202,13 @@ def test_gpu_overlay_runs_fp16_on_one_gpu(overlays):
     config = server_environment(gpu)
     assert (config.provider, config.variant) == ("cuda", "fp16")
     assert container(gpu)["image"].endswith("-cuda") and not container(cpu)["image"].endswith("-cuda")
+
+
+def test_the_keys_overlay_mounts_the_file_the_server_reads(overlays):
+    manifests = overlays["keys"]
+    config = server_environment(manifests)
+    mounts = {m["mountPath"]: m for m in container(manifests)["volumeMounts"]}
+    mount = mounts[str(config.api_keys.parent)]
+    volume = next(v for v in pod_spec(manifests)["volumes"] if v["name"] == mount["name"])
+    assert mount["readOnly"] and volume["secret"]["secretName"] == "translator-api-keys"
+    assert config.redis_url.startswith("redis://") and server_environment(overlays["cpu"]).api_keys is None
