@@ -4,10 +4,10 @@ lingua (its models ship inside its wheel; nothing is downloaded), restricted to 
 request's texts are detected together, as one language: one request is translated by one model. Measured on
 test_2016_flickr restricted to en and de (2-core x86-64), by ``--language-detection``:
 
-| mode | resident memory | sentences right (en / de) | their first 1-3 words right (en / de) |
+| mode | resident memory (against off) | sentences right (en / de) | their first 1-3 words right (en / de) |
 |---|---|---|---|
-| accurate (lingua's every n-gram model; the default) | +70 MiB | 100% / 100% | 97.7% / 99.2% |
-| light (its trigrams only) | +8 MiB | 99.8% / 100% | 64.8% / 98.8% |
+| accurate (lingua's every n-gram model; the default) | +72 MiB | 100% / 100% | 97.7% / 99.2% |
+| light (its trigrams only) | +10 MiB | 99.8% / 100% | 64.8% / 98.8% |
 
 py3langid, restricted the same way, named 100% of the sentences and 89% of random 1-3-word snippets (lingua
 accurate 96%). A sentence costs lingua accurate about 0.1 ms. "off" refuses "auto".
@@ -18,8 +18,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-
-from lingua import IsoCode639_1, Language, LanguageDetectorBuilder
 
 from server.config import LanguageDetection
 from server.errors import InvalidRequest
@@ -36,7 +34,9 @@ class Detected:
     confidence: float  # 0-100, as LibreTranslate gives it
 
 
-def _lingua_language(code: str) -> Language | None:
+def _lingua_language(code: str):
+    from lingua import IsoCode639_1, Language
+
     try:
         return Language.from_iso_code_639_1(IsoCode639_1.from_str(code))
     except ValueError:
@@ -47,11 +47,15 @@ class LanguageDetector:
     def __init__(self, languages: Iterable[str], mode: LanguageDetection = "accurate") -> None:
         self.languages = sorted(set(languages))
         self.mode = mode
+        self._detector = None
+        if mode == "off":  # lingua is not even imported
+            return
         known = {code: _lingua_language(code) for code in self.languages}
         if unknown := sorted(code for code, language in known.items() if language is None):
             raise ValueError(f"no language detection for {', '.join(unknown)} (lingua knows ISO 639-1 codes)")
-        self._detector = None
-        if len(self.languages) > 1 and mode != "off":
+        if len(self.languages) > 1:
+            from lingua import LanguageDetectorBuilder
+
             builder = LanguageDetectorBuilder.from_languages(*known.values())
             if mode == "light":
                 builder = builder.with_low_accuracy_mode()
