@@ -47,7 +47,7 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
 # generated now, as root, into the installed package (the working directory is still /, which
 # holds no proto/): at run time the file system may be read-only.
 RUN --mount=type=bind,from=wheel,source=/wheels,target=/tmp/wheels \
-    pip install /tmp/wheels/*.whl && python -m proto
+    pip install "$(echo /tmp/wheels/*.whl)[files]" && python -m proto
 RUN groupadd --gid 10001 translator \
     && useradd --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin translator
 COPY --from=export /model /model
@@ -67,7 +67,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends python3 python3
     && rm -rf /var/lib/apt/lists/* && python3 -m venv /opt/venv
 # onnxruntime and onnxruntime-gpu install the same `onnxruntime` module: the CPU one goes first.
 RUN --mount=type=bind,from=wheel,source=/wheels,target=/tmp/wheels \
-    pip install /tmp/wheels/*.whl && pip uninstall -y onnxruntime && pip install 'onnxruntime-gpu>=1.18' \
+    pip install "$(echo /tmp/wheels/*.whl)[files]" && pip uninstall -y onnxruntime && pip install 'onnxruntime-gpu>=1.18' \
     && python -m proto
 RUN groupadd --gid 10001 translator \
     && useradd --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin translator

@@ -106,6 +106,11 @@ class ServerConfig:
     redis_url: str = setting(
         "", "Redis for the per-key request counts that replicas share, e.g. redis://redis:6379/0 (none: per process)"
     )
+    files_dir: Path | None = setting(
+        None, "where /translate_file keeps translated files until downloaded (none: a private temporary folder)"
+    )
+    file_ttl_s: float = setting(600.0, "a translated file not downloaded by then is deleted")
+    max_file_texts: int = setting(1024, "/translate_file: the most texts (lines, paragraphs, subtitles) in a file")
     language_detection: LanguageDetection = setting(
         "accurate",
         "source auto and /detect (server/detect.py): accurate (+72 MiB resident for en and de; 98-99% right on "

@@ -5,6 +5,7 @@
                       "confidence": float | [float]} and, when a text is flagged, "flags": [str] | [[str]]
                       ("repetition", "length": a runaway-output guard stopped it; "low_confidence")
     GET  /languages   [{"code", "name", "targets"}]
+    POST /translate_file, GET /download_file/NAME   a file (server/files.py), translated, downloaded once
     GET  /             a page to try it (server/page/: plain HTML and JavaScript on this API)
     GET  /frontend/settings, GET /spec   what LibreTranslate's page reads; the OpenAPI document (server/openapi.py)
     POST /detect      q (a string): [{"confidence": 0-100, "language": code}], best first, among the languages
@@ -33,12 +34,14 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from server import openapi
 from server.access import REQUEST_ID_HEADER, AccessLog, Exchange, request_id
 from server.config import ServerConfig
 from server.detect import Detected
 from server.errors import InvalidRequest, Overloaded, ServiceError, http_status_of, status_of
+from server.files import SUFFIXES, FileStore, read_document
 from server.interface import Engine
 from server.keys import Caller, KeyGuard
 from server.models import AUTO, Models
@@ -144,6 +147,7 @@ class HttpApi:
         self, models: Models, translations: Translations, config: ServerConfig, access: AccessLog, keys: KeyGuard
     ) -> None:
         self.keys = keys
+        self.files = FileStore(config.files_dir, config.file_ttl_s)
         self.models = models
         self.translations = translations
         self.config = config
@@ -155,6 +159,8 @@ class HttpApi:
         app.router.add_get("/languages", self.languages)
         app.router.add_post("/detect", self.detect)
         app.router.add_get("/frontend/settings", self.frontend_settings)
+        app.router.add_post("/translate_file", self.translate_file)
+        app.router.add_get("/download_file/{name}", self.download_file, name="download_file")
         app.router.add_get("/spec", self.spec)
         for path, (file, content_type) in PAGE_FILES.items():
             app.router.add_get(path, functools.partial(self.page, file, content_type))
@@ -171,7 +177,7 @@ class HttpApi:
         if request.content_type in FORM_TYPES:
             try:
                 form = await request.post()
-            except ValueError as e:  # bytes that are not the charset's, a multipart body that does not parse
+            except (ValueError, HttpProcessingError) as e:  # bytes not of the charset, a multipart that will not parse
                 raise InvalidRequest(f"the form body cannot be read ({e}); send {' or '.join(FORM_TYPES)}") from e
             return _multi(form)
         body = _decoded(await request.read(), request.charset or "utf-8")
@@ -292,6 +298,75 @@ class HttpApi:
         ]
         return web.json_response(body)
 
+    async def translate_file(self, request: web.Request) -> web.Response:
+        """LibreTranslate's /translate_file: a multipart form with file, source, target (and api_key); answers
+        {"translatedFileUrl"}, the file's one download (server/files.py has the formats)."""
+        exchange = Exchange("HTTP /translate_file", request[REQUEST_ID])
+        exchange.span = request_span("HTTP /translate_file", request.headers, exchange.request_id)
+        try:
+            fields = await self._fields(request)
+            upload = fields.get("file")
+            if not isinstance(upload, web.FileField):
+                raise InvalidRequest("Invalid request: missing file parameter (a multipart/form-data upload)")
+            document = read_document(upload.filename or "", upload.file.read())
+            if len(document.texts) > self.config.max_file_texts:
+                raise InvalidRequest(
+                    f"{upload.filename!r} has {len(document.texts)} texts (lines, paragraphs or subtitles), over "
+                    f"the limit of {self.config.max_file_texts} (max_file_texts)"
+                )
+            exchange.texts = document.texts
+            exchange.caller = (await self._admit(request, fields, document.texts)).name
+            engine, _ = self._model(fields, document.texts, document.format)
+            exchange.engine = engine
+            translations = await self._translate_all(engine, document.texts, document.format, exchange)
+            name = self.files.save(upload.filename or "file", document.write(translations))
+        except web.HTTPException as error:
+            self.access.finish(exchange, "RESOURCE_EXHAUSTED" if error.status == 413 else "INVALID_ARGUMENT")
+            raise
+        except asyncio.CancelledError:
+            self.access.finish(exchange, "CANCELLED")
+            raise
+        except Exception as error:
+            return self._fail(exchange, error)
+        self.access.finish(exchange, "OK")
+        url = request.url.origin().join(request.app.router["download_file"].url_for(name=name))
+        return web.json_response({"translatedFileUrl": str(url)}, headers={"X-Translation-Model": model_name(engine)})
+
+    async def _translate_all(self, engine: Engine, texts: list[str], format: str, exchange: Exchange) -> list[str]:
+        """Every text, in requests of at most max_texts decoding at once, within one http_timeout_s."""
+        deadline = time.monotonic() + self.config.http_timeout_s
+        step = self.config.max_texts
+        chunks = await asyncio.gather(
+            *(
+                self.translations.translate(
+                    engine,
+                    texts[i : i + step],
+                    self.config.default_beam_size,
+                    self.config.max_output_tokens,
+                    deadline,
+                    "file",
+                    True,
+                    None,
+                    exchange,
+                    format,
+                )
+                for i in range(0, len(texts), step)
+            )
+        )
+        return [result.text for chunk in chunks for result in chunk]
+
+    async def download_file(self, request: web.Request) -> web.Response:
+        """A translated file, once; then it is gone (or after file_ttl_s)."""
+        name = request.match_info["name"]
+        try:
+            data = self.files.take(name)
+        except FileNotFoundError:
+            return error_response(404, f"no file {name!r}: each is downloaded once, within file_ttl_s of its making")
+        self.access.finish(Exchange("HTTP /download_file", request[REQUEST_ID]), "OK")
+        original = name.split("-", 1)[1]
+        headers = {"Content-Disposition": f'attachment; filename="{original}"'}
+        return web.Response(body=data, content_type="application/octet-stream", headers=headers)
+
     async def detect(self, request: web.Request) -> web.Response:
         """LibreTranslate's /detect: [{"confidence": 0-100, "language": code}], best first, among the served
         source languages."""
@@ -322,8 +397,8 @@ class HttpApi:
                 "apiKeys": self.keys.enabled,
                 "keyRequired": self.keys.anonymous is None,
                 "suggestions": False,
-                "filesTranslation": False,
-                "supportedFilesFormat": [],
+                "filesTranslation": True,
+                "supportedFilesFormat": list(SUFFIXES),
                 "language": {
                     "source": {"code": source, "name": LANGUAGE_NAMES.get(source, source)},
                     "target": {"code": default.target_language, "name": LANGUAGE_NAMES.get(default.target_language)},

@@ -101,6 +101,21 @@ def _schemas(models: Models) -> dict[str, Any]:
             "properties": {"q": {"type": "string", "minLength": 1}, "api_key": {"type": "string"}},
         },
         "Detected": detected,
+        "FileForm": {
+            "type": "object",
+            "required": ["file", "source", "target"],
+            "properties": {
+                "file": {"type": "string", "format": "binary"},
+                "source": translate_fields["source"],
+                "target": translate_fields["target"],
+                "api_key": translate_fields["api_key"],
+            },
+        },
+        "TranslatedFile": {
+            "type": "object",
+            "required": ["translatedFileUrl"],
+            "properties": {"translatedFileUrl": {"type": "string"}},
+        },
         "Language": {
             "type": "object",
             "required": ["code", "name", "targets"],
@@ -143,6 +158,29 @@ def spec(models: Models) -> dict[str, Any]:
                     "responses": {
                         "200": _ok("Best first", {"type": "array", "items": _ref("Detected")}),
                         **small_errors,
+                    },
+                }
+            },
+            "/translate_file": {
+                "post": {
+                    "summary": "Translate a file (.txt, .html, .srt, .docx), keeping its structure",
+                    "requestBody": {"required": True, "content": {"multipart/form-data": {"schema": _ref("FileForm")}}},
+                    "responses": {
+                        "200": _ok("Where to download it, once", _ref("TranslatedFile"), model_header),
+                        **errors,
+                    },
+                }
+            },
+            "/download_file/{name}": {
+                "get": {
+                    "summary": "A translated file, once",
+                    "parameters": [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}],
+                    "responses": {
+                        "200": {
+                            "description": "The file",
+                            "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+                        },
+                        "404": _error("No such file: each is downloaded once, within file_ttl_s"),
                     },
                 }
             },

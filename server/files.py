@@ -1,0 +1,193 @@
+"""Documents for ``/translate_file``: each format read into texts to translate and written back around their
+translations, keeping its structure.
+
+- .txt: each line is a text; every line, blank ones and line endings included, is kept.
+- .html: the whole document is one text, as ``format=html`` (the markup kept by server/markup.py).
+- .srt: each subtitle's lines, joined, are a text; every subtitle's index and timing are kept.
+- .docx: each paragraph (body and table cells) is a text, its runs inline spans through the markup path;
+  paragraphs, runs and their formatting are kept, a run's text being what the aligner placed inside it.
+
+.docx and .srt need the ``files`` extra (python-docx, srt), imported when such a file arrives.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import re
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from html.parser import HTMLParser
+from pathlib import Path, PurePath
+
+from server.errors import InvalidRequest
+
+SUFFIXES = (".txt", ".html", ".htm", ".srt", ".docx")
+RUN_TAG = "span"  # an inline element (server/markup.py): the aligner puts it around the words it enclosed
+
+
+@dataclass
+class Document:
+    texts: list[str]  # what to translate
+    format: str  # "text" or "html", as /translate takes it
+    write: Callable[[list[str]], bytes]  # the file again, around one translation per text
+
+
+def read_document(name: str, data: bytes) -> Document:
+    suffix = PurePath(name).suffix.lower()
+    if suffix not in SUFFIXES:
+        raise InvalidRequest(f"{name!r}: files of type {suffix or '(none)'} are not translated; send {SUFFIXES}")
+    if suffix == ".docx":
+        return _docx(data)
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise InvalidRequest(f"{name!r} is not UTF-8 text (byte {data[e.start]:#04x} at {e.start})") from e
+    if suffix == ".txt":
+        return _lines(text)
+    if suffix == ".srt":
+        return _subtitles(text, name)
+    return Document([text], "html", lambda out: out[0].encode())
+
+
+def _lines(text: str) -> Document:
+    lines = text.splitlines(keepends=True)
+    bodies = [line.rstrip("\r\n") for line in lines]
+    translated = [i for i, body in enumerate(bodies) if body.strip()]
+
+    def write(out: list[str]) -> bytes:
+        result = list(lines)
+        for i, translation in zip(translated, out, strict=True):
+            result[i] = translation + lines[i][len(bodies[i]) :]
+        return "".join(result).encode()
+
+    return Document([bodies[i] for i in translated], "text", write)
+
+
+def _subtitles(text: str, name: str) -> Document:
+    srt = _optional("srt")
+    try:
+        subtitles = list(srt.parse(text))
+    except srt.SRTParseError as e:
+        raise InvalidRequest(f"{name!r} is not a valid .srt file ({e})") from e
+    spoken = [i for i, s in enumerate(subtitles) if s.content.strip()]
+
+    def write(out: list[str]) -> bytes:
+        for i, translation in zip(spoken, out, strict=True):
+            subtitles[i].content = translation
+        return srt.compose(subtitles, reindex=False).encode()
+
+    return Document([" ".join(subtitles[i].content.split()) for i in spoken], "text", write)
+
+
+def _docx(data: bytes) -> Document:
+    docx = _optional("docx")
+    try:
+        document = docx.Document(io.BytesIO(data))
+    except Exception as e:  # python-docx raises whatever its zip and XML readers raise
+        raise InvalidRequest(f"the file is not a valid .docx ({type(e).__name__}: {e})") from e
+    paragraphs = [p for p in _paragraphs(document) if p.text.strip()]
+    texts = [
+        "".join(f'<{RUN_TAG} data-run="{i}">{html.escape(r.text, quote=False)}</{RUN_TAG}>' for i, r in _runs(p))
+        for p in paragraphs
+    ]
+
+    def write(out: list[str]) -> bytes:
+        for paragraph, translation in zip(paragraphs, out, strict=True):
+            runs = paragraph.runs
+            for i, text in enumerate(_run_texts(translation, len(runs))):
+                runs[i].text = text
+        written = io.BytesIO()
+        document.save(written)
+        return written.getvalue()
+
+    return Document(texts, "html", write)
+
+
+def _paragraphs(document):
+    yield from document.paragraphs
+    for table in document.tables:
+        for row in table.rows:
+            for cell in row.cells:
+                yield from cell.paragraphs
+
+
+def _runs(paragraph):
+    return [(i, run) for i, run in enumerate(paragraph.runs) if run.text]
+
+
+class _RunTexts(HTMLParser):
+    """The text inside each run's span; text outside every span goes to the run before it (the first run for
+    text before any)."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__(convert_charrefs=True)
+        self.texts = [""] * count
+        self.current: int | None = None
+        self.last = 0
+
+    def handle_starttag(self, tag: str, attrs) -> None:
+        run = dict(attrs).get("data-run")
+        if tag == RUN_TAG and run is not None and run.isdigit() and int(run) < len(self.texts):
+            self.current = self.last = int(run)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == RUN_TAG:
+            self.current = None
+
+    def handle_data(self, data: str) -> None:
+        self.texts[self.current if self.current is not None else self.last] += data
+
+
+def _run_texts(translation: str, count: int) -> list[str]:
+    parser = _RunTexts(count)
+    parser.feed(translation)
+    parser.close()
+    return parser.texts
+
+
+def _optional(module: str):
+    try:
+        return __import__(module)
+    except ImportError as e:
+        raise InvalidRequest(
+            f"this server cannot read such files: it lacks {module} (pip install 'translation-service[files]')"
+        ) from e
+
+
+class FileStore:
+    """Translated files until their one download, or for ttl_s: only inside folder, under names made here."""
+
+    NAME = re.compile(r"[0-9a-f]{32}-[A-Za-z0-9._-]{1,100}")
+
+    def __init__(self, folder: Path | None, ttl_s: float) -> None:
+        if folder is None:
+            folder = Path(tempfile.mkdtemp(prefix="translation-files-"))  # 0700: this user's alone
+        folder.mkdir(parents=True, exist_ok=True)
+        self.folder, self.ttl_s = folder, ttl_s
+
+    def save(self, original: str, data: bytes) -> str:
+        self.expire()
+        safe = re.sub(r"[^A-Za-z0-9._-]", "_", PurePath(original).name)[-100:] or "file"
+        name = f"{uuid.uuid4().hex}-{safe}"
+        (self.folder / name).write_bytes(data)
+        return name
+
+    def take(self, name: str) -> bytes:
+        """The file's bytes, once: it is deleted as it is read."""
+        self.expire()
+        path = self.folder / name
+        if not self.NAME.fullmatch(name) or not path.is_file():
+            raise FileNotFoundError(name)
+        data = path.read_bytes()
+        path.unlink(missing_ok=True)
+        return data
+
+    def expire(self) -> None:
+        oldest = time.time() - self.ttl_s
+        for path in self.folder.iterdir():
+            if self.NAME.fullmatch(path.name) and path.stat().st_mtime < oldest:
+                path.unlink(missing_ok=True)

@@ -1,0 +1,142 @@
+"""/translate_file and /download_file: each format comes back with its structure, once, within its limits."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from server.files import FileStore, read_document
+from tests.server.conftest import RunningServer, server_config
+from tests.server.test_http import free_port, http
+
+docx = pytest.importorskip("docx", reason="python-docx (the files extra) not installed")
+srt = pytest.importorskip("srt", reason="srt (the files extra) not installed")
+
+
+@pytest.fixture(scope="module")
+def site(tiny_export: Path) -> Iterator[RunningServer]:
+    config = server_config(tiny_export, http_port=free_port(), max_output_tokens=12, max_file_texts=20)
+    server = RunningServer(config)
+    yield server
+    server.close()
+
+
+def upload(site: RunningServer, name: str, data: bytes, **fields: str) -> tuple[int, dict]:
+    """POST /translate_file as a multipart form, as LibreTranslate's clients send it."""
+    boundary = uuid.uuid4().hex
+    values = {"source": "en", "target": "de", **fields}
+    parts = [
+        f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode() for k, v in values.items()
+    ]
+    head = f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{name}"\r\n\r\n'.encode()
+    body = b"".join(parts) + head + data + f"\r\n--{boundary}--\r\n".encode()
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{site.server.http_port}/translate_file",
+        data=body,
+        headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def translated(site: RunningServer, name: str, data: bytes) -> bytes:
+    status, answer = upload(site, name, data)
+    assert status == 200, answer
+    with urllib.request.urlopen(answer["translatedFileUrl"], timeout=30) as response:
+        return response.read()
+
+
+def translate(site: RunningServer, texts: list[str], format: str = "text") -> list[str]:
+    _, _, answer = http(site, "/translate", {"q": texts, "source": "en", "target": "de", "format": format})
+    return answer["translatedText"]
+
+
+def test_a_text_file_keeps_every_line(site: RunningServer):
+    lines = ["A man is walking.", "", "A woman reads a book.", "  "]
+    out = translated(site, "notes.txt", "\r\n".join(lines).encode()).decode()
+    assert out.split("\r\n")[1::2] == ["", "  "]
+    assert out.split("\r\n")[0::2] == translate(site, ["A man is walking.", "A woman reads a book."])
+
+
+def test_a_subtitle_file_keeps_its_timing(site: RunningServer):
+    source = "1\n00:00:01,000 --> 00:00:02,500\nA man\nis walking.\n\n2\n00:00:03,000 --> 00:00:04,000\nA dog.\n\n"
+    before, after = list(srt.parse(source)), list(srt.parse(translated(site, "film.srt", source.encode()).decode()))
+    assert [(s.index, s.start, s.end) for s in after] == [(s.index, s.start, s.end) for s in before]
+    assert [s.content for s in after] == translate(site, ["A man is walking.", "A dog."])
+
+
+def test_an_html_file_keeps_its_markup(site: RunningServer):
+    page = "<html><body><h1>A man</h1><p>A <b>dog</b> runs.</p></body></html>"
+    out = translated(site, "page.html", page.encode()).decode()
+    assert out == translate(site, [page], "html")[0] and out.count("<b>") == 1 and out.count("<p>") == 1
+
+
+def test_a_word_document_keeps_paragraphs_runs_and_their_formatting(site: RunningServer):
+    document = docx.Document()
+    document.add_paragraph("A man is walking.")
+    styled = document.add_paragraph("A ")
+    styled.add_run("black").bold = True
+    styled.add_run(" dog runs.").italic = True
+    document.add_paragraph("")
+    document.add_table(rows=1, cols=1).cell(0, 0).paragraphs[0].add_run("A cat.")
+    data = io.BytesIO()
+    document.save(data)
+    back = docx.Document(io.BytesIO(translated(site, "letter.docx", data.getvalue())))
+    assert len(back.paragraphs) == 3 and [len(p.runs) for p in back.paragraphs] == [1, 3, 0]
+    runs = back.paragraphs[1].runs
+    assert (runs[1].bold, runs[2].italic) == (True, True) and not runs[0].bold
+    assert back.paragraphs[0].text == translate(site, ["A man is walking."])[0]
+    assert back.tables[0].cell(0, 0).text == translate(site, ["A cat."])[0]
+
+
+def test_a_file_is_downloaded_once(site: RunningServer):
+    status, answer = upload(site, "a.txt", b"A man.\n")
+    assert status == 200
+    urllib.request.urlopen(answer["translatedFileUrl"], timeout=30).read()
+    with pytest.raises(urllib.error.HTTPError) as error:
+        urllib.request.urlopen(answer["translatedFileUrl"], timeout=30)
+    assert error.value.code == 404 and "downloaded once" in json.loads(error.value.read())["error"]
+    with pytest.raises(urllib.error.HTTPError) as error:
+        urllib.request.urlopen(f"http://127.0.0.1:{site.server.http_port}/download_file/..%2F..%2Fetc%2Fpasswd")
+    assert error.value.code == 404
+
+
+@pytest.mark.parametrize(
+    "name, data, status, message",
+    [
+        ("photo.png", b"\x89PNG", 400, "files of type .png are not translated"),
+        ("notes.txt", "\n".join(["A man."] * 21).encode(), 400, "21 texts (lines, paragraphs or subtitles), over"),
+        ("notes.txt", b"\xff\xfe", 400, "is not UTF-8 text"),
+        ("broken.docx", b"PK not a zip", 400, "not a valid .docx"),
+        ("broken.srt", b"1\nnot a time\nA man.\n", 400, "not a valid .srt"),
+        ("big.txt", b"A man.\n" * 700_000, 413, ""),
+    ],
+)
+def test_bad_files_are_refused_with_a_reason(site: RunningServer, name: str, data: bytes, status: int, message: str):
+    got, answer = upload(site, name, data)
+    assert got == status and message in answer["error"], answer
+
+
+def test_files_not_downloaded_expire(tmp_path: Path):
+    store = FileStore(tmp_path, ttl_s=0.05)
+    name = store.save("../../x y.txt", b"data")
+    assert (tmp_path / name).exists() and name.endswith("-x_y.txt")
+    time.sleep(0.1)
+    store.expire()
+    assert not (tmp_path / name).exists()
+
+
+def test_the_documents_texts(tmp_path: Path):
+    assert read_document("a.TXT", b"x\n\ny").texts == ["x", "y"]
+    assert read_document("a.htm", b"<p>x</p>").format == "html"
