@@ -6,8 +6,12 @@ translations, keeping its structure.
 - .srt: each subtitle's lines, joined, are a text; every subtitle's index and timing are kept.
 - .docx: each paragraph (body and table cells) is a text, its runs inline spans through the markup path;
   paragraphs, runs and their formatting are kept, a run's text being what the aligner placed inside it.
+- .pptx: the same for each paragraph of every shape's text (tables and groups included), slide by slide.
+- .odt: the same for each paragraph and heading, its runs being its text and its spans (text:span); other
+  elements in it (line breaks, frames, links) stay where they are, untranslated.
 
-.docx and .srt need the ``files`` extra (python-docx, srt), imported when such a file arrives.
+.docx, .pptx, .odt and .srt need the ``files`` extra (python-docx, python-pptx, odfpy, srt), imported when such
+a file arrives.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from pathlib import Path, PurePath
 
 from server.errors import InvalidRequest
 
-SUFFIXES = (".txt", ".html", ".htm", ".srt", ".docx")
+SUFFIXES = (".txt", ".html", ".htm", ".srt", ".docx", ".pptx", ".odt")
 RUN_TAG = "span"  # an inline element (server/markup.py): the aligner puts it around the words it enclosed
 
 
@@ -40,8 +44,8 @@ def read_document(name: str, data: bytes) -> Document:
     suffix = PurePath(name).suffix.lower()
     if suffix not in SUFFIXES:
         raise InvalidRequest(f"{name!r}: files of type {suffix or '(none)'} are not translated; send {SUFFIXES}")
-    if suffix == ".docx":
-        return _docx(data)
+    if suffix in (".docx", ".pptx", ".odt"):
+        return OFFICE[suffix](data)
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
@@ -83,31 +87,95 @@ def _subtitles(text: str, name: str) -> Document:
     return Document([" ".join(subtitles[i].content.split()) for i in spoken], "text", write)
 
 
-def _docx(data: bytes) -> Document:
-    docx = _optional("docx")
+def _office(kind: str, data: bytes, load, paragraphs, runs, set_text, save) -> Document:
+    """A document of paragraphs made of runs: each paragraph a text whose runs are inline spans."""
     try:
-        document = docx.Document(io.BytesIO(data))
-    except Exception as e:  # python-docx raises whatever its zip and XML readers raise
-        raise InvalidRequest(f"the file is not a valid .docx ({type(e).__name__}: {e})") from e
-    paragraphs = [p for p in _paragraphs(document) if p.text.strip()]
-    texts = [
-        "".join(f'<{RUN_TAG} data-run="{i}">{html.escape(r.text, quote=False)}</{RUN_TAG}>' for i, r in _runs(p))
-        for p in paragraphs
-    ]
+        document = load(io.BytesIO(data))
+    except Exception as e:  # the libraries raise whatever their zip and XML readers raise
+        raise InvalidRequest(f"the file is not a valid {kind} ({type(e).__name__}: {e})") from e
+    found = [(p, runs(p)) for p in paragraphs(document)]
+    found = [(p, rs) for p, rs in found if any(text.strip() for _, text in rs)]
+    texts = [_spans(rs) for _, rs in found]
 
     def write(out: list[str]) -> bytes:
-        for paragraph, translation in zip(paragraphs, out, strict=True):
-            runs = paragraph.runs
-            for i, text in enumerate(_run_texts(translation, len(runs))):
-                runs[i].text = text
+        for (_, rs), translation in zip(found, out, strict=True):
+            for (run, _), text in zip(rs, _run_texts(translation, len(rs)), strict=True):
+                set_text(run, text)
         written = io.BytesIO()
-        document.save(written)
+        save(document, written)
         return written.getvalue()
 
     return Document(texts, "html", write)
 
 
-def _paragraphs(document):
+def _spans(runs: list) -> str:
+    """A paragraph's runs as inline spans that say which run each is."""
+    return "".join(
+        f'<{RUN_TAG} data-run="{i}">{html.escape(text, quote=False)}</{RUN_TAG}>'
+        for i, (_, text) in enumerate(runs)
+        if text
+    )
+
+
+def _docx(data: bytes) -> Document:
+    return _python_office(".docx", data, _optional("docx").Document, _word_paragraphs)
+
+
+def _pptx(data: bytes) -> Document:
+    return _python_office(".pptx", data, _optional("pptx").Presentation, _slide_paragraphs)
+
+
+def _python_office(kind: str, data: bytes, load, paragraphs) -> Document:
+    """python-docx's and python-pptx's documents: paragraphs of runs whose text can be set."""
+    return _office(
+        kind,
+        data,
+        load,
+        paragraphs,
+        lambda paragraph: [(run, run.text) for run in paragraph.runs],
+        lambda run, text: setattr(run, "text", text),
+        lambda document, out: document.save(out),
+    )
+
+
+def _odt(data: bytes) -> Document:
+    _optional("odf")
+    from odf import opendocument, teletype, text
+
+    def runs(paragraph):
+        return [
+            (node, node.data if node.nodeType == node.TEXT_NODE else teletype.extractText(node))
+            for node in paragraph.childNodes
+            if node.nodeType == node.TEXT_NODE or node.qname == text.Span().qname
+        ]
+
+    def set_text(node, value: str) -> None:
+        if node.nodeType == node.TEXT_NODE:
+            node.data = value
+            return
+        texts = [child for child in node.childNodes if child.nodeType == child.TEXT_NODE]
+        if not texts:
+            node.addText(value)
+            return
+        texts[0].data = value  # the span's elements (a nested span, a line break) stay; its text is the first's
+        for child in texts[1:]:
+            child.data = ""
+
+    return _office(
+        ".odt",
+        data,
+        opendocument.load,
+        lambda document: [*document.getElementsByType(text.P), *document.getElementsByType(text.H)],
+        runs,
+        set_text,
+        lambda document, out: document.write(out),
+    )
+
+
+OFFICE = {".docx": _docx, ".pptx": _pptx, ".odt": _odt}
+
+
+def _word_paragraphs(document):
     yield from document.paragraphs
     for table in document.tables:
         for row in table.rows:
@@ -115,8 +183,21 @@ def _paragraphs(document):
                 yield from cell.paragraphs
 
 
-def _runs(paragraph):
-    return [(i, run) for i, run in enumerate(paragraph.runs) if run.text]
+def _slide_paragraphs(presentation):
+    def shapes(group):
+        for shape in group:
+            if shape.shape_type is not None and hasattr(shape, "shapes"):  # a group
+                yield from shapes(shape.shapes)
+            elif getattr(shape, "has_table", False):
+                for row in shape.table.rows:
+                    for cell in row.cells:
+                        yield cell.text_frame
+            elif getattr(shape, "has_text_frame", False):
+                yield shape.text_frame
+
+    for slide in presentation.slides:
+        for frame in shapes(slide.shapes):
+            yield from frame.paragraphs
 
 
 class _RunTexts(HTMLParser):

@@ -163,7 +163,7 @@ def spec(models: Models) -> dict[str, Any]:
             },
             "/translate_file": {
                 "post": {
-                    "summary": "Translate a file (.txt, .html, .srt, .docx), keeping its structure",
+                    "summary": "Translate a file (.txt, .html, .srt, .docx, .pptx, .odt), keeping its structure",
                     "requestBody": {"required": True, "content": {"multipart/form-data": {"schema": _ref("FileForm")}}},
                     "responses": {
                         "200": _ok("Where to download it, once", _ref("TranslatedFile"), model_header),

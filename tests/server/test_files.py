@@ -19,6 +19,8 @@ from tests.server.test_http import free_port, http
 
 docx = pytest.importorskip("docx", reason="python-docx (the files extra) not installed")
 srt = pytest.importorskip("srt", reason="srt (the files extra) not installed")
+pptx = pytest.importorskip("pptx", reason="python-pptx (the files extra) not installed")
+odf = pytest.importorskip("odf", reason="odfpy (the files extra) not installed")
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +102,49 @@ def test_a_word_document_keeps_paragraphs_runs_and_their_formatting(site: Runnin
     assert back.tables[0].cell(0, 0).text == translate(site, ["A cat."])[0]
 
 
+def test_a_presentation_keeps_slides_shapes_runs_and_their_formatting(site: RunningServer):
+    deck = pptx.Presentation()
+    slide = deck.slides.add_slide(deck.slide_layouts[5])  # title only
+    slide.shapes.title.text = "A man is walking."
+    box = slide.shapes.add_textbox(0, 0, 100, 100).text_frame
+    box.paragraphs[0].add_run().text = "A "
+    bold = box.paragraphs[0].add_run()
+    bold.text, bold.font.bold = "dog", True
+    table = slide.shapes.add_table(1, 1, 0, 0, 100, 100).table
+    table.cell(0, 0).text = "A cat."
+    data = io.BytesIO()
+    deck.save(data)
+    back = pptx.Presentation(io.BytesIO(translated(site, "deck.pptx", data.getvalue()))).slides[0]
+    title, text_box, frame = back.shapes[0], back.shapes[1], back.shapes[2]
+    assert title.text_frame.text == translate(site, ["A man is walking."])[0]
+    runs = text_box.text_frame.paragraphs[0].runs
+    assert len(runs) == 2 and runs[1].font.bold and not runs[0].font.bold
+    assert frame.table.cell(0, 0).text == translate(site, ["A cat."])[0]
+
+
+def test_an_open_document_keeps_paragraphs_spans_and_their_styles(site: RunningServer):
+    from odf import opendocument, style, teletype, text
+
+    document = opendocument.OpenDocumentText()
+    bold = style.Style(name="Bold", family="text")
+    bold.addElement(style.TextProperties(fontweight="bold"))
+    document.automaticstyles.addElement(bold)
+    document.text.addElement(text.H(outlinelevel=1, text="A man is walking."))
+    paragraph = text.P(text="A ")
+    paragraph.addElement(text.Span(stylename=bold, text="black"))
+    paragraph.addText(" dog runs.")
+    document.text.addElement(paragraph)
+    data = io.BytesIO()
+    document.write(data)
+    back = opendocument.load(io.BytesIO(translated(site, "letter.odt", data.getvalue())))
+    headings, paragraphs = back.getElementsByType(text.H), back.getElementsByType(text.P)
+    assert len(headings) == 1 and len(paragraphs) == 1
+    assert teletype.extractText(headings[0]) == translate(site, ["A man is walking."])[0]
+    spans = paragraphs[0].getElementsByType(text.Span)
+    assert len(spans) == 1 and spans[0].getAttribute("stylename") == "Bold"
+    assert teletype.extractText(paragraphs[0]).strip()  # text around the span is where the aligner put words
+
+
 def test_a_file_is_downloaded_once(site: RunningServer):
     status, answer = upload(site, "a.txt", b"A man.\n")
     assert status == 200
@@ -120,6 +165,8 @@ def test_a_file_is_downloaded_once(site: RunningServer):
         ("notes.txt", b"\xff\xfe", 400, "is not UTF-8 text"),
         ("broken.docx", b"PK not a zip", 400, "not a valid .docx"),
         ("broken.srt", b"1\nnot a time\nA man.\n", 400, "not a valid .srt"),
+        ("broken.pptx", b"PK not a zip", 400, "not a valid .pptx"),
+        ("broken.odt", b"PK not a zip", 400, "not a valid .odt"),
         ("big.txt", b"A man.\n" * 700_000, 413, ""),
     ],
 )
