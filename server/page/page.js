@@ -78,9 +78,39 @@ async function translate(event) {
   }
 }
 
+async function translateFile() {
+  const file = $("file").files[0];
+  if (!file) {
+    $("status").textContent = "choose a file first";
+    return;
+  }
+  const form = new FormData();
+  form.append("file", file);
+  form.append("source", $("source").value);
+  form.append("target", $("target").value);
+  if ($("api-key").value) form.append("api_key", $("api-key").value);
+  $("download").hidden = true;
+  $("status").textContent = `translating ${file.name}…`;
+  try {
+    const response = await fetch("/translate_file", { method: "POST", body: form });
+    const answer = await response.json();
+    if (!response.ok) {
+      $("status").textContent = `${response.status}: ${answer.error}`;
+      return;
+    }
+    $("download").href = answer.translatedFileUrl;
+    $("download").textContent = `download ${file.name} (once)`;
+    $("download").hidden = false;
+    $("status").textContent = `${file.name} translated`;
+  } catch (error) {
+    $("status").textContent = `the server did not answer (${error})`;
+  }
+}
+
 document.addEventListener("DOMContentLoaded", () => {
   $("source").addEventListener("change", () => fillTargets($("target").value));
   $("swap").addEventListener("click", swap);
   $("translate-form").addEventListener("submit", translate);
+  $("translate-file").addEventListener("click", translateFile);
   load().catch((error) => { $("status").textContent = `cannot load the languages (${error})`; });
 });

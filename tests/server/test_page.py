@@ -1,11 +1,14 @@
 """The page at /, in a real headless browser (Debian's chromium and chromium-driver, driven by selenium):
-languages load, a sentence typed and translated shows the API's translation, auto names the language, swap swaps."""
+languages load, a sentence typed and translated shows the API's translation, auto names the language, swap swaps,
+a .docx uploaded comes back translated."""
 
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
 import shutil
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -78,6 +81,32 @@ def test_typing_a_sentence_and_translating_it_shows_the_apis_translation(site: R
     browser.find_element(By.ID, "swap").click()
     assert Select(browser.find_element(By.ID, "source")).first_selected_option.get_attribute("value") == "en"
     assert browser.find_element(By.ID, "text").get_attribute("value") == shown
+
+
+def test_a_word_document_uploaded_comes_back_translated(site: RunningServer, browser, tmp_path):
+    docx = pytest.importorskip("docx", reason="python-docx (the files extra) not installed")
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    document = docx.Document()
+    for text in ("A man is walking.", "A dog runs."):
+        document.add_paragraph(text)
+    path = tmp_path / "letter.docx"
+    document.save(path)
+    browser.get(f"http://127.0.0.1:{site.server.http_port}/")
+    wait = WebDriverWait(browser, WAIT_S)
+    wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready") == "true")
+    Select(browser.find_element(By.ID, "source")).select_by_value("en")
+    browser.find_element(By.ID, "file").send_keys(str(path))
+    browser.find_element(By.ID, "translate-file").click()
+    wait.until(lambda d: d.find_element(By.ID, "download").is_displayed())
+    link = browser.find_element(By.ID, "download").get_attribute("href")
+    with urllib.request.urlopen(link, timeout=30) as response:
+        back = docx.Document(io.BytesIO(response.read()))
+    _, _, expected = http(
+        site, "/translate", {"q": ["A man is walking.", "A dog runs."], "source": "en", "target": "de"}
+    )
+    assert [p.text for p in back.paragraphs] == expected["translatedText"]
 
 
 def test_an_error_shows_the_apis_message(site: RunningServer, browser):
