@@ -10,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import time
+import urllib.error
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -135,6 +136,17 @@ def test_grpc_takes_the_key_as_metadata(keyed: RunningServer):
         assert error.value.code().name == getattr(code, "name", code), error.value.details()
     assert keyed.stub.Translate(request, metadata=((KEY_METADATA, KEY),), timeout=30).translations[0].text
     assert keyed.stub.Detect(translate_pb2.DetectRequest(text="A man."), metadata=((KEY_METADATA, KEY),))
+
+
+def test_libretranslatepy_with_and_without_a_key(keyed: RunningServer):
+    libretranslatepy = pytest.importorskip("libretranslatepy")
+    url = f"http://127.0.0.1:{keyed.server.http_port}/"
+    client = libretranslatepy.LibreTranslateAPI(url, api_key=KEY)
+    assert client.translate("A man.", "en", "de") and client.detect("A man.")[0]["language"] == "en"
+    assert client.languages()[0]["code"] == "en"  # /languages is open
+    with pytest.raises(urllib.error.HTTPError) as error:
+        libretranslatepy.LibreTranslateAPI(url).translate("A man.", "en", "de")
+    assert error.value.code == 403
 
 
 def test_deep_translator_with_a_key(keyed: RunningServer):
