@@ -10,6 +10,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from export.cpu import describe_cpu
 from server.metrics import length_bucket
 
 
@@ -108,6 +109,7 @@ def summarize(run: Run) -> dict:
 def markdown(summaries: list[dict], command: str) -> str:
     lines = [
         f"command: `{command}`",
+        f"client machine: {describe_cpu()} (the server's CPU is its own to record)",
         "",
         "| mode | concurrency / rate | sent | answered / retried / lost | req/s | in tok/s | p50 s | p90 s | p99 s "
         "| max s | codes | server batch | server queue wait s | peak KV bytes | peak RSS MiB |",

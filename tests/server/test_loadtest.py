@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import sentencepiece as spm
 
+from export.cpu import describe_cpu
 from server import loadtest
 from server.errors import ServiceError, grpc_code_of_http
 from server.text import split_sentences
@@ -67,7 +68,8 @@ def test_bounded_load_is_counted_exactly(running: RunningServer, tiny_export: Pa
     assert report["runs"][1]["server"]["translate_requests_total_delta"] == 12
     for name in ("latency_vs_length.png", "throughput_vs_concurrency.png"):
         assert (tmp_path / name).stat().st_size > 5000
-    assert "| closed | 4 | 12 |" in (tmp_path / "report.md").read_text()
+    report = (tmp_path / "report.md").read_text()
+    assert "| closed | 4 | 12 |" in report and f"client machine: {describe_cpu()}" in report
 
 
 def test_open_loop_with_deadlines_counts_errors(running: RunningServer, tiny_export: Path, tmp_path: Path):
