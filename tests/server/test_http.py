@@ -105,6 +105,14 @@ def test_json_with_a_list_keeps_order_and_empty_texts(server: RunningServer):
         ({"q": [1, 2], "source": "en", "target": "de"}, "q must be a string or a list of strings"),
         ({"q": "Hi.", "source": "en", "target": "de", "api_key": 7}, "api_key must be a string"),
         ({"q": "Hi.", "source": "en", "target": "de", "alternatives": "two"}, "alternatives must be a whole number"),
+        (
+            {"q": "<b>" * 500 + "Hi." + "</b>" * 500, "source": "en", "target": "de", "format": "html"},
+            "is nested deeper than 100 elements",
+        ),
+        (
+            {"q": "Hi" + "<i></i>" * 2001, "source": "en", "target": "de", "format": "html"},
+            "is element 2,001; a text may hold 2,000",
+        ),
         (b"{not json", "the body is not valid JSON"),
         (b"\xa7\xff{}", "the body is not valid utf-8 (byte 0xa7 at offset 0)"),
         (b'{"q": "a \\ud800 b", "source": "en", "target": "de"}', "lone surrogate escape ('\\ud800')"),
