@@ -294,17 +294,26 @@ class _Tree(HTMLParser):
     def handle_data(self, data: str) -> None:
         self.stack[-1].children.append(data)
 
+    def _raw(self, usual: str) -> _Raw:
+        """A comment or declaration as sent: its usual form, or a bogus one ("<!x>", which HTML reads as a
+        comment) up to its ">"."""
+        begin = self._offset()
+        if self.source.startswith(usual, begin):
+            return _Raw(usual)
+        end = self.source.find(">", begin)
+        return _Raw(self.source[begin : end + 1 if end >= 0 else len(self.source)])
+
     def handle_comment(self, data: str) -> None:
-        self.stack[-1].children.append(_Raw(f"<!--{data}-->"))
+        self.stack[-1].children.append(self._raw(f"<!--{data}-->"))
 
     def handle_decl(self, decl: str) -> None:
-        self.stack[-1].children.append(_Raw(f"<!{decl}>"))
+        self.stack[-1].children.append(self._raw(f"<!{decl}>"))
 
     def handle_pi(self, data: str) -> None:
-        self.stack[-1].children.append(_Raw(f"<?{data}>"))
+        self.stack[-1].children.append(self._raw(f"<?{data}>"))
 
     def unknown_decl(self, data: str) -> None:
-        self.stack[-1].children.append(_Raw(f"<![{data}]>"))
+        self.stack[-1].children.append(self._raw(f"<![{data}]>"))
 
 
 def _walk(node: _Node, source: str, parts: list[str | Piece]) -> None:

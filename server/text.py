@@ -22,9 +22,15 @@ def split_sentences(text: str, language: str = "en") -> list[tuple[str, str]]:
     sentences: list[tuple[str, str]] = []
     parts = LINE_BREAK.split(text)  # lines at even indexes, the breaks between them at odd ones
     for line, line_break in zip(parts[0::2], [*parts[1::2], ""], strict=True):
-        for sentence in sentencex.segment(language, line):
-            if sentence.strip():
-                sentences.append((sentence.strip(), sentence[len(sentence.rstrip()) :]))
+        for segment in sentencex.segment(language, line):
+            body = segment.strip()
+            # Whitespace before a sentence (a segment of only whitespace, or one that starts with some, as
+            # sentencex leaves the separators Python counts as whitespace, "\x1f" say) follows the one before.
+            lead = segment[: len(segment) - len(segment.lstrip())] if body else segment
+            if lead and sentences:
+                sentences[-1] = (sentences[-1][0], sentences[-1][1] + lead)
+            if body:
+                sentences.append((body, segment[len(segment.rstrip()) :]))
         if sentences and line_break:
             sentences[-1] = (sentences[-1][0], sentences[-1][1] + line_break)
     return sentences
