@@ -65,7 +65,7 @@ class RunningServer:
         self.thread.join(10)
 
 
-def server_config(model: Path, **overrides) -> ServerConfig:
+def server_config(model: Path | tuple[Path, ...], **overrides) -> ServerConfig:
     base = ServerConfig(
         model=model,
         provider="cpu",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,8 +26,9 @@ def detector() -> LanguageDetector:
 @pytest.fixture(scope="module")
 def two(tiny_export: Path, tiny_reverse_export: Path) -> Iterator[RunningServer]:
     """en→de (tiny-test) and de→en (tiny-de-en), with the HTTP API."""
-    config = server_config(tiny_export, http_port=free_port(), max_output_tokens=16)
-    server = RunningServer(dataclasses.replace(config, model=(tiny_export, tiny_reverse_export)))
+    server = RunningServer(
+        server_config((tiny_export, tiny_reverse_export), http_port=free_port(), max_output_tokens=16)
+    )
     yield server
     server.close()
 

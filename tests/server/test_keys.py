@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import shutil
@@ -187,7 +186,7 @@ def test_two_replicas_share_a_keys_limit_and_a_revocation(tiny_export: Path, red
     limit = 40
     keys = write_keys(tmp_path / "keys.json", requests_per_minute=limit)
     config = server_config(tiny_export, http_port=0, api_keys=keys, redis_url=redis_url, max_output_tokens=4)
-    replicas = [RunningServer(config), RunningServer(dataclasses.replace(config))]
+    replicas = [RunningServer(config), RunningServer(config)]
     request = translate_pb2.TranslateRequest(texts=["A man."])
     metadata = ((KEY_METADATA, KEY),)
 

@@ -62,8 +62,21 @@ def test_an_address_of_either_family_is_that_address(host: str, expected):
     assert addresses(host) == expected
 
 
-def test_a_host_name_means_each_of_its_addresses():
-    assert (socket.AF_INET, "127.0.0.1") in addresses("localhost")
+def test_a_host_name_means_each_of_its_addresses(monkeypatch):
+    """A name's addresses as the resolver gives them (a pod name: IPv6 first, each address once per socket
+    type), IPv4 first and each once."""
+    resolved = {"translator.test": ["fd00::7", "10.0.0.7", "fd00::7"]}
+
+    def getaddrinfo(host, port, family=0, type=0, proto=0, flags=0):
+        if host not in resolved:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return [
+            (socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, 0))
+            for address in resolved[host]
+        ]
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    assert addresses("translator.test") == [(socket.AF_INET, "10.0.0.7"), (socket.AF_INET6, "fd00::7")]
     with pytest.raises(ListenError, match="resolves to no address"):
         addresses("no-such-host.invalid")
 

@@ -3,7 +3,6 @@ from it, bounded in examples, and /frontend/settings answers as LibreTranslate's
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,8 +23,8 @@ EXAMPLES = int(os.environ.get("OPENAPI_EXAMPLES", "25"))  # per route and mode; 
 
 @pytest.fixture(scope="module")
 def api(tiny_export: Path, tiny_reverse_export: Path) -> Iterator[RunningServer]:
-    config = server_config(tiny_export, http_port=free_port(), max_output_tokens=8, http_timeout_s=30.0)
-    server = RunningServer(dataclasses.replace(config, model=(tiny_export, tiny_reverse_export)))
+    models = (tiny_export, tiny_reverse_export)
+    server = RunningServer(server_config(models, http_port=free_port(), max_output_tokens=8, http_timeout_s=30.0))
     yield server
     server.close()
 

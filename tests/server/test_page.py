@@ -4,7 +4,6 @@ a .docx uploaded comes back translated."""
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import os
 import shutil
@@ -37,8 +36,8 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-
 def site(tiny_export: Path, tiny_reverse_export: Path) -> Iterator[RunningServer]:
     """Both tiny models; PAGE_MODELS=DIR,DIR serves others (the screenshot in docs/ is of the default models)."""
     models = tuple(Path(m) for m in os.environ["PAGE_MODELS"].split(",")) if "PAGE_MODELS" in os.environ else None
-    config = server_config(tiny_export, http_port=free_port(), max_output_tokens=32)
-    server = RunningServer(dataclasses.replace(config, model=models or (tiny_export, tiny_reverse_export)))
+    models = models or (tiny_export, tiny_reverse_export)
+    server = RunningServer(server_config(models, http_port=free_port(), max_output_tokens=32))
     yield server
     server.close()
 
