@@ -239,23 +239,11 @@ class HttpApi:
 
     # --- routes ---------------------------------------------------------------------------
 
-    async def translate(self, request: web.Request) -> web.Response:
-        exchange = Exchange("HTTP /translate", request[REQUEST_ID])
-        exchange.span = request_span("HTTP /translate", request.headers, exchange.request_id)
+    async def _answer(self, exchange: Exchange, respond: Callable[[], Awaitable[web.Response]]) -> web.Response:
+        """What ``respond`` answers, with the outcome in the exchange's access record: an error as its status
+        (server.errors), while aiohttp's own refusals and a client that went away are recorded and go on up."""
         try:
-            fields = await self._fields(request)
-            texts, as_list = self._texts(fields)
-            exchange.caller = (await self._admit(request, fields, texts)).name
-            format = str(fields.get("format") or "text")
-            engine, detected = self._model(fields, texts, format)
-            exchange.engine = engine
-            exchange.texts = texts
-            deadline = time.monotonic() + self.config.http_timeout_s
-            beam, max_output = self.config.default_beam_size, self.config.max_output_tokens
-            min_confidence = self._min_confidence(fields)
-            results = await self.translations.translate(
-                engine, texts, beam, max_output, deadline, "q", True, min_confidence, exchange, format
-            )
+            response = await respond()
         except web.HTTPException as error:  # aiohttp's own (a body over client_max_size): json_errors answers it
             self.access.finish(exchange, "RESOURCE_EXHAUSTED" if error.status == 413 else "INVALID_ARGUMENT")
             raise
@@ -265,6 +253,27 @@ class HttpApi:
         except Exception as error:
             return self._fail(exchange, error)
         self.access.finish(exchange, "OK")
+        return response
+
+    async def translate(self, request: web.Request) -> web.Response:
+        exchange = Exchange("HTTP /translate", request[REQUEST_ID])
+        exchange.span = request_span("HTTP /translate", request.headers, exchange.request_id)
+        return await self._answer(exchange, lambda: self._translate(request, exchange))
+
+    async def _translate(self, request: web.Request, exchange: Exchange) -> web.Response:
+        fields = await self._fields(request)
+        texts, as_list = self._texts(fields)
+        exchange.caller = (await self._admit(request, fields, texts)).name
+        format = str(fields.get("format") or "text")
+        engine, detected = self._model(fields, texts, format)
+        exchange.engine = engine
+        exchange.texts = texts
+        deadline = time.monotonic() + self.config.http_timeout_s
+        beam, max_output = self.config.default_beam_size, self.config.max_output_tokens
+        min_confidence = self._min_confidence(fields)
+        results = await self.translations.translate(
+            engine, texts, beam, max_output, deadline, "q", True, min_confidence, exchange, format
+        )
         one = (lambda values: values) if as_list else (lambda values: values[0])
         body = {
             "translatedText": one([result.text for result in results]),
@@ -303,32 +312,25 @@ class HttpApi:
         {"translatedFileUrl"}, the file's one download (server/files.py has the formats)."""
         exchange = Exchange("HTTP /translate_file", request[REQUEST_ID])
         exchange.span = request_span("HTTP /translate_file", request.headers, exchange.request_id)
-        try:
-            fields = await self._fields(request)
-            upload = fields.get("file")
-            if not isinstance(upload, web.FileField):
-                raise InvalidRequest("Invalid request: missing file parameter (a multipart/form-data upload)")
-            document = read_document(upload.filename or "", upload.file.read())
-            if len(document.texts) > self.config.max_file_texts:
-                raise InvalidRequest(
-                    f"{upload.filename!r} has {len(document.texts)} texts (lines, paragraphs or subtitles), over "
-                    f"the limit of {self.config.max_file_texts} (max_file_texts)"
-                )
-            exchange.texts = document.texts
-            exchange.caller = (await self._admit(request, fields, document.texts)).name
-            engine, _ = self._model(fields, document.texts, document.format)
-            exchange.engine = engine
-            translations = await self._translate_all(engine, document.texts, document.format, exchange)
-            name = self.files.save(upload.filename or "file", document.write(translations))
-        except web.HTTPException as error:
-            self.access.finish(exchange, "RESOURCE_EXHAUSTED" if error.status == 413 else "INVALID_ARGUMENT")
-            raise
-        except asyncio.CancelledError:
-            self.access.finish(exchange, "CANCELLED")
-            raise
-        except Exception as error:
-            return self._fail(exchange, error)
-        self.access.finish(exchange, "OK")
+        return await self._answer(exchange, lambda: self._translate_file(request, exchange))
+
+    async def _translate_file(self, request: web.Request, exchange: Exchange) -> web.Response:
+        fields = await self._fields(request)
+        upload = fields.get("file")
+        if not isinstance(upload, web.FileField):
+            raise InvalidRequest("Invalid request: missing file parameter (a multipart/form-data upload)")
+        document = read_document(upload.filename or "", upload.file.read())
+        if len(document.texts) > self.config.max_file_texts:
+            raise InvalidRequest(
+                f"{upload.filename!r} has {len(document.texts)} texts (lines, paragraphs or subtitles), over "
+                f"the limit of {self.config.max_file_texts} (max_file_texts)"
+            )
+        exchange.texts = document.texts
+        exchange.caller = (await self._admit(request, fields, document.texts)).name
+        engine, _ = self._model(fields, document.texts, document.format)
+        exchange.engine = engine
+        translations = await self._translate_all(engine, document.texts, document.format, exchange)
+        name = self.files.save(upload.filename or "file", document.write(translations))
         url = request.url.origin().join(request.app.router["download_file"].url_for(name=name))
         return web.json_response({"translatedFileUrl": str(url)}, headers={"X-Translation-Model": model_name(engine)})
 
@@ -371,23 +373,23 @@ class HttpApi:
         """LibreTranslate's /detect: [{"confidence": 0-100, "language": code}], best first, among the served
         source languages."""
         exchange = Exchange("HTTP /detect", request[REQUEST_ID])
-        try:
-            fields = await self._fields(request)
-            q = fields.get("q")
-            if not isinstance(q, str) or not q.strip():
-                raise InvalidRequest("Invalid request: missing q parameter (a string)")
-            exchange.texts = [q]
-            exchange.caller = (await self._admit(request, fields, [q])).name
-            found = self.models.detector.detect(q)
-        except Exception as error:
-            return self._fail(exchange, error)
-        self.access.finish(exchange, "OK")
+        return await self._answer(exchange, lambda: self._detect(request, exchange))
+
+    async def _detect(self, request: web.Request, exchange: Exchange) -> web.Response:
+        fields = await self._fields(request)
+        q = fields.get("q")
+        if not isinstance(q, str) or not q.strip():
+            raise InvalidRequest("Invalid request: missing q parameter (a string)")
+        exchange.texts = [q]
+        exchange.caller = (await self._admit(request, fields, [q])).name
+        found = self.models.detector.detect(q)
         return web.json_response([{"confidence": d.confidence, "language": d.language} for d in found])
 
     async def frontend_settings(self, request: web.Request) -> web.Response:
         """LibreTranslate's page settings: no character limit (limits are in tokens), whether keys are on and
         required, no files; the page starts from auto (where detection is on) and the default model's target."""
         default = self.models.default
+        target = default.target_language
         source = AUTO if self.config.language_detection != "off" else default.source_language
         self.access.finish(Exchange("HTTP /frontend/settings", request[REQUEST_ID]), "OK")
         return web.json_response(
@@ -401,7 +403,7 @@ class HttpApi:
                 "supportedFilesFormat": list(SUFFIXES),
                 "language": {
                     "source": {"code": source, "name": LANGUAGE_NAMES.get(source, source)},
-                    "target": {"code": default.target_language, "name": LANGUAGE_NAMES.get(default.target_language)},
+                    "target": {"code": target, "name": LANGUAGE_NAMES.get(target, target)},
                 },
             }
         )
