@@ -313,6 +313,9 @@ class Hypothesis(NamedTuple):
     # with one) divided by their number, i.e. the log of their geometric-mean probability; 0 is certain.
     score: float
     stopped: str  # "eos"; "length": the longest output allowed; "repetition": the runaway-output guard
+    # Beam search's other finished hypotheses of the source, best first, each output once and none the
+    # same as this one's (LibreTranslate's alternatives); greedy search has none.
+    alternatives: tuple[Hypothesis, ...] = ()
 
 
 # The runaway-output guard: an n-gram of up to REPEAT_NGRAM tokens repeated consecutively more than
@@ -489,7 +492,12 @@ class BeamSearch:
         return output[: len(output) - drop] if drop else None
 
     def result(self) -> Hypothesis:
-        return max(self.finished, key=lambda f: f[0])[1]
+        """The best finished hypothesis (the first of equals), the others as its alternatives."""
+        best, *others = (hypothesis for _, hypothesis in sorted(self.finished, key=lambda f: -f[0]))  # stable
+        distinct = {tuple(best.tokens): best}
+        for hypothesis in others:  # the better of two equal outputs (the guard may cut two rows alike)
+            distinct.setdefault(tuple(hypothesis.tokens), hypothesis)
+        return best._replace(alternatives=tuple(distinct.values())[1:])
 
 
 def gap_filling_order(kept: Sequence[int]) -> list[int]:
