@@ -48,6 +48,7 @@ from model.search import translate_in_batches  # noqa: E402
 from server import loadtest, loadtest_report  # noqa: E402
 from server.config import DEFAULT_MODEL_DIR, parse_config  # noqa: E402
 from server.engine import serving_engines  # noqa: E402
+from server.jobs import decode_options  # noqa: E402
 from server.metrics import Metrics  # noqa: E402
 from server.scheduler import Scheduler  # noqa: E402
 from server.translations import Translations  # noqa: E402
@@ -111,9 +112,7 @@ class Core:
 
         async def client() -> None:
             for text in pending:
-                translated = await self.translations.translate(
-                    self.engine, [text], config.default_beam_size, config.max_output_tokens, None
-                )
+                translated = await self.translations.translate(self.engine, [text], decode_options(config), None)
                 assert len(translated) == 1, f"{len(translated)} translations for one text"
 
         async def drive() -> None:

@@ -14,8 +14,10 @@
 ``source`` and ``target`` choose among the server's models (``server.models``); ``source: "auto"`` detects the
 texts' language (together: one request, one model) and the answer carries ``detectedLanguage``
 ({"confidence", "language"}, a list of them for a list q). ``api_key`` is the caller's key where the server has
-keys (server/keys.py); ``alternatives`` is accepted and ignored. A translation names the model that answered in
-``X-Translation-Model`` (``name@version``).
+keys (server/keys.py). ``alternatives: N`` (0 to max_beam_size - 1) asks for up to N other translations, from
+beam search's n-best (the beam widened to N + 1): the answer carries ``"alternatives": [str]`` (a list of them per
+text for a list q), as LibreTranslate's. A translation names the model that answered in ``X-Translation-Model``
+(``name@version``).
 
 Errors are JSON ``{"error": message}`` with the status of ``server.errors`` (400, 403, 429 with Retry-After,
 503, 504, 500), and 404/405/413 for unknown paths, wrong methods and bodies over max_message_bytes.
@@ -43,6 +45,7 @@ from server.detect import Detected
 from server.errors import InvalidRequest, Overloaded, ServiceError, http_status_of, status_of
 from server.files import SUFFIXES, FileStore, read_document
 from server.interface import Engine
+from server.jobs import decode_options
 from server.keys import Caller, KeyGuard
 from server.models import AUTO, Models
 from server.service import model_name
@@ -204,12 +207,6 @@ class HttpApi:
         key = fields.get("api_key")
         if key is not None and not isinstance(key, str):
             raise InvalidRequest("api_key must be a string")
-        alternatives = fields.get("alternatives")  # accepted and ignored, but of its documented type
-        if alternatives not in (None, "") and not (
-            (isinstance(alternatives, int) and not isinstance(alternatives, bool))
-            or (isinstance(alternatives, str) and alternatives.lstrip("-").isdigit())
-        ):
-            raise InvalidRequest("alternatives must be a whole number")
         return await self.keys.admit(key, request.remote or "", sum(map(len, texts)))
 
     def _texts(self, fields: dict[str, Any]) -> tuple[list[str], bool]:
@@ -263,28 +260,42 @@ class HttpApi:
     async def _translate(self, request: web.Request, exchange: Exchange) -> web.Response:
         fields = await self._fields(request)
         texts, as_list = self._texts(fields)
+        options = decode_options(self.config, alternatives=self._alternatives(fields))
         exchange.caller = (await self._admit(request, fields, texts)).name
         format = str(fields.get("format") or "text")
         engine, detected = self._model(fields, texts, format)
         exchange.engine = engine
         exchange.texts = texts
         deadline = time.monotonic() + self.config.http_timeout_s
-        beam, max_output = self.config.default_beam_size, self.config.max_output_tokens
         min_confidence = self._min_confidence(fields)
         results = await self.translations.translate(
-            engine, texts, beam, max_output, deadline, "q", True, min_confidence, exchange, format
+            engine, texts, options, deadline, "q", True, min_confidence, exchange, format
         )
         one = (lambda values: values) if as_list else (lambda values: values[0])
         body = {
             "translatedText": one([result.text for result in results]),
             "confidence": one([round(result.confidence, 4) for result in results]),
         }
+        if options.alternatives:
+            body["alternatives"] = one([list(result.alternatives) for result in results])
         if detected is not None:
             body["detectedLanguage"] = one([vars(detected)] * len(results))
         flags = [[flag for flag in (r.guard, "low_confidence" if r.low_confidence else "") if flag] for r in results]
         if any(flags):
             body["flags"] = one(flags)
         return web.json_response(body, headers={"X-Translation-Model": model_name(engine)})
+
+    @staticmethod
+    def _alternatives(fields: dict[str, Any]) -> int:
+        """LibreTranslate's alternatives: a whole number, 0 when absent or empty (a form's field is text)."""
+        value = fields.get("alternatives")
+        if value in (None, ""):
+            return 0
+        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            return int(value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise InvalidRequest(f"alternatives={value!r} must be a whole number, e.g. 3")
 
     @staticmethod
     def _min_confidence(fields: dict[str, Any]) -> float | None:
@@ -337,20 +348,11 @@ class HttpApi:
     async def _translate_all(self, engine: Engine, texts: list[str], format: str, exchange: Exchange) -> list[str]:
         """Every text, in requests of at most max_texts decoding at once, within one http_timeout_s."""
         deadline = time.monotonic() + self.config.http_timeout_s
-        step = self.config.max_texts
+        step, options = self.config.max_texts, decode_options(self.config)
         chunks = await asyncio.gather(
             *(
                 self.translations.translate(
-                    engine,
-                    texts[i : i + step],
-                    self.config.default_beam_size,
-                    self.config.max_output_tokens,
-                    deadline,
-                    "file",
-                    True,
-                    None,
-                    exchange,
-                    format,
+                    engine, texts[i : i + step], options, deadline, "file", True, None, exchange, format
                 )
                 for i in range(0, len(texts), step)
             )

@@ -10,12 +10,47 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from model.search import Hypothesis
-from server.errors import ServiceError
+from server.config import ServerConfig
+from server.errors import InvalidRequest, ServiceError
 from server.text import SegmentSpec
 
 log = logging.getLogger(__name__)
 BACKLOG_WINDOW_S = 10.0  # Retry-After: the queue over the source tokens finished in this window
 _ids = itertools.count()
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """How a request's sentences are decoded: built once by its front end (gRPC or HTTP, ``decode_options``) and
+    carried unchanged to its job, the translation cache's key and the assembly of its answer."""
+
+    beam: int
+    max_output_tokens: int  # eos included
+    alternatives: int = 0  # other translations wanted per text, from the beam's n-best (beam > alternatives)
+
+
+def decode_options(
+    config: ServerConfig, beam: int = 0, max_output_tokens: int = 0, alternatives: int = 0, prefix: str = ""
+) -> DecodeOptions:
+    """A request's options (0: the server's default), within the server's limits. Asking for N alternatives
+    widens the beam to N + 1 (beam search's n-best are its finished hypotheses); ``prefix`` names the
+    request's fields in errors ("options." in gRPC)."""
+    if alternatives < 0:
+        raise InvalidRequest(f"{prefix}alternatives={alternatives} must be 0 or more")
+    beam = beam or config.default_beam_size
+    if beam > config.max_beam_size:
+        raise InvalidRequest(f"{prefix}beam_size={beam} is over the limit {config.max_beam_size} (max_beam_size)")
+    if alternatives >= config.max_beam_size:
+        raise InvalidRequest(
+            f"{prefix}alternatives={alternatives} needs a beam of {alternatives + 1}, over the limit "
+            f"{config.max_beam_size} (max_beam_size): ask for at most {config.max_beam_size - 1}"
+        )
+    max_output = max_output_tokens or config.max_output_tokens
+    if max_output > config.max_output_tokens:
+        raise InvalidRequest(
+            f"{prefix}max_output_tokens={max_output} is over the limit {config.max_output_tokens} (max_output_tokens)"
+        )
+    return DecodeOptions(max(beam, alternatives + 1), max_output, alternatives)
 
 
 @dataclass(eq=False)
@@ -50,8 +85,7 @@ class Job:
     """
 
     specs: list[SegmentSpec]
-    beam: int
-    max_output_tokens: int
+    options: DecodeOptions
     on_segment: Callable[[Segment], None]
     on_done: Callable[[ServiceError | None], None]
     deadline: float | None = None  # time.monotonic() value

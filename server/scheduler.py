@@ -85,14 +85,14 @@ class Scheduler:
         segments = []
         lane = choose_lane(self.lanes_of[job.model], self.bounds, sum(len(spec.ids) for spec in job.specs))
         for spec in job.specs:
-            max_length = engine.max_length(len(spec.ids), job.max_output_tokens)
-            reserved, predicted = self.memory.estimate(job.model, len(spec.ids), job.beam, max_length)
+            max_length = engine.max_length(len(spec.ids), job.options.max_output_tokens)
+            reserved, predicted = self.memory.estimate(job.model, len(spec.ids), job.options.beam, max_length)
             segments.append(Segment(job, spec, max_length, reserved, predicted, lane))
         largest, need = self.memory.largest_peak(job.model, [(s.reserved_bytes, s.source_tokens) for s in segments])
         if need > self.memory.budget_bytes:
             self.metrics.rejected.labels("memory").inc()
             raise Overloaded(
-                f"a segment of {segments[largest].source_tokens} tokens with beam {job.beam} needs about "
+                f"a segment of {segments[largest].source_tokens} tokens with beam {job.options.beam} needs about "
                 f"{need >> 20} MiB, over the memory budget of {self.memory.budget_bytes >> 20} MiB; use a smaller "
                 "beam or shorter texts"
             )
@@ -228,7 +228,7 @@ class Scheduler:
     def _add(self, lane: Lane, group: list[Segment], encoded: Encoded) -> None:
         """An encoded group joins the batch (a segment that left meanwhile, cancelled or expired, leaves again
         at once); its encoder call's metrics."""
-        joined = lane.batch.add(group, encoded, [s.job.beam for s in group], [s.max_length for s in group])
+        joined = lane.batch.add(group, encoded, [s.job.options.beam for s in group], [s.max_length for s in group])
         now = time.monotonic()
         for segment in group:
             segment.encoded_at = now

@@ -17,10 +17,11 @@ from server.config import ServerConfig
 from server.detect import Detected
 from server.errors import InvalidRequest, ServiceError, status_of
 from server.interface import Engine
+from server.jobs import DecodeOptions, decode_options
 from server.keys import KEY_METADATA, KeyGuard
 from server.models import AUTO, Models
 from server.tracing import request_span
-from server.translations import Translations
+from server.translations import Translations, distinct_alternatives
 
 log = logging.getLogger(__name__)
 MALFORMED = object()  # what the tolerant deserializer returns for bytes that are no valid message
@@ -77,19 +78,11 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
 
     # --- request -> job ---------------------------------------------------------------
 
-    def _options(self, request: translate_pb2.TranslateRequest) -> tuple[int, int]:
-        beam = request.options.beam_size or self.config.default_beam_size
-        if beam > self.config.max_beam_size:
-            raise InvalidRequest(
-                f"options.beam_size={beam} is over the limit {self.config.max_beam_size} (max_beam_size)"
-            )
-        max_output = request.options.max_output_tokens or self.config.max_output_tokens
-        if max_output > self.config.max_output_tokens:
-            raise InvalidRequest(
-                f"options.max_output_tokens={max_output} is over the limit {self.config.max_output_tokens} "
-                "(max_output_tokens)"
-            )
-        return beam, max_output
+    def _options(self, request: translate_pb2.TranslateRequest) -> DecodeOptions:
+        options = request.options
+        return decode_options(
+            self.config, options.beam_size, options.max_output_tokens, options.alternatives, prefix="options."
+        )
 
     def _model(self, request) -> Engine:
         """The model a (parsed) request chooses."""
@@ -104,11 +97,11 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
             return self.models.resolve_auto(request.texts, request.model, request.target_language, format)
         return self._model(request), None
 
-    def _job(self, request, context: grpc.aio.ServicerContext) -> tuple[list[str], int, int, float | None]:
-        """The request's texts, beam, output limit and deadline (a ``time.monotonic()`` instant, or None)."""
-        beam, max_output = self._options(request)
+    def _job(self, request, context: grpc.aio.ServicerContext) -> tuple[list[str], DecodeOptions, float | None]:
+        """The request's texts, options and deadline (a ``time.monotonic()`` instant, or None)."""
         remaining = context.time_remaining()
-        return list(request.texts), beam, max_output, time.monotonic() + remaining if remaining is not None else None
+        deadline = time.monotonic() + remaining if remaining is not None else None
+        return list(request.texts), self._options(request), deadline
 
     async def _admit(self, request, context: grpc.aio.ServicerContext, exchange: Exchange) -> None:
         """The caller's API key (the x-api-key metadata) and limits (server/keys.py)."""
@@ -187,11 +180,13 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
         async for segment in self.translations.segments(engine, *self._job(request, context)):
             segments.append(segment)
             spec = segment.spec
+            translation, *alternatives = engine.detokenize([segment.output, *segment.alternatives])
             yield translate_pb2.TranslationSegment(
                 text_index=spec.text_index,
                 segment_index=spec.segment_index,
                 source=spec.source,
-                translation=engine.detokenize([segment.output])[0],
+                translation=translation,
+                alternatives=distinct_alternatives(translation, alternatives),
                 input_tokens=segment.source_tokens,
                 output_tokens=len(segment.output),
                 last_in_text=segment.last_in_text,

@@ -22,7 +22,7 @@ from server.cache import TranslationCache
 from server.config import ServerConfig
 from server.errors import InvalidRequest, ServiceError
 from server.interface import Engine
-from server.jobs import Job, Segment
+from server.jobs import DecodeOptions, Job, Segment
 from server.metrics import Metrics, length_bucket
 from server.scheduler import Scheduler
 from server.text import SegmentSpec, TextLimits, check_texts, segment_texts
@@ -39,6 +39,8 @@ class TextTranslation:
     confidence: float  # its sentences' confidences (model.search.Hypothesis.score), weighted by their tokens
     guard: str  # why a runaway-output guard stopped one of its sentences ("repetition", "length"), or ""
     low_confidence: bool  # a sentence of it scored under the request's min_confidence
+    # Other translations of it, best first, none the same as text (see Translations.translate)
+    alternatives: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,11 @@ class Sentence:
     def output(self) -> list[int]:
         """Output token ids, eos excluded."""
         return self.result.tokens
+
+    @property
+    def alternatives(self) -> list[list[int]]:
+        """Output token ids of the other translations kept for it, best first."""
+        return [alternative.tokens for alternative in self.result.alternatives]
 
     @property
     def source_tokens(self) -> int:
@@ -102,7 +109,21 @@ def _joined(text: str, parts: Sequence[Sentence], outputs: dict[int, str]) -> st
     return leading_whitespace(text) + joined + trailing_whitespace(text)
 
 
-def _summary(text: str, parts: Sequence[Sentence], min_confidence: float | None) -> TextTranslation:
+def _plain(engine: Engine, texts: Sequence[str], segments: Sequence[Sentence]) -> list[str]:
+    """Each text's sentences' translations in the text's layout."""
+    outputs = dict(zip(map(id, segments), engine.detokenize([s.output for s in segments]), strict=True))
+    return [_joined(text, parts, outputs) for text, parts in zip(texts, _by_text(segments, len(texts)), strict=True)]
+
+
+def distinct_alternatives(translation: str, candidates: Sequence[str]) -> tuple[str, ...]:
+    """The candidates unlike the translation, each once, in order: two outputs of different tokens may read
+    the same."""
+    return tuple(dict.fromkeys(other for other in candidates if other != translation))
+
+
+def _summary(texts: Sequence[str], parts: Sequence[Sentence], min_confidence: float | None) -> TextTranslation:
+    """A text's translation (texts[0]) with the others as its alternatives."""
+    text = texts[0]
     return TextTranslation(
         text=text,
         input_tokens=sum(s.source_tokens for s in parts),
@@ -112,7 +133,20 @@ def _summary(text: str, parts: Sequence[Sentence], min_confidence: float | None)
         confidence=text_confidence(parts),
         guard=next((s.guard for s in sorted(parts, key=lambda s: s.guard != "repetition") if s.guard), ""),
         low_confidence=any(s.low_confidence(min_confidence) for s in parts),
+        alternatives=distinct_alternatives(text, texts[1:]),
     )
+
+
+def _variants(segments: list[Sentence], alternatives: int) -> list[list[Sentence]]:
+    """The segments as translated, then their alternatives: alternative i of a text is each of its sentences'
+    i-th alternative, or the sentence's translation where it has fewer (as Argos Translate, LibreTranslate's
+    engine, joins its sentences' hypotheses). As many as the sentence with the most has, up to
+    ``alternatives``."""
+    count = min(alternatives, max((len(s.result.alternatives) for s in segments), default=0))
+    return [segments] + [
+        [replace(s, result=s.result.alternatives[i]) if i < len(s.result.alternatives) else s for s in segments]
+        for i in range(count)
+    ]
 
 
 class Translations:
@@ -144,8 +178,7 @@ class Translations:
         self,
         engine: Engine,
         texts: Sequence[str],
-        beam: int,
-        max_output: int,
+        options: DecodeOptions,
         deadline: float | None,
         field: str = "texts",
         keep_empty: bool = False,
@@ -153,7 +186,8 @@ class Translations:
         tokenized: Sequence[list[int]] | None = None,
     ) -> AsyncIterator[Sentence]:
         """The texts' segments for ``engine``'s model, yielded in order as they are translated: those the
-        cache holds at once, the others submitted as one job. ``deadline`` is a ``time.monotonic()``
+        cache holds at once, the others submitted as one job; each with up to ``options.alternatives`` of
+        its beam's other outputs. ``deadline`` is a ``time.monotonic()``
         instant. Raises the ServiceError that ended the job; cancelling the caller's task cancels the job.
         ``field`` names the texts in errors; ``keep_empty`` and ``tokenized``: see segment_texts."""
         long_inputs = self.metrics.long_inputs
@@ -165,7 +199,7 @@ class Translations:
         if not specs:
             return
         last = {id(text[-1]) for text in by_text if text}
-        keys = [TranslationCache.key(engine, spec.ids, beam, max_output) for spec in specs]
+        keys = [TranslationCache.key(engine, spec.ids, options) for spec in specs]
         ready = self._cached(engine, keys)
         order = {id(spec): i for i, spec in enumerate(specs)}
         job = None
@@ -179,8 +213,7 @@ class Translations:
 
             job = Job(
                 [spec for i, spec in enumerate(specs) if i not in ready],
-                beam,
-                max_output,
+                options,
                 on_segment=lambda segment: loop.call_soon_threadsafe(finished.put_nowait, segment),
                 on_done=on_done,
                 deadline=deadline,
@@ -201,8 +234,9 @@ class Translations:
                 if isinstance(item, ServiceError):
                     raise item
                 index = order[id(item.spec)]
-                self._keep(keys[index], item.result)
-                ready[index] = item.result
+                result = item.result._replace(alternatives=item.result.alternatives[: options.alternatives])
+                self._keep(keys[index], result)
+                ready[index] = result
                 timings[index] = (item.enqueued_at, item.joined_at, item.encoded_at, item.finished_at)
         except asyncio.CancelledError:
             if job is not None:
@@ -213,8 +247,7 @@ class Translations:
         self,
         engine: Engine,
         texts: Sequence[str],
-        beam: int,
-        max_output: int,
+        options: DecodeOptions,
         deadline: float | None,
         field: str = "texts",
         keep_empty: bool = False,
@@ -227,19 +260,19 @@ class Translations:
         trailing whitespace; an empty text kept with ``keep_empty`` translates to itself. A text with a
         sentence under ``min_confidence`` is flagged ``low_confidence``. ``format`` "html" keeps the
         texts' markup; in both formats placeholders, URLs, e-mail addresses and numbers with units come
-        back as sent (server/markup.py)."""
+        back as sent (server/markup.py). With ``options.alternatives``, up to that many other translations
+        of each text (``_variants``), laid out and with their markup placed as the translation is."""
         documents = [markup.parse(text, format) for text in texts]
+        span = exchange.span if exchange else INVALID_SPAN
         if format == "text" and all(d.pieces[0].plain for d in documents if d.pieces):  # nothing to put back
             started = time.monotonic()
-            segments = [s async for s in self.segments(engine, texts, beam, max_output, deadline, field, keep_empty)]
+            segments = [s async for s in self.segments(engine, texts, options, deadline, field, keep_empty)]
             self.observe(engine, segments, started, exchange)
-            by_text = _by_text(segments, len(texts))
-            with child_span(exchange.span if exchange else INVALID_SPAN, "detokenize"):
-                translated = engine.detokenize([s.output for s in segments])
-            outputs = dict(zip(map(id, segments), translated, strict=True))
+            with child_span(span, "detokenize"):
+                renders = [_plain(engine, texts, variant) for variant in _variants(segments, options.alternatives)]
             return [
-                _summary(_joined(text, parts, outputs), parts, min_confidence)
-                for text, parts in zip(texts, by_text, strict=True)
+                _summary([render[t] for render in renders], parts, min_confidence)
+                for t, parts in enumerate(_by_text(segments, len(texts)))
             ]
         check_texts(texts, self.limits, field, keep_empty)
         pieces = [(t, piece) for t, document in enumerate(documents) for piece in document.pieces]
@@ -256,22 +289,34 @@ class Translations:
                 )
         started = time.monotonic()
         limits = replace(self.limits, max_texts=max(len(pieces), 1))
-        segments = [
-            s async for s in self.segments(engine, runs, beam, max_output, deadline, field, True, limits, tokenized)
-        ]
+        segments = [s async for s in self.segments(engine, runs, options, deadline, field, True, limits, tokenized)]
         self.observe(engine, segments, started, exchange)
-        by_piece = _by_text(segments, len(pieces))
-        with child_span(exchange.span if exchange else INVALID_SPAN, "markup"):
-            placed = await self._place(engine, [piece for _, piece in pieces], by_piece)
-        by_text: dict[int, list[str]] = {}
         parts: dict[int, list[Sentence]] = {}
-        for (t, _), translation, sentences in zip(pieces, placed, by_piece, strict=True):
-            by_text.setdefault(t, []).append(translation)
-            parts.setdefault(t, []).extend(sentences)
+        for segment in segments:
+            parts.setdefault(pieces[segment.spec.text_index][0], []).append(segment)
+        with child_span(span, "markup"):
+            renders = [
+                await self._render(engine, documents, pieces, variant)
+                for variant in _variants(segments, options.alternatives)
+            ]
         return [
-            _summary(document.render(by_text.get(t, [])), parts.get(t, []), min_confidence)
-            for t, document in enumerate(documents)
+            _summary([render[t] for render in renders], parts.get(t, []), min_confidence) for t in range(len(documents))
         ]
+
+    async def _render(
+        self,
+        engine: Engine,
+        documents: Sequence[markup.Document],
+        pieces: Sequence[tuple[int, markup.Piece]],
+        segments: list[Sentence],
+    ) -> list[str]:
+        """Each document with its pieces' translations (``segments``, by piece) in place of their text."""
+        by_piece = _by_text(segments, len(pieces))
+        placed = await self._place(engine, [piece for _, piece in pieces], by_piece)
+        by_text: dict[int, list[str]] = {}
+        for (t, _), translation in zip(pieces, placed, strict=True):
+            by_text.setdefault(t, []).append(translation)
+        return [document.render(by_text.get(t, [])) for t, document in enumerate(documents)]
 
     async def _place(self, engine: Engine, pieces: list[markup.Piece], by_piece: list[list[Sentence]]) -> list[str]:
         """Each piece's translation: its sentences joined as in plain text, or, for a piece with markup or

@@ -36,8 +36,10 @@ class RunningServer:
     def call(self, coroutine, timeout: float = 120):
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
 
-    def translate(self, texts: list[str], beam: int = 0, **kwargs) -> translate_pb2.TranslateResponse:
-        options = translate_pb2.TranslateOptions(beam_size=beam)
+    def translate(
+        self, texts: list[str], beam: int = 0, alternatives: int = 0, **kwargs
+    ) -> translate_pb2.TranslateResponse:
+        options = translate_pb2.TranslateOptions(beam_size=beam, alternatives=alternatives)
         return self.stub.Translate(translate_pb2.TranslateRequest(texts=texts, options=options), **kwargs)
 
     def metric(self, name: str, labels: dict[str, str] | None = None) -> float | None:

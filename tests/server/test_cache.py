@@ -12,6 +12,7 @@ from model.search import Hypothesis
 from proto import translate_pb2
 from server.cache import ENTRY_OVERHEAD_BYTES, HEADER, TranslationCache
 from server.config import ServerConfig
+from server.jobs import DecodeOptions
 from tests.conftest import own_sentences
 from tests.server.conftest import RunningServer, server_config
 from tests.server.fake_engine import FakeEngine
@@ -22,21 +23,30 @@ def test_entries_are_kept_by_model_options_and_ids():
     engine, other = FakeEngine(), FakeEngine()
     other.version = "1"
     cache = TranslationCache(1 << 20)
-    key = TranslationCache.key(engine, [5, 6, 7], beam=1, max_output_tokens=64)
+    key = TranslationCache.key(engine, [5, 6, 7], DecodeOptions(beam=4, max_output_tokens=64))
     cache.put(key, Hypothesis([9, 8], -0.25, "repetition"))
     assert cache.get(key) == Hypothesis([9, 8], -0.25, "repetition")
     for different in (
-        TranslationCache.key(other, [5, 6, 7], 1, 64),  # another version of the weights
-        TranslationCache.key(engine, [5, 6, 7], 4, 64),  # another beam
-        TranslationCache.key(engine, [5, 6, 7], 1, 32),  # another output limit
-        TranslationCache.key(engine, [5, 6], 1, 64),
+        TranslationCache.key(other, [5, 6, 7], DecodeOptions(4, 64)),  # another version of the weights
+        TranslationCache.key(engine, [5, 6, 7], DecodeOptions(1, 64)),  # another beam
+        TranslationCache.key(engine, [5, 6, 7], DecodeOptions(4, 32)),  # another output limit
+        TranslationCache.key(engine, [5, 6, 7], DecodeOptions(4, 64, alternatives=2)),  # alternatives wanted
+        TranslationCache.key(engine, [5, 6], DecodeOptions(4, 64)),
     ):
         assert cache.get(different) is None
 
 
+def test_an_entry_keeps_its_alternatives():
+    cache = TranslationCache(1 << 20)
+    key = TranslationCache.key(FakeEngine(), [5, 6, 7], DecodeOptions(4, 64, alternatives=2))
+    others = (Hypothesis([9, 7], -0.5, "eos"), Hypothesis([], -1.5, "length"))
+    cache.put(key, Hypothesis([9, 8], -0.25, "eos", others))
+    assert cache.get(key) == Hypothesis([9, 8], -0.25, "eos", others)
+
+
 def test_the_least_recently_used_entries_go_first_and_the_bound_holds():
     engine = FakeEngine()
-    keys = [TranslationCache.key(engine, [i] * 10, 1, 64) for i in range(100)]
+    keys = [TranslationCache.key(engine, [i] * 10, DecodeOptions(1, 64)) for i in range(100)]
     size = len(keys[0]) + HEADER.size + 4 * 10 + ENTRY_OVERHEAD_BYTES
     output = Hypothesis(list(range(10)), -0.5, "eos")
     cache = TranslationCache(3 * size)
@@ -49,7 +59,7 @@ def test_the_least_recently_used_entries_go_first_and_the_bound_holds():
         cache.put(key, output)
         assert cache.bytes <= cache.max_bytes
     assert cache.bytes == 3 * size
-    cache.put(TranslationCache.key(engine, [1] * 1000, 1, 64), output)  # larger than the bound
+    cache.put(TranslationCache.key(engine, [1] * 1000, DecodeOptions(1, 64)), output)  # larger than the bound
     assert cache.bytes == 3 * size and len(cache) == 3
 
 
@@ -84,6 +94,19 @@ def test_a_repeated_request_is_answered_from_the_cache_without_the_engine(cached
     assert [s.last_in_text for s in stream] == [False, True, True]
     status, _, body = http(cached, "/translate", {"q": texts, "source": "en", "target": "de"})
     assert status == 200 and body["translatedText"] == [t.text for t in first.translations]
+
+
+def test_an_answer_without_alternatives_does_not_answer_a_request_for_them(cached: RunningServer):
+    texts = own_sentences(9)[7:]
+    plain = cached.translate(texts, beam=4)
+    model = plain.model.split("@")[0]
+    hits = lambda: cached.metric("translate_cache_lookups_total", {"model": model, "result": "hit"})  # noqa: E731
+    before = hits()
+    wanted = cached.translate(texts, beam=4, alternatives=3)
+    assert hits() == before  # both sentences went to the engine again
+    assert [t.text for t in wanted.translations] == [t.text for t in plain.translations]
+    assert all(t.alternatives for t in wanted.translations) and not any(t.alternatives for t in plain.translations)
+    assert cached.translate(texts, beam=4, alternatives=3) == wanted and hits() == before + 2  # now cached
 
 
 def test_a_partly_cached_request_translates_only_the_rest(cached: RunningServer, monkeypatch):

@@ -104,7 +104,7 @@ def test_json_with_a_list_keeps_order_and_empty_texts(server: RunningServer):
         ({"q": "<p>Hi.</b>", "source": "en", "target": "de", "format": "html"}, "</b> at line 1, column 7"),
         ({"q": [1, 2], "source": "en", "target": "de"}, "q must be a string or a list of strings"),
         ({"q": "Hi.", "source": "en", "target": "de", "api_key": 7}, "api_key must be a string"),
-        ({"q": "Hi.", "source": "en", "target": "de", "alternatives": "two"}, "alternatives must be a whole number"),
+        ({"q": "Hi.", "source": "en", "target": "de", "alternatives": "two"}, "alternatives='two' must be a whole"),
         (
             {"q": "<b>" * 500 + "Hi." + "</b>" * 500, "source": "en", "target": "de", "format": "html"},
             "is nested deeper than 100 elements",

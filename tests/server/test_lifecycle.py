@@ -17,7 +17,7 @@ import pytest
 
 from proto import translate_pb2, translate_pb2_grpc
 from server.errors import Overloaded
-from server.jobs import Job
+from server.jobs import DecodeOptions, Job
 from server.metrics import Metrics
 from server.scheduler import Scheduler
 from server.text import SegmentSpec
@@ -154,7 +154,7 @@ def test_full_queue_refuses_at_once_with_a_retry_hint(tiny_export: Path):
     metrics = Metrics()
     scheduler = Scheduler([FakeEngine()], config, metrics)  # not started: nothing drains the queue
     spec = SegmentSpec(0, 0, "x", [5, 6, 7])
-    job = lambda: Job([spec], 1, 16, on_segment=lambda s: None, on_done=lambda e: None)  # noqa: E731
+    job = lambda: Job([spec], DecodeOptions(1, 16), on_segment=lambda s: None, on_done=lambda e: None)  # noqa: E731
     scheduler.submit(job())
     scheduler.submit(job())
     started = time.monotonic()

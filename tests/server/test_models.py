@@ -16,7 +16,7 @@ from export.runtime import OrtModel, RuntimeOptions
 from model.search import MAX_REPEATS
 from proto import translate_pb2
 from server.errors import InvalidRequest
-from server.jobs import Job
+from server.jobs import DecodeOptions, Job
 from server.metrics import Metrics
 from server.models import Models
 from server.scheduler import Scheduler
@@ -173,9 +173,8 @@ def test_concurrent_traffic_to_both_models_is_answered_by_each(two: RunningServe
 def _job(engine: FakeEngine, words: int, answers: list, model: str) -> Job:
     text = " ".join(["word"] * words)
     spec = SegmentSpec(0, 0, text, engine.tokenize([text])[0])
-    return Job(
-        [spec], 1, 512, on_segment=lambda s: answers.append((model, s.output)), on_done=lambda e: None, model=model
-    )
+    on_segment = lambda s: answers.append((model, s.output))  # noqa: E731
+    return Job([spec], DecodeOptions(1, 512), on_segment=on_segment, on_done=lambda e: None, model=model)
 
 
 def test_each_model_has_its_own_lanes_and_neither_waits_for_the_other():

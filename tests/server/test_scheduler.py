@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from export.runtime import OrtModel, RuntimeOptions
-from server.jobs import Job
+from server.jobs import DecodeOptions, Job
 from server.metrics import Metrics
 from server.policies import STARVATION_SECONDS
 from server.scheduler import Scheduler
@@ -143,7 +143,7 @@ def _unstarted(config) -> tuple[FakeEngine, Scheduler]:
 def _job(engine, sentences: list[str], beam: int = 1, on_segment=lambda s: None, on_done=lambda e: None) -> Job:
     ids = engine.tokenize(sentences)
     specs = [SegmentSpec(0, i, s, row) for i, (s, row) in enumerate(zip(sentences, ids, strict=True))]
-    return Job(specs, beam=beam, max_output_tokens=16, on_segment=on_segment, on_done=on_done)
+    return Job(specs, DecodeOptions(beam, 16), on_segment=on_segment, on_done=on_done)
 
 
 @pytest.mark.parametrize(("policy", "replicas"), [("static", 1), ("continuous", 1), ("continuous", 2)])
