@@ -419,7 +419,7 @@ class HttpApi:
     async def spec(self, request: web.Request) -> web.Response:
         """The OpenAPI document of this API (server/openapi.py)."""
         self.access.finish(Exchange("HTTP /spec", request[REQUEST_ID]), "OK")
-        return web.json_response(openapi.spec(self.models))
+        return web.json_response(openapi.spec(self.models, self.config.max_beam_size - 1))
 
     def _fail(self, exchange: Exchange, error: BaseException) -> web.Response:
         status, message = http_status_of(error)

@@ -47,10 +47,11 @@ def _ok(description: str, schema: dict[str, Any], headers: dict[str, Any] | None
     }
 
 
-def _schemas(models: Models) -> dict[str, Any]:
+def _schemas(models: Models, max_alternatives: int) -> dict[str, Any]:
     sources = sorted({engine.source_language for engine in models}) + [AUTO]
     targets = sorted({engine.target_language for engine in models})
-    one_or_many = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}]}
+    strings = {"type": "array", "items": {"type": "string"}}
+    one_or_many = {"oneOf": [{"type": "string"}, {**strings, "minItems": 1}]}
     detected = {
         "type": "object",
         "required": ["language", "confidence"],
@@ -65,7 +66,14 @@ def _schemas(models: Models) -> dict[str, Any]:
         "format": {"type": "string", "enum": ["text", "html", ""], "default": "text", "description": "empty: text"},
         "min_confidence": {"type": "number", "description": "flag translations scoring under it (negative)"},
         "api_key": {"type": "string", "description": "the caller's API key, where the server has keys"},
-        "alternatives": {"type": "integer", "description": "accepted and ignored"},
+        "alternatives": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": max_alternatives,
+            "default": 0,
+            "description": "up to this many other translations per text, from the beam's n-best (the beam widened "
+            "to alternatives + 1, within the server's max_beam_size)",
+        },
     }
     return {
         "Error": {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}},
@@ -87,6 +95,11 @@ def _schemas(models: Models) -> dict[str, Any]:
                 "confidence": {
                     "oneOf": [{"type": "number"}, {"type": "array", "items": {"type": "number"}}],
                     "description": "mean token log-probability, at most 0",
+                },
+                "alternatives": {
+                    "oneOf": [strings, {"type": "array", "items": strings}],
+                    "description": "with alternatives over 0: other translations, best first, none the same as the "
+                    "translation (a list of them per text for a list q)",
                 },
                 "flags": {"type": "array", "description": "repetition, length, low_confidence (per text for a list)"},
                 "detectedLanguage": {
@@ -129,7 +142,8 @@ def _schemas(models: Models) -> dict[str, Any]:
     }
 
 
-def spec(models: Models) -> dict[str, Any]:
+def spec(models: Models, max_alternatives: int) -> dict[str, Any]:
+    """The OpenAPI document of the HTTP API for these models; ``max_alternatives``: max_beam_size - 1."""
     model_header = {"X-Translation-Model": {"description": "name@version", "schema": {"type": "string"}}}
     errors = {code: _error(text) for code, text in ERRORS.items()}
     small_errors = {code: errors[code] for code in ("400", "403", "413", "429")}
@@ -209,5 +223,5 @@ def spec(models: Models) -> dict[str, Any]:
                 }
             },
         },
-        "components": {"schemas": _schemas(models)},
+        "components": {"schemas": _schemas(models, max_alternatives)},
     }

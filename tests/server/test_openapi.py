@@ -68,8 +68,11 @@ def test_the_spec_names_every_route_and_the_served_languages(api: RunningServer)
         "/frontend/settings",
         "/spec",
     }
-    source = spec["components"]["schemas"]["TranslateRequest"]["properties"]["source"]["enum"]
-    assert source == ["de", "en", "auto"]
+    schemas = spec["components"]["schemas"]
+    assert schemas["TranslateRequest"]["properties"]["source"]["enum"] == ["de", "en", "auto"]
+    alternatives = schemas["TranslateRequest"]["properties"]["alternatives"]
+    assert (alternatives["minimum"], alternatives["maximum"]) == (0, 7)  # max_beam_size 8: a beam of 8 at most
+    assert "alternatives" in schemas["TranslateResponse"]["properties"]
 
 
 def test_frontend_settings_start_from_auto_and_the_default_target(api: RunningServer):
