@@ -25,14 +25,15 @@ from model import flags
 from model.flags import setting
 from model.search import MAX_REPEATS, translate_in_batches
 
-# CPU batches under SMALL_BATCH_ROWS rows step on sessions of this many threads: a second thread costs
-# more than it saves there (2-core x86-64, benchmarks/threads.md and export/runtime.py).
-SMALL_BATCH_THREADS = 1
+# Small batches step on the same sessions as large ones: a second thread pays at every size offline, most
+# in fp32, whose steps read more weight bytes than one core can stream (1, 4, 8 and 12 rows: fp32
+# 1.28-1.49x, int8 1.01-1.11x the tokens/s of one thread; 2-core x86-64, benchmarks/small_batch_threads.md).
+SMALL_BATCH_THREADS = None
 
 
 def runtime_options(variant: Variant = "fp32", provider: str = "cpu", threads: int = 0) -> RuntimeOptions:
     """translate-file's engine settings, which the benchmarks time as ours: intra-op threads spin during a
-    run only (export/runtime.py), batches under SMALL_BATCH_ROWS rows step on SMALL_BATCH_THREADS."""
+    run only (export/runtime.py), every batch steps on the same sessions."""
     return RuntimeOptions(variant, provider, threads, spinning=True, small_batch_threads=SMALL_BATCH_THREADS)
 
 
