@@ -15,7 +15,7 @@ One step for R rows, each with its own history, built for speed:
 - positions are a table lookup; embeddings are pre-scaled;
 - only the best ``top_k`` log-probabilities of each row leave the graph (and the log-probability
   of eos, which beam search needs when a hypothesis reaches its length limit), not the
-  whole vocabulary.
+  whole vocabulary; and each source's best extensions over all its rows, ranked in the graph.
 
 Inputs:   tokens (R,) int64, lengths (R,) int32 (tokens cached per row = its position),
           total_length () int32 (max(lengths) + 1),
@@ -24,7 +24,13 @@ Inputs:   tokens (R,) int64, lengths (R,) int32 (tokens cached per row = its pos
           src_mask (N, S) int32, top_k (1,) int64,
           past_key_i / past_value_i (R, H, T, d_cache) for each layer i, T ≥ total_length,
           cross_key_i / cross_value_i (N, H, S, d_k)
+          row_scores (R,) float64: each row's running score (its hypothesis's log-probability),
+          candidate_limit (R,) int64: candidates its source takes from each row (2·beam, greedy 1),
+          group_mask (N, G) bool: True where a source's group position holds one of its rows
 Outputs:  top_log_probs (R, K) float32, top_ids (R, K) int64, eos_log_probs (R, 1) float32,
+          candidate_scores, candidate_origins, candidate_tokens (N, K): each source's K best
+          extensions over all its rows, best first (``search_head``): the search reads these and
+          never ranks a row's candidates itself,
           present_key_i / present_value_i: the past buffers with the new entries written.
 
 ``GroupQueryAttention`` needs a head size that is a multiple of 8: other sizes are padded with
@@ -49,7 +55,7 @@ from export.builder import (
     position_table,
     residual,
 )
-from model.search import STEP_OUTPUTS, layer_names
+from model.search import CANDIDATE_OUTPUTS, STEP_OUTPUTS, layer_names
 from model.transformer import Transformer
 
 HEAD_MULTIPLE = 8  # GroupQueryAttention's CPU kernel requires head_size % 8 == 0
@@ -145,7 +151,33 @@ def build_decoder_step(model: Transformer, dtype: type[np.floating] = np.float32
     log_probs = b.one("LogSoftmax", [logits], axis=-1)
     b.op("TopK", [log_probs, "top_k"], STEP_OUTPUTS[:2], axis=-1, largest=1, sorted=1)
     b.op("Gather", [log_probs, b.constant("eos_id", np.array([c.eos_id], np.int64))], STEP_OUTPUTS[2:], axis=1)
+    search_head(b, *STEP_OUTPUTS[:2])
     return _model(b, c.n_decoder_layers, heads, d_head, d_cache)
+
+
+def search_head(b: GraphBuilder, top_log_probs: str, top_ids: str) -> None:
+    """Each source's best K extensions over all its rows, best first (ties to the lower row, then the lower
+    token, as model.search.BeamSearch ranks them): a row's candidates scored by its running score (float64,
+    as the host keeps it, so the sums and their order are the host's), its ranks past its source's
+    ``candidate_limit`` dropped, the rows of each source gathered into its group (positions past its rows
+    dropped by ``group_mask``) and one TopK over the group's G·K. Returns nothing; writes CANDIDATE_OUTPUTS:
+    the scores, each candidate's row within its source (its origin) and its token."""
+    minus_inf = b.constant("minus_inf", np.array(-np.inf, np.float64))
+    scored = b.one("Cast", [top_log_probs], to=TensorProto.DOUBLE)
+    scored = b.one("Add", [scored, b.one("Unsqueeze", ["row_scores", "axis_1"])])  # (R, K)
+    k = b.one("Squeeze", ["top_k"])
+    ranks = b.one("Range", [b.constant("zero", np.array(0, np.int64)), k, b.constant("one", np.array(1, np.int64))])
+    wanted = b.one("Less", [ranks, b.one("Unsqueeze", ["candidate_limit", "axis_1"])])  # (R, K)
+    scored = b.one("Where", [wanted, scored, minus_inf])
+    grouped = b.one("Gather", [scored, "groups"], axis=0)  # (N, G, K)
+    grouped = b.one("Where", [b.one("Unsqueeze", ["group_mask", "axis_2"]), grouped, minus_inf])
+    flat = b.one("Reshape", [grouped, b.constant("sources_by_any", np.array([0, -1], np.int64))])  # (N, G·K)
+    best, index = b.op("TopK", [flat, "top_k"], [CANDIDATE_OUTPUTS[0], "best_index"], axis=-1, largest=1, sorted=1)
+    within = b.op("Div", [index, "top_k"], [CANDIDATE_OUTPUTS[1]])[0]  # (N, K): the row within the source
+    rows = b.one("GatherElements", ["groups", within], axis=1)  # (N, K): the row in the batch
+    flat_index = b.one("Add", [b.one("Mul", [rows, "top_k"]), b.one("Mod", [index, "top_k"])])
+    flat_ids = b.one("Reshape", [top_ids, b.constant("any", np.array([-1], np.int64))])
+    b.op("Gather", [flat_ids, flat_index], [CANDIDATE_OUTPUTS[2]], axis=0)
 
 
 def _model(b: GraphBuilder, layers: int, heads: int, d_head: int, d_cache: int) -> onnx.ModelProto:
@@ -160,6 +192,9 @@ def _model(b: GraphBuilder, layers: int, heads: int, d_head: int, d_cache: int) 
         value("row_position", i64, ["rows"]),
         value("src_mask", i32, ["sources", "src_len"]),
         value("top_k", i64, [1]),
+        value("row_scores", TensorProto.DOUBLE, ["rows"]),
+        value("candidate_limit", i64, ["rows"]),
+        value("group_mask", TensorProto.BOOL, ["sources", "group"]),
     ]
     inputs += [value(n, f, ["rows", heads, "cache_len", d_cache]) for n in layer_names("past", layers)]
     inputs += [value(n, f, ["sources", heads, "src_len", d_head]) for n in layer_names("cross", layers)]
@@ -168,6 +203,9 @@ def _model(b: GraphBuilder, layers: int, heads: int, d_head: int, d_cache: int) 
         value(top_log_probs, TensorProto.FLOAT, ["rows", "k"]),
         value(top_ids, i64, ["rows", "k"]),
         value(eos_log_probs, TensorProto.FLOAT, ["rows", 1]),
+        value(CANDIDATE_OUTPUTS[0], TensorProto.DOUBLE, ["sources", "k"]),
+        value(CANDIDATE_OUTPUTS[1], i64, ["sources", "k"]),
+        value(CANDIDATE_OUTPUTS[2], i64, ["sources", "k"]),
     ]
     outputs += [value(n, f, ["rows", heads, "cache_len", d_cache]) for n in layer_names("present", layers)]
     graph = helper.make_graph(b.nodes, "decoder_step", inputs, outputs, b.initializers)

@@ -10,7 +10,7 @@ import onnxruntime as ort
 import torch
 
 from export.runtime import ORT_DTYPES, bind_step
-from model.search import STEP_OUTPUTS, pad_sources, row_groups
+from model.search import CANDIDATE_OUTPUTS, STEP_OUTPUTS, pad_sources, row_groups
 from model.transformer import Transformer
 
 FP32_TOLERANCE = 1e-4
@@ -101,6 +101,9 @@ def step_feeds(inputs: dict[str, torch.Tensor], session: ort.InferenceSession, k
         "row_position": row_position,
         "src_mask": inputs["src_mask"].numpy().astype(np.int32),
         "top_k": np.array([k], np.int64),
+        "row_scores": np.zeros(rows),
+        "candidate_limit": np.full(rows, k, np.int64),
+        "group_mask": np.arange(groups.shape[1])[None, :] < counts[:, None],
     }
     for i in range(layers):
         for kind, tensor in (("key", inputs["past_k"][i]), ("value", inputs["past_v"][i])):
@@ -122,7 +125,7 @@ def run_in_place(session: ort.InferenceSession, feeds: dict[str, np.ndarray]) ->
     session.run_with_iobinding(bound.binding)
     inputs = zip(feeds, bound.values[: len(feeds)], strict=True)  # the bound feeds, then the outputs
     caches = {name.replace("past_", "present_"): value for name, value in inputs if name.startswith("past_")}
-    outputs = dict(zip(STEP_OUTPUTS, bound.outputs, strict=True))
+    outputs = dict(zip(STEP_OUTPUTS + CANDIDATE_OUTPUTS, bound.outputs, strict=True))
     return outputs | {name: value.numpy().copy() for name, value in caches.items()}  # before the values go
 
 

@@ -27,6 +27,7 @@ from export.cpu import describe_cpu, int8_products_saturate
 from export.manifest import ModelFolderError, Provider, Variant, read_manifest
 from model.config import ModelConfig
 from model.search import (
+    CANDIDATE_OUTPUTS,
     LENGTH_PENALTY,
     STEP_OUTPUTS,
     DecodeBatch,
@@ -100,6 +101,7 @@ class RuntimeOptions:
 
 # The decoder step's inputs besides the per-layer caches (export/decoder_step.py).
 STEP_INPUTS = {"tokens", "lengths", "total_length", "groups", "row_position", "src_mask", "top_k"}
+STEP_INPUTS |= {"row_scores", "candidate_limit", "group_mask"}  # the search head's
 
 # Below this many rows a step is too small to share between threads: waking a second intra-op thread
 # costs more than it saves (one-row step 1.10 ms on one thread vs 1.53 ms on two; 8 rows 2.34 vs 2.90;
@@ -204,7 +206,7 @@ class _Binding:
 
     version: Any  # the batch layout it was made for
     binding: ort.IOBinding
-    outputs: tuple[np.ndarray, np.ndarray, np.ndarray]
+    outputs: tuple[np.ndarray, ...]  # STEP_OUTPUTS, then CANDIDATE_OUTPUTS
     values: list[ort.OrtValue]
 
 
@@ -230,9 +232,10 @@ def bind_step(
         binding.bind_ortvalue_input(name, value)
         if name.startswith("past_"):
             binding.bind_ortvalue_output(name.replace("past_", "present_"), value)
-    rows, k = len(feeds["tokens"]), int(feeds["top_k"][0])
+    rows, k, sources = len(feeds["tokens"]), int(feeds["top_k"][0]), len(feeds["groups"])
     outputs = (np.empty((rows, k), np.float32), np.empty((rows, k), np.int64), np.empty((rows, 1), np.float32))
-    for name, array in zip(STEP_OUTPUTS, outputs, strict=True):
+    outputs += (np.empty((sources, k)), np.empty((sources, k), np.int64), np.empty((sources, k), np.int64))
+    for name, array in zip(STEP_OUTPUTS + CANDIDATE_OUTPUTS, outputs, strict=True):
         values.append(ort.OrtValue.ortvalue_from_numpy(array))
         binding.bind_ortvalue_output(name, values[-1])
     return _Binding(version, binding, outputs, values)
@@ -327,10 +330,10 @@ class OrtModel:
         _, cross_k, cross_v = binding.get_outputs()
         return cross_k, cross_v
 
-    def step(self, batch: DecodeBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """One decoder step over the batch: the cache is written in place; returns (top_log_probs, top_ids,
-        eos_log_probs). The binding is kept while the batch's feeds keep their shapes and memory (a greedy
-        batch between joins and departures), so a step costs one ``run_with_iobinding`` call."""
+    def step(self, batch: DecodeBatch) -> tuple[np.ndarray, ...]:
+        """One decoder step over the batch: the cache is written in place; returns STEP_OUTPUTS and
+        CANDIDATE_OUTPUTS (model.search). The binding is kept while the batch's feeds keep their shapes and
+        memory (a greedy batch between joins and departures), so a step costs one ``run_with_iobinding`` call."""
         decoder = self.small_decoder if batch.rows < SMALL_BATCH_ROWS else self.decoder
         version = batch.version
         by_session = self._bindings.setdefault(batch, {})

@@ -366,6 +366,7 @@ class GreedySearch:
     top_k: int = 1
     log_prob: float = 0.0  # of the tokens chosen so far
     stopped: str = ""
+    scores = np.zeros(1)  # the row's score for the step graph's search head, which greedy does not read
 
     def advance(
         self, top_log_probs: np.ndarray, top_ids: np.ndarray, eos_log_probs: np.ndarray
@@ -438,20 +439,32 @@ class BeamSearch:
     def advance(
         self, top_log_probs: np.ndarray, top_ids: np.ndarray, eos_log_probs: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        rows, length = len(self.scores), self.history.shape[1] + 1
-        at_limit = length >= self.max_length
-        if at_limit:  # the only way on is to end
-            k, candidates = 1, np.full(rows, self.eos_id)
-            values = self.scores + eos_log_probs.reshape(rows)
-        else:
-            k = min(self.top_k, top_ids.shape[1])
-            candidates = top_ids[:, :k].reshape(-1)
-            values = (self.scores[:, None] + top_log_probs[:, :k]).reshape(-1)  # float64, as the scores
+        """From each row's best candidates: ranks them over the rows as the step graph's search head does
+        (export/decoder_step.py), then ``advance_ranked``."""
+        k = min(self.top_k, top_ids.shape[1])
+        values = (self.scores[:, None] + top_log_probs[:, :k]).reshape(-1)  # float64, as the scores
         # Best first, ties to the lower row, then the lower token: each row's candidates come best first with
         # ties to the lower token (ONNX TopK's order), so a stable sort of the rows in order keeps both.
         ranked = np.argsort(-values, kind="stable")[: 2 * self.beam]
+        return self.advance_ranked(values[ranked], ranked // k, top_ids[:, :k].reshape(-1)[ranked], eos_log_probs)
+
+    def advance_ranked(
+        self, values: np.ndarray, origins: np.ndarray, tokens: np.ndarray, eos_log_probs: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """This step's best extensions over the live rows, best first (at least 2·beam: their scores, rows
+        and tokens), and each row's eos log-probability -> (origin of each next row, its token); none when
+        done. The 2·beam best are all a step needs: at most one per row ends in eos."""
+        rows, length, beam = len(self.scores), self.history.shape[1] + 1, self.beam
+        at_limit = length >= self.max_length
+        if at_limit:  # the only way on is to end
+            values = self.scores + eos_log_probs.reshape(rows)
+            origins = np.argsort(-values, kind="stable")[: 2 * beam]
+            values, tokens = values[origins], np.full(len(origins), self.eos_id)
+        elif not (tokens[:beam] == self.eos_id).any() and not self._may_run_away(origins[:beam], tokens[:beam]):
+            # The usual step: the best beam extensions go on, and nothing finishes.
+            return self._go_on(origins[:beam], tokens[:beam], values[:beam])
         ranked_candidates = zip(
-            (ranked // k).tolist(), candidates[ranked].tolist(), values[ranked].tolist(), strict=True
+            origins[: 2 * beam].tolist(), tokens[: 2 * beam].tolist(), values[: 2 * beam].tolist(), strict=True
         )
         # Each row's last REPEAT_NGRAM tokens, once per step: the guard's cheap test reads plain lists.
         tails = self.history[:, -REPEAT_NGRAM:].tolist() if self.max_repeats is not None else None
@@ -476,12 +489,23 @@ class BeamSearch:
         if len(self.finished) >= self.beam or at_limit or not origins:
             self.rows = 0
             return _NO_ROWS, _NO_ROWS
-        order = in_place_order(origins)
-        origin_array, token_array = np.array(origins)[order], np.array(tokens, np.int64)[order]
+        return self._go_on(np.array(origins, np.int64), np.array(tokens, np.int64), np.array(scores))
+
+    def _go_on(self, origins: np.ndarray, tokens: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The next rows: these extensions (rank order), placed by ``in_place_order``."""
+        order = in_place_order(origins.tolist())
+        origin_array, token_array = origins[order], tokens[order]
         self.history = np.concatenate([self.history[origin_array], token_array[:, None]], axis=1)
-        self.scores = np.array(scores)[order]
+        self.scores = scores[order]
         self.rows = len(origins)
         return origin_array, token_array
+
+    def _may_run_away(self, origins: np.ndarray, tokens: np.ndarray) -> bool:
+        """Whether the guard must look closer at these extensions: one repeats a token of its row's last
+        REPEAT_NGRAM (without which no n-gram of the tail can repeat)."""
+        if self.max_repeats is None:
+            return False
+        return bool((self.history[origins, -REPEAT_NGRAM:] == tokens[:, None]).any())
 
     def _runaway(self, origin: int, token: int) -> list[int] | None:
         """The row's history and the token cut back to the first occurrence of an n-gram they repeat too often
@@ -538,8 +562,11 @@ def new_search(
 
 
 STEP_OUTPUTS = ["top_log_probs", "top_ids", "eos_log_probs"]
+# Each source's best extensions over all its rows, ranked in the step graph (export/decoder_step.py,
+# search_head); a step function that has no such head (the PyTorch reference) leaves them to the search.
+CANDIDATE_OUTPUTS = ["candidate_scores", "candidate_origins", "candidate_tokens"]
 _batch_serials = itertools.count()
-StepFn = Callable[["DecodeBatch"], tuple[np.ndarray, np.ndarray, np.ndarray]]
+StepFn = Callable[["DecodeBatch"], tuple[np.ndarray, ...]]
 
 
 class DecodeBatch:
@@ -577,8 +604,9 @@ class DecodeBatch:
         self.tokens = np.zeros(0, np.int64)
         self.total_length = np.zeros((), np.int32)
         self.top_k = np.ones(1, np.int64)
+        self.row_scores = np.zeros(0)  # each row's running score (float64), for the step's search head
         self._counts = np.zeros(0, np.int64)
-        self.groups, self.row_position, self.source_index = row_groups(self._counts)
+        self._set_groups()
         self._version = 0
         self._serial = next(_batch_serials)
 
@@ -615,6 +643,9 @@ class DecodeBatch:
             "row_position": self.row_position,
             "src_mask": src_mask,
             "top_k": self.top_k,
+            "row_scores": self.row_scores,
+            "candidate_limit": self.candidate_limit,
+            "group_mask": self.group_mask,
         }
         feeds.update(zip(layer_names("past", layers), self.cache.views(), strict=True))
         feeds.update(zip(layer_names("cross", layers), cross, strict=True))
@@ -640,15 +671,21 @@ class DecodeBatch:
     def step(self) -> list[tuple[Any, Hypothesis]]:
         """One decoder step for every row; returns the sources finished by it, with their hypotheses."""
         self.total_length[()] = int(self.cache.live_lengths.max(initial=0)) + 1
-        top_log_probs, top_ids, eos_log_probs = self.step_fn(self)
+        outputs = self.step_fn(self)
+        top_log_probs, top_ids, eos_log_probs = outputs[:3]
         self.cache.advance()
         if self.top_k[0] == 1:  # every source greedy: one row each
             return self._greedy_step(top_log_probs, top_ids, eos_log_probs)
+        ranked = outputs[3:]  # each source's candidates, ranked by the step (CANDIDATE_OUTPUTS), if it does
         rows, tokens, kept, finished, offset = [], [], [], [], 0
         for position, (key, search) in enumerate(list(self.searches.items())):
             part = slice(offset, offset + search.rows)
             offset += search.rows
-            origins, next_tokens = search.advance(top_log_probs[part], top_ids[part], eos_log_probs[part])
+            if ranked and search.width > 1:
+                values, origins, candidates = (output[position] for output in ranked)
+                origins, next_tokens = search.advance_ranked(values, origins, candidates, eos_log_probs[part])
+            else:
+                origins, next_tokens = search.advance(top_log_probs[part], top_ids[part], eos_log_probs[part])
             if search.rows:
                 rows.append(part.start + origins)
                 tokens.append(next_tokens)
@@ -718,15 +755,29 @@ class DecodeBatch:
         """Rows or sources changed: feeds are rebound, and each row gets the candidates it needs; or, when
         every source kept its number of rows (beam search's usual step), only the tokens change, in place."""
         counts = np.fromiter((search.rows for search in self.searches.values()), np.int64, len(self.searches))
+        beams = [search for search in self.searches.values() if search.width > 1]
+        scores = np.concatenate([search.scores for search in self.searches.values()]) if beams else None
         if tokens is not None and len(tokens) == len(self.tokens) and np.array_equal(counts, self._counts):
             self.tokens[:] = tokens
+            if scores is not None:
+                self.row_scores[:] = scores
             return
         if tokens is not None:
             self.tokens = tokens
         self._counts = counts
-        self.groups, self.row_position, self.source_index = row_groups(counts)
+        self._set_groups()
+        self.row_scores = np.zeros(int(counts.sum())) if scores is None else scores
         self.top_k[0] = max((search.top_k for search in self.searches.values()), default=1)
         self._version += 1
+
+    def _set_groups(self) -> None:
+        """The step's view of which rows are whose (``row_groups``), and how many candidates each source takes
+        from each of its rows."""
+        counts = self._counts
+        self.groups, self.row_position, self.source_index = row_groups(counts)
+        self.group_mask = np.arange(self.groups.shape[1])[None, :] < counts[:, None]
+        wanted = np.fromiter((search.top_k for search in self.searches.values()), np.int64, len(counts))
+        self.candidate_limit = np.repeat(wanted, counts)
 
 
 def layer_names(prefix: str, layers: int) -> list[str]:

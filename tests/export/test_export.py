@@ -21,7 +21,7 @@ from export.manifest import ModelFolderError, read_manifest
 from export.parity import ParityReport, check_graphs
 from export.runtime import OrtModel, RuntimeOptions
 from model.checkpoint import load_checkpoint
-from model.search import default_max_output, new_search, pad_sources
+from model.search import CANDIDATE_OUTPUTS, default_max_output, new_search, pad_sources
 from model.translate import TorchTranslator
 from tests.conftest import own_sentences
 
@@ -34,11 +34,13 @@ def test_manifest_describes_the_folder(tiny_export: Path):
     assert manifest["variants"]["fp32"]["quality"]["greedy_token_agreement_with_pytorch"] == 1.0
     assert {"onnxruntime", "onnx", "torch"} <= set(manifest["versions"])
     decoder_inputs = [i["name"] for i in manifest["graphs"]["decoder"]["inputs"]]
-    assert decoder_inputs == ["tokens", "lengths", "total_length", "groups", "row_position", "src_mask", "top_k"] + [
+    step = ["tokens", "lengths", "total_length", "groups", "row_position", "src_mask", "top_k"]
+    search_head = ["row_scores", "candidate_limit", "group_mask"]
+    assert decoder_inputs == step + search_head + [
         f"{part}_{kind}_{i}" for part in ("past", "cross") for i in range(2) for kind in ("key", "value")
     ]
     decoder_outputs = [o["name"] for o in manifest["graphs"]["decoder"]["outputs"]]
-    assert decoder_outputs[:3] == ["top_log_probs", "top_ids", "eos_log_probs"]
+    assert decoder_outputs[:6] == ["top_log_probs", "top_ids", "eos_log_probs", *CANDIDATE_OUTPUTS]
     assert set(manifest["files"]) == {p.name for p in tiny_export.iterdir()} - {"manifest.json"}
     assert manifest["export_command"].startswith("python -m export")
 
@@ -74,6 +76,51 @@ def test_runtime_decoder_equals_pytorch(
     ids = tokenizer.encode_source(sentences)
     expected = TorchTranslator(model, tokenizer, max_output_tokens=20).translate_ids(ids, beam)
     assert runtime.translate_ids(ids, beam, max_output_tokens=20) == expected
+
+
+def test_the_step_ranks_each_sources_candidates_as_the_search_does(tiny_export: Path):
+    """The step graph's search head against BeamSearch's own ranking of the same step's rows, at every step
+    of a batch mixing greedy and beam sizes 2, 3 and 5 (rows per source 1 to 5, groups with repeats): the same
+    scores to the bit, origins and tokens; and the translations equal those ranked on the host."""
+    runtime = OrtModel(tiny_export, RuntimeOptions(provider="cpu"))
+    c = runtime.config
+    ids = runtime.tokenizer.encode_source(own_sentences(8))
+    beams = [1, 2, 3, 5, 1, 3, 2, 5]
+    checked = []
+
+    def translate(rank_in_graph: bool) -> dict[int, list[int]]:
+        batch = runtime.new_batch()
+
+        def step(batch):
+            outputs = runtime.step(batch)
+            offset = 0
+            for position, search in enumerate(batch.searches.values()):
+                rows = slice(offset, offset + search.rows)
+                offset += search.rows
+                if search.width == 1:
+                    continue
+                k = search.top_k
+                values = (search.scores[:, None] + outputs[0][rows, :k]).reshape(-1)
+                ranked = np.argsort(-values, kind="stable")[:k]
+                graph = [output[position, :k] for output in outputs[3:]]
+                np.testing.assert_array_equal(graph[0], values[ranked])
+                np.testing.assert_array_equal(graph[1], ranked // k)
+                np.testing.assert_array_equal(graph[2], outputs[1][rows, :k].reshape(-1)[ranked])
+                checked.append(position)
+            return outputs if rank_in_graph else outputs[:3]
+
+        batch.step_fn = step
+        src_tokens, src_mask = pad_sources(ids, c.pad_id, c.eos_id)
+        limits = [default_max_output(len(s) + 1, 20) for s in ids]
+        searches = [new_search(beam, n, c.eos_id, max_repeats=2) for beam, n in zip(beams, limits, strict=True)]
+        batch.add(list(range(len(ids))), searches, *runtime.encode(src_tokens, src_mask), src_mask)
+        results = {}
+        while len(batch):
+            results.update({key: (h.tokens, h.score) for key, h in batch.step()})
+        return results
+
+    assert translate(rank_in_graph=True) == translate(rank_in_graph=False)
+    assert len(set(checked)) >= 4
 
 
 @pytest.mark.parametrize("device_cache", [False, True])
@@ -228,7 +275,8 @@ def test_a_folder_from_an_older_export_says_to_export_again(tiny_export: Path, t
     folder = tmp_path / "model"
     shutil.copytree(tiny_export, folder)
     shutil.copy(folder / "encoder.onnx", folder / "decoder.onnx")  # a graph without the step's inputs
-    with pytest.raises(ModelFolderError, match=r"exported by an older version .* lacks groups, .*python -m export"):
+    older = r"exported by an older version .* lacks candidate_limit, group_mask, groups, .*python -m export"
+    with pytest.raises(ModelFolderError, match=older):
         OrtModel(folder, RuntimeOptions(provider="cpu", verify_files=False))
 
 
