@@ -81,10 +81,15 @@ def test_r_drop_weight_decay_and_a_time_budget(tmp_path: Path):
     assert state["train_seconds"] > 0
 
 
+# Training's float kernels round differently per CPU: 10 epochs passed on an AMD EPYC (AVX-512, VNNI) but
+# reached 0.91 exact on an Intel Xeon with AMX; 14 pass there (20 s for the whole test on 2 cores).
+REVERSE_EPOCHS = 14
+
+
 def test_tiny_model_learns_to_reverse(tmp_path: Path):
     val_sources = write_reverse_task(tmp_path)
     out = tmp_path / "out"
-    main(["--data", str(tmp_path), "--out", str(out), "--epochs", "10", "--average", "2", *TINY])
+    main(["--data", str(tmp_path), "--out", str(out), "--epochs", str(REVERSE_EPOCHS), "--average", "2", *TINY])
     model, tokenizer = load_checkpoint(out)
     hypotheses = TorchTranslator(model, tokenizer).translate(val_sources)
     references = [" ".join(reversed(s.split())) for s in val_sources]
@@ -95,10 +100,11 @@ def test_tiny_model_learns_to_reverse(tmp_path: Path):
     assert "final" in log[-1] and (out / "config.json").exists()
 
     # Resume: continue from the saved state for one more epoch.
-    main(["--data", str(tmp_path), "--out", str(out), "--epochs", "11", "--average", "2", "--resume", *TINY])
+    more = str(REVERSE_EPOCHS + 1)
+    main(["--data", str(tmp_path), "--out", str(out), "--epochs", more, "--average", "2", "--resume", *TINY])
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
-    resumed = [r for r in log if r.get("epoch") == 11]
-    assert resumed and resumed[0]["step"] > 10 * 60
+    resumed = [r for r in log if r.get("epoch") == REVERSE_EPOCHS + 1]
+    assert resumed and resumed[0]["step"] > REVERSE_EPOCHS * 60
 
 
 def test_distributed_training_with_two_gloo_processes(tmp_path: Path):
