@@ -25,9 +25,9 @@ from model import flags
 from model.flags import setting
 from model.search import MAX_REPEATS, translate_in_batches
 
-# Small batches step on the same sessions as large ones: a second thread pays at every size offline, most
-# in fp32, whose steps read more weight bytes than one core can stream (1, 4, 8 and 12 rows: fp32
-# 1.28-1.49x, int8 1.01-1.11x the tokens/s of one thread; 2-core x86-64, benchmarks/small_batch_threads.md).
+# Small batches step on the same sessions as large ones: offline, a second thread pays in fp32, whose steps
+# read more weight bytes than one core can stream (1, 4, 8 and 12 rows: fp32 1.27-1.50x the tokens/s of one
+# thread), and ties in int8 (0.98-1.07x); 2-core x86-64, benchmarks/small_batch_threads.md.
 SMALL_BATCH_THREADS = None
 
 
