@@ -755,8 +755,8 @@ class DecodeBatch:
         """Rows or sources changed: feeds are rebound, and each row gets the candidates it needs; or, when
         every source kept its number of rows (beam search's usual step), only the tokens change, in place."""
         counts = np.fromiter((search.rows for search in self.searches.values()), np.int64, len(self.searches))
-        beams = [search for search in self.searches.values() if search.width > 1]
-        scores = np.concatenate([search.scores for search in self.searches.values()]) if beams else None
+        beam_search = any(search.width > 1 for search in self.searches.values())  # greedy rows keep score 0
+        scores = np.concatenate([search.scores for search in self.searches.values()]) if beam_search else None
         if tokens is not None and len(tokens) == len(self.tokens) and np.array_equal(counts, self._counts):
             self.tokens[:] = tokens
             if scores is not None:
