@@ -22,10 +22,10 @@ import numpy as np
 import onnxruntime as ort
 
 from export.aligner import build_aligner
-from export.cpu import describe_cpu
-from export.runtime import OrtModel, RuntimeOptions
 from model.checkpoint import load_checkpoint
 from model.corpus import corpus_path, read_lines
+from runtime.cpu import describe_cpu
+from runtime.sessions import OrtModel, RuntimeOptions
 from server.placement import align_units, source_words, unit_spans
 
 # English word -> the starts of its German translations (lower case).

@@ -3,7 +3,7 @@
     python benchmarks/confidence.py --model exported/default --data ../shared/data/multi30k
 
 Translates test_2016_flickr with the engine (greedy, fp32, the server's runaway-output guard), gives each
-sentence its confidence (the mean log-probability of its chosen tokens, model.search.Hypothesis.score)
+sentence its confidence (the mean log-probability of its chosen tokens, runtime.search.Hypothesis.score)
 and its sentence-level chrF against the reference, and reports mean chrF by confidence decile and the rank
 correlation between the two.
 """
@@ -21,9 +21,9 @@ import sacrebleu
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from export.runtime import OrtModel, RuntimeOptions  # noqa: E402
 from model.corpus import corpus_path, read_lines  # noqa: E402
-from model.search import MAX_REPEATS  # noqa: E402
+from runtime.search import MAX_REPEATS  # noqa: E402
+from runtime.sessions import OrtModel, RuntimeOptions  # noqa: E402
 
 
 def ranks(values: np.ndarray) -> np.ndarray:

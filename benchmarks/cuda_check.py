@@ -26,9 +26,9 @@ import sacrebleu
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from export.cpu import describe_cpu  # noqa: E402
-from export.runtime import OrtModel, RuntimeOptions  # noqa: E402
 from model.corpus import corpus_path, read_lines  # noqa: E402
+from runtime.cpu import describe_cpu  # noqa: E402
+from runtime.sessions import OrtModel, RuntimeOptions  # noqa: E402
 
 CASES = [(1, 1), (32, 1), (1, 4), (32, 4)]  # (batch size, beam)
 BATCH_1_SENTENCES = 150

@@ -25,10 +25,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from export.cpu import describe_cpu  # noqa: E402
-from export.runtime import OrtModel, RuntimeOptions  # noqa: E402
-from server.config import ServerConfig  # noqa: E402
-from server.engine import Engine  # noqa: E402
+from runtime.cpu import describe_cpu  # noqa: E402
+from runtime.engine import Engine  # noqa: E402
+from runtime.sessions import OrtModel, RuntimeOptions  # noqa: E402
 
 LENGTHS = (16, 64, 256, 512, 1024)
 SWEEP_SENTENCES = 128  # test_2016_flickr sentences of the batch-size sweep
@@ -47,7 +46,7 @@ def median_time(fn, repeats: int) -> float:
 def step_seconds(model: OrtModel, length: int, repeats: int) -> float:
     """Median time of one decoder step of one row with ``length`` cached tokens and a source of ``length``
     tokens (a search without eos decodes up to there, then steps are timed in place)."""
-    from model.search import GreedySearch, pad_sources
+    from runtime.search import GreedySearch, pad_sources
 
     c = model.config
     src = np.random.default_rng(1).integers(4, c.vocab_size, length).tolist()
@@ -130,9 +129,9 @@ def measure_memory(model_dir: Path, length: int, beam: int) -> None:
     ``length`` steps with ``beam`` rows (a search that never meets eos), next to the server's estimate."""
     import psutil
 
-    from model.search import BeamSearch, GreedySearch, pad_sources
+    from runtime.search import BeamSearch, GreedySearch, pad_sources
 
-    engine = Engine(ServerConfig(model=model_dir, provider="cpu", warmup=False))
+    engine = Engine(model_dir, RuntimeOptions(provider="cpu"))
     engine.warmup(lengths=(8,), beams=(beam,))
     process = psutil.Process()
     baseline, peak, running = process.memory_info().rss, [0], [True]

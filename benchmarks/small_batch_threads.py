@@ -1,5 +1,5 @@
 """Small batches on one thread or on both (not a test): translate-file's engine with one batch at a time on 2
-intra-op threads, where batches under export.runtime.SMALL_BATCH_ROWS rows step either on sessions of one
+intra-op threads, where batches under runtime.sessions.SMALL_BATCH_ROWS rows step either on sessions of one
 thread or on the same 2-thread sessions as large batches. Output tokens/s over test_2016_flickr sentences in
 file order, chunked by --batch, for fp32 and int8 and a matrix of small row counts (batch x beam), the two
 settings alternating in one process, medians of --repeats:
@@ -20,9 +20,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from export.cpu import describe_cpu  # noqa: E402
-from export.runtime import OrtModel, RuntimeOptions  # noqa: E402
 from model.corpus import corpus_path, read_lines  # noqa: E402
+from runtime.cpu import describe_cpu  # noqa: E402
+from runtime.sessions import OrtModel, RuntimeOptions  # noqa: E402
 from server.config import DEFAULT_MODEL_DIR  # noqa: E402
 
 CASES = [(1, 1), (8, 1), (1, 4), (3, 4)]  # (sentences per batch, beam): 1 to 12 rows, all under SMALL_BATCH_ROWS

@@ -22,10 +22,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from export.cpu import describe_cpu  # noqa: E402
-from export.runtime import OrtModel  # noqa: E402
-from export.translate_file import runtime_options  # noqa: E402
 from model.corpus import corpus_path, read_lines  # noqa: E402
+from runtime.cpu import describe_cpu  # noqa: E402
+from runtime.sessions import OrtModel  # noqa: E402
+from runtime.translate_file import runtime_options  # noqa: E402
 
 
 def main() -> int:

@@ -31,12 +31,12 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from export.cpu import describe_cpu
-from export.manifest import sha256
-from export.runtime import OrtModel, RuntimeOptions
-from export.translate_file import runtime_options
 from model.corpus import corpus_path, read_lines
-from model.search import default_max_output
+from runtime.cpu import describe_cpu
+from runtime.manifest import sha256
+from runtime.search import default_max_output
+from runtime.sessions import OrtModel, RuntimeOptions
+from runtime.translate_file import runtime_options
 
 CASES = ((1, 1, 150), (32, 1, 1000), (1, 4, 150), (32, 4, 1000))  # batch, beam, sentences
 BASE_SIZED_CASES = ((1, 1, 60), (32, 1, 320), (1, 4, 60), (32, 4, 320))  # every output is 40 tokens there

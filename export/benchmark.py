@@ -19,12 +19,12 @@ from pathlib import Path
 
 import torch
 
-from export.cpu import describe_cpu
-from export.runtime import OrtModel
-from export.translate_file import runtime_options
 from model.checkpoint import DEFAULT_CHECKPOINT, length_penalty, load_checkpoint
 from model.corpus import corpus_path, read_lines
 from model.translate import TorchTranslator
+from runtime.cpu import describe_cpu
+from runtime.sessions import OrtModel
+from runtime.translate_file import runtime_options
 
 Translate = Callable[[list[list[int]], int], list[list[int]]]
 

@@ -1,27 +1,23 @@
 """One-node graphs over a self-attention cache buffer (rows, heads, slots, d), run on the decoder's own
-device so that a device-resident cache never visits the host (export.runtime.DeviceKVCache):
+device so that a device-resident cache never visits the host (runtime.sessions.DeviceKVCache):
 
 - ``gather``: y = Gather(x, rows) along rows (beam reordering, sources leaving);
 - ``pad``:    y = Pad(x, pads) with zeros (more rows or slots).
 
-They ship as files in export/cache_ops/ (the server has no ``onnx`` package to build them);
-``python -m export.cache_ops`` writes them, and a test checks the files against this builder.
+They ship as files in runtime/cache_ops/ (the server has no ``onnx`` package to build them);
+``python -m export.cache_ops`` writes them there, and a test checks the files against this builder.
 """
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import numpy as np
 
-FOLDER = Path(__file__).resolve().parent / "cache_ops"
+from runtime.sessions import CACHE_OPS, cache_op_path
+
 OPS = {"gather": ("Gather", "rows"), "pad": ("Pad", "pads")}
 DTYPES = (np.float32, np.float16)
-
-
-def cache_op_path(op: str, dtype: type) -> Path:
-    return FOLDER / f"{op}.{np.dtype(dtype).name}.onnx"
 
 
 def build(op: str, dtype: type) -> bytes:
@@ -43,7 +39,7 @@ def build(op: str, dtype: type) -> bytes:
 
 
 def main() -> int:
-    FOLDER.mkdir(exist_ok=True)
+    CACHE_OPS.mkdir(exist_ok=True)
     for op in OPS:
         for dtype in DTYPES:
             cache_op_path(op, dtype).write_bytes(build(op, dtype))

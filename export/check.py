@@ -12,10 +12,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from export.manifest import ModelFolderError, read_manifest, sha256
 from export.pipeline import CHECK_SENTENCES, variant_parity
 from model.checkpoint import WEIGHTS_FILE, load_checkpoint
 from model.corpus import read_lines
+from runtime.manifest import ModelFolderError, read_manifest, sha256
 
 
 def check(model_dir: Path, checkpoint: Path | None = None) -> dict[str, dict]:

@@ -17,21 +17,11 @@ One step for R rows, each with its own history, built for speed:
   of eos, which beam search needs when a hypothesis reaches its length limit), not the
   whole vocabulary; and each source's best extensions over all its rows, ranked in the graph.
 
-Inputs:   tokens (R,) int64, lengths (R,) int32 (tokens cached per row = its position),
-          total_length () int32 (max(lengths) + 1),
-          groups (N, G) int64: the rows of each source (a source with fewer than G rows repeats one),
-          row_position (R,) int64: each row's place in the flattened groups (see model.search.row_groups),
-          src_mask (N, S) int32, top_k (1,) int64,
-          past_key_i / past_value_i (R, H, T, d_cache) for each layer i, T ≥ total_length,
-          cross_key_i / cross_value_i (N, H, S, d_k)
-          row_scores (R,) float64: each row's running score (its hypothesis's log-probability),
-          candidate_limit (R,) int64: candidates its source takes from each row (2·beam, greedy 1),
-          group_mask (N, G) bool: True where a source's group position holds one of its rows
-Outputs:  top_log_probs (R, K) float32, top_ids (R, K) int64, eos_log_probs (R, 1) float32,
-          candidate_scores, candidate_origins, candidate_tokens (N, K): each source's K best
-          extensions over all its rows, best first (``search_head``): the search reads these and
-          never ranks a row's candidates itself,
-          present_key_i / present_value_i: the past buffers with the new entries written.
+Its inputs and outputs are runtime/contract.py's table: the tokens, each row's length (position and mask), the
+sources' groups of rows and masks, the search head's running scores and limits, and per layer the cache buffers
+(past in, present out, the same memory) and the sources' cross-attention keys and values; out come each row's
+best candidates and eos log-probability, and each source's best extensions over all its rows (``search_head``):
+the search reads these and never ranks a row's candidates itself.
 
 ``GroupQueryAttention`` needs a head size that is a multiple of 8: other sizes are padded with
 zero columns (d_cache), which changes no result.
@@ -55,8 +45,17 @@ from export.builder import (
     position_table,
     residual,
 )
-from model.search import CANDIDATE_OUTPUTS, STEP_OUTPUTS, layer_names
 from model.transformer import Transformer
+from runtime.contract import (
+    CACHE_SHAPE,
+    CANDIDATE_OUTPUTS,
+    CROSS_SHAPE,
+    ROW_OUTPUTS,
+    SOURCE_OUTPUTS,
+    STEP_FEEDS,
+    STEP_OUTPUTS,
+    layer_names,
+)
 
 HEAD_MULTIPLE = 8  # GroupQueryAttention's CPU kernel requires head_size % 8 == 0
 
@@ -157,7 +156,7 @@ def build_decoder_step(model: Transformer, dtype: type[np.floating] = np.float32
 
 def search_head(b: GraphBuilder, top_log_probs: str, top_ids: str) -> None:
     """Each source's best K extensions over all its rows, best first (ties to the lower row, then the lower
-    token, as model.search.BeamSearch ranks them): a row's candidates scored by its running score (float64,
+    token, as runtime.search.BeamSearch ranks them): a row's candidates scored by its running score (float64,
     as the host keeps it, so the sums and their order are the host's), its ranks past its source's
     ``candidate_limit`` dropped, the rows of each source gathered into its group (positions past its rows
     dropped by ``group_mask``) and one TopK over the group's G·K. Returns nothing; writes CANDIDATE_OUTPUTS:
@@ -181,33 +180,17 @@ def search_head(b: GraphBuilder, top_log_probs: str, top_ids: str) -> None:
 
 
 def _model(b: GraphBuilder, layers: int, heads: int, d_head: int, d_cache: int) -> onnx.ModelProto:
-    f = helper.np_dtype_to_tensor_dtype(np.dtype(b.dtype))
-    i32, i64 = TensorProto.INT32, TensorProto.INT64
-    value = helper.make_tensor_value_info
-    inputs = [
-        value("tokens", i64, ["rows"]),
-        value("lengths", i32, ["rows"]),
-        value("total_length", i32, []),
-        value("groups", i64, ["sources", "group"]),
-        value("row_position", i64, ["rows"]),
-        value("src_mask", i32, ["sources", "src_len"]),
-        value("top_k", i64, [1]),
-        value("row_scores", TensorProto.DOUBLE, ["rows"]),
-        value("candidate_limit", i64, ["rows"]),
-        value("group_mask", TensorProto.BOOL, ["sources", "group"]),
-    ]
-    inputs += [value(n, f, ["rows", heads, "cache_len", d_cache]) for n in layer_names("past", layers)]
-    inputs += [value(n, f, ["sources", heads, "src_len", d_head]) for n in layer_names("cross", layers)]
-    top_log_probs, top_ids, eos_log_probs = STEP_OUTPUTS
-    outputs = [
-        value(top_log_probs, TensorProto.FLOAT, ["rows", "k"]),
-        value(top_ids, i64, ["rows", "k"]),
-        value(eos_log_probs, TensorProto.FLOAT, ["rows", 1]),
-        value(CANDIDATE_OUTPUTS[0], TensorProto.DOUBLE, ["sources", "k"]),
-        value(CANDIDATE_OUTPUTS[1], i64, ["sources", "k"]),
-        value(CANDIDATE_OUTPUTS[2], i64, ["sources", "k"]),
-    ]
-    outputs += [value(n, f, ["rows", heads, "cache_len", d_cache]) for n in layer_names("present", layers)]
+    sizes = {"heads": heads, "d_cache": d_cache, "d_head": d_head}
+
+    def value(name: str, dtype: type | None, shape: tuple[str | int, ...]) -> onnx.ValueInfoProto:
+        element = helper.np_dtype_to_tensor_dtype(np.dtype(dtype or b.dtype))
+        return helper.make_tensor_value_info(name, element, [sizes.get(axis, axis) for axis in shape])
+
+    inputs = [value(t.name, t.dtype, t.shape) for t in STEP_FEEDS]
+    inputs += [value(n, None, CACHE_SHAPE) for n in layer_names("past", layers)]
+    inputs += [value(n, None, CROSS_SHAPE) for n in layer_names("cross", layers)]
+    outputs = [value(t.name, t.dtype, t.shape) for t in ROW_OUTPUTS + SOURCE_OUTPUTS]
+    outputs += [value(n, None, CACHE_SHAPE) for n in layer_names("present", layers)]
     graph = helper.make_graph(b.nodes, "decoder_step", inputs, outputs, b.initializers)
     opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)]
     return helper.make_model(graph, opset_imports=opsets, ir_version=IR_VERSION, producer_name="translation-service")

@@ -21,9 +21,9 @@ import torch
 from export.parity import FP32_TOLERANCE
 from model.checkpoint import load_checkpoint, read_config
 from model.marian import DEFAULT_LAYOUT, MarianError, in_opus_mt_layout, load_marian, opus_mt_order, save_marian
-from model.search import pad_sources
 from model.transformer import Transformer
 from model.translate import TorchTranslator
+from runtime.search import pad_sources
 
 
 @torch.no_grad()

@@ -9,9 +9,10 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from export.runtime import ORT_DTYPES, bind_step
-from model.search import CANDIDATE_OUTPUTS, STEP_OUTPUTS, pad_sources, row_groups
 from model.transformer import Transformer
+from runtime.contract import CANDIDATE_OUTPUTS, ORT_DTYPES, STEP_OUTPUTS
+from runtime.search import pad_sources, row_groups
+from runtime.sessions import bind_step
 
 FP32_TOLERANCE = 1e-4
 

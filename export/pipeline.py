@@ -26,10 +26,8 @@ import torch
 from export.aligner import ALIGNMENT_READINGS, build_aligner, check_aligner
 from export.builder import OPSET
 from export.graphs import ENCODER_AXES, ENCODER_INPUTS, ENCODER_OUTPUTS, export_graphs
-from export.manifest import sha256, write_manifest
 from export.optimize import INT8_QUANTIZATION, optimize, quantize_int8
 from export.parity import FP32_TOLERANCE, check_graphs
-from export.runtime import NO_FUSIONS, PROVIDERS, OrtModel, RuntimeOptions, resolve_provider
 from model.checkpoint import (
     DEFAULT_CHECKPOINT,
     WEIGHTS_FILE,
@@ -43,6 +41,8 @@ from model.flags import setting
 from model.marian import DEFAULT_LAYOUT
 from model.transformer import Transformer
 from model.translate import TorchTranslator
+from runtime.manifest import sha256, write_manifest
+from runtime.sessions import NO_FUSIONS, PROVIDERS, OrtModel, RuntimeOptions, resolve_provider
 
 CHECK_SENTENCES = Path(__file__).resolve().parent / "sentences.en"
 MarianLayout = Literal["opus-mt", "ours"]  # model.marian.LAYOUTS

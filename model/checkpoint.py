@@ -18,9 +18,9 @@ import torch
 from safetensors.torch import load_file, save_model
 
 from model.config import ModelConfig
-from model.search import LENGTH_PENALTY
-from model.tokenizer import TOKENIZER_FILES, Tokenizer, TokenizerError, kind_spec
 from model.transformer import Transformer
+from runtime.search import LENGTH_PENALTY
+from runtime.tokenizer import TOKENIZER_FILES, Tokenizer, TokenizerError, kind_spec
 
 FORMAT_REVISION = 1
 CONFIG_FILE = "config.json"
@@ -68,7 +68,7 @@ def read_config(directory: str | Path) -> dict[str, Any]:
 
 
 def length_penalty(directory: str | Path) -> float:
-    """The beam search length penalty α the checkpoint was tuned with (model.search.LENGTH_PENALTY if none)."""
+    """The beam search length penalty α the checkpoint was tuned with (runtime.search.LENGTH_PENALTY if none)."""
     return float(read_config(directory).get("decoding", {}).get("length_penalty", LENGTH_PENALTY))
 
 

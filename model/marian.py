@@ -33,8 +33,8 @@ from torch import Tensor
 from model.checkpoint import save_checkpoint
 from model.config import ModelConfig
 from model.positional import sinusoidal_encoding
-from model.tokenizer import Tokenizer, TokenizerError, kind_spec
 from model.transformer import Transformer
+from runtime.tokenizer import Tokenizer, TokenizerError, kind_spec
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"

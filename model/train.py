@@ -39,9 +39,9 @@ from model.config import ModelConfig
 from model.corpus import corpus_path, read_parallel
 from model.data import Example, filter_by_length, iterate_batches
 from model.flags import setting
-from model.tokenizer import Tokenizer
 from model.transformer import Transformer
 from model.translate import TorchTranslator
+from runtime.tokenizer import Tokenizer
 
 # The defaults of the default model (model/default): narrower and more dropout than ModelConfig's,
 # for 29k training pairs.

@@ -14,9 +14,9 @@ import numpy as np
 import torch
 
 from model.checkpoint import DEFAULT_CHECKPOINT, length_penalty, load_checkpoint
-from model.search import LENGTH_PENALTY, DecodeBatch, decode, pad_sources, translate_in_batches
-from model.tokenizer import Tokenizer
 from model.transformer import Transformer
+from runtime.search import LENGTH_PENALTY, DecodeBatch, pad_sources, source_searches, translate_in_batches
+from runtime.tokenizer import Tokenizer
 
 
 def top_candidates(log_probs: np.ndarray, k: int, eos_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -113,10 +113,10 @@ class TorchTranslator:
         else:
             cross_k = cross_v = None
             batch = PrefixDecodeBatch(self.model, memory)
-        hypotheses = decode(
-            batch, cross_k, cross_v, mask, sources, beam, c.eos_id, self.max_output_tokens, self.length_penalty
-        )
-        return [hypothesis.tokens for hypothesis in hypotheses]
+        searches = source_searches(sources, beam, c.eos_id, self.max_output_tokens, self.length_penalty)
+        batch.add(range(len(sources)), searches, cross_k, cross_v, mask)
+        results = batch.drain()
+        return [results[i].tokens for i in range(len(sources))]
 
     def translate(self, texts: Sequence[str], beam: int = 1, batch_size: int = 64, use_cache: bool = True) -> list[str]:
         return translate_in_batches(

@@ -12,7 +12,7 @@ import logging
 import subprocess
 import sys
 
-from export.manifest import MANIFEST_FILE, ModelFolderError
+from runtime.manifest import MANIFEST_FILE, ModelFolderError
 from server.app import serve
 from server.config import DEFAULT_MODELS, parse_config
 from server.tracing import configure_from_environment

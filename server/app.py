@@ -15,9 +15,10 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from proto import translate_pb2
+from runtime.engine import Engine
+from runtime.sessions import RuntimeOptions
 from server.access import AccessLog
 from server.config import ServerConfig
-from server.engine import serving_engines
 from server.http import HttpApi
 from server.keys import RELOAD_CHECK_SECONDS as KEYS_RELOAD_SECONDS
 from server.keys import KeyGuard
@@ -136,6 +137,19 @@ def _translator_handlers(servicer: TranslatorService) -> grpc.GenericRpcHandler:
             response_serializer=response.SerializeToString,
         )
     return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
+
+
+def serving_engines(config: ServerConfig) -> list[Engine]:
+    """Each of ``config``'s models on the sessions its first lane runs: first_lane_threads, small batches on
+    first_lane_small_batch_threads; the guard as configured. Longer lanes load replicas of these."""
+    options = RuntimeOptions(
+        variant=config.variant,
+        provider=config.provider,
+        intra_op_threads=config.first_lane_threads,
+        spinning=config.intra_op_spinning,
+        small_batch_threads=config.first_lane_small_batch_threads or None,
+    )
+    return [Engine(folder, options, config.max_repeats or None) for folder in config.model]
 
 
 def create_server(config: ServerConfig, metrics: Metrics | None = None) -> Server:

@@ -15,7 +15,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from model.search import Hypothesis
+from runtime.search import Hypothesis
 from server.interface import Engine
 from server.jobs import DecodeOptions
 

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from export.manifest import Provider, Variant
 from model import flags
 from model.flags import setting
-from model.search import MAX_REPEATS
+from runtime.manifest import Provider, Variant
+from runtime.search import MAX_REPEATS
 
 ROOT = Path(__file__).resolve().parent.parent
 # The default models, each exported folder with the checkpoint it is exported from: English→German, German→English.
@@ -86,7 +86,7 @@ class ServerConfig:
     default_beam_size: int = setting(1, "the beam of requests that ask for none (1: greedy)")
     max_output_tokens: int = setting(256, "the longest output per sentence a request may ask for (eos included)")
     max_repeats: int = setting(
-        MAX_REPEATS, "the runaway-output guard (model/search.py): repetitions of an n-gram allowed in a row; 0: off"
+        MAX_REPEATS, "the runaway-output guard (runtime/search.py): repetitions of an n-gram allowed in a row; 0: off"
     )
     max_message_bytes: int = setting(4 * MIB, "the largest request message")
     access_log: bool = setting(True, "one JSON line per request on the server.access logger (server/access.py)")

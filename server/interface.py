@@ -3,23 +3,21 @@
 In the style of TGI's ``Model.generate_token(batch)``: the scheduler creates a running batch,
 has the engine encode sources (on any thread, while the batch steps) and adds them to it, steps
 it, getting back the sources that step finished, and removes sources whose callers went away.
-Caches, sessions and searches stay inside the engine (``server.engine``;
+Caches, sessions and searches stay inside the engine (``runtime.engine``;
 ``tests/server/fake_engine.py`` is a model-free one).
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
-from model.search import Hypothesis
+from runtime.search import Hypothesis
 
 
-@dataclass(frozen=True)
-class Joined:
+class Joined(Protocol):
     """What joining sources to a batch cost: the encoder call and the padding of its batch."""
 
     seconds: float

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from model.search import Hypothesis
+from runtime.search import Hypothesis
 from server.config import ServerConfig
 from server.errors import InvalidRequest, ServiceError
 from server.text import SegmentSpec

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from export.cpu import describe_cpu
+from runtime.cpu import describe_cpu
 from server.metrics import length_bucket
 
 

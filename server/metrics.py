@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.process_collector import ProcessCollector
 
 if TYPE_CHECKING:
-    from model.search import Hypothesis
+    from runtime.search import Hypothesis
 
 # Input-length buckets (source tokens) used as a label: a fixed, small set.
 LENGTH_BUCKETS = (16, 32, 64, 128, 256, 512, 1024)

@@ -16,13 +16,14 @@ design and its measurements.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import threading
 import time
 from collections.abc import Sequence
 
-from model.search import Hypothesis
+from runtime.search import Hypothesis
 from server.budget import MemoryBudget
 from server.config import ServerConfig
 from server.errors import Cancelled, DeadlineExceeded, InferenceFailed, Overloaded, ServiceError, ShuttingDown
@@ -139,7 +140,7 @@ class Scheduler:
     def _run(self, lane: Lane) -> None:
         engine = self.engines[lane.model]
         apart = self.config.encodes_apart and lane.size_class == 0 and engine.provider == "cpu"
-        lane.open(engine.replica, self.config.warmup, apart)
+        lane.open(functools.partial(engine.replica, self.config.intra_op_threads), self.config.warmup, apart)
         while True:
             with self.lock:
                 while not (lane.waiting or lane.running or lane.encoding or self.stopped):

@@ -14,8 +14,8 @@ from dataclasses import dataclass, replace
 
 from opentelemetry.trace import INVALID_SPAN
 
-from export.manifest import ModelFolderError
-from model.search import Hypothesis
+from runtime.manifest import ModelFolderError
+from runtime.search import Hypothesis
 from server import markup, placement
 from server.access import Exchange
 from server.cache import TranslationCache
@@ -36,7 +36,7 @@ class TextTranslation:
     output_tokens: int  # generated tokens, eos excluded
     segments: int  # sentences (or pieces) the text was translated as
     truncated: bool
-    confidence: float  # its sentences' confidences (model.search.Hypothesis.score), weighted by their tokens
+    confidence: float  # its sentences' confidences (runtime.search.Hypothesis.score), weighted by their tokens
     guard: str  # why a runaway-output guard stopped one of its sentences ("repetition", "length"), or ""
     low_confidence: bool  # a sentence of it scored under the request's min_confidence
     # Other translations of it, best first, none the same as text (see Translations.translate)

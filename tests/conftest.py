@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["tests.torch_fixtures"]
+
 ROOT = Path(__file__).resolve().parent.parent
 MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
 
@@ -72,8 +74,8 @@ def make_tiny_checkpoint(directory: Path, seed: int, metadata: dict) -> Path:
 
     from model.checkpoint import save_checkpoint
     from model.config import ModelConfig
-    from model.tokenizer import Tokenizer
     from model.transformer import Transformer
+    from runtime.tokenizer import Tokenizer
 
     texts = own_sentences(240) + [german for _, german in OWN_SENTENCES]
     tokenizer, blob = Tokenizer.train(texts * 3, vocab_size=120)

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from export.aligner import ALIGNMENT_READINGS, aligner_layers
-from export.manifest import ModelFolderError, read_manifest, write_manifest
-from export.runtime import OrtModel
 from model.checkpoint import load_checkpoint
+from runtime.manifest import ModelFolderError, read_manifest, write_manifest
+from runtime.sessions import OrtModel
 from tests.conftest import own_sentences
 
 TOLERANCE = 1e-5

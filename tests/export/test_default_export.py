@@ -13,12 +13,12 @@ import pytest
 import sacrebleu
 
 from export.__main__ import main as export
-from export.cpu import describe_cpu, int8_products_saturate
-from export.manifest import read_manifest
-from export.runtime import OrtModel, RuntimeOptions
 from model.checkpoint import DEFAULT_CHECKPOINT, DEFAULT_DE_EN_CHECKPOINT, length_penalty, load_checkpoint
 from model.corpus import corpus_path, read_lines
 from model.translate import TorchTranslator
+from runtime.cpu import describe_cpu, int8_products_saturate
+from runtime.manifest import read_manifest
+from runtime.sessions import OrtModel, RuntimeOptions
 from tests.conftest import MULTI30K, OWN_SENTENCES, own_sentences
 
 INT8_BLEU_DROP = 0.3  # the most int8 may lose against fp32 on test_2016_flickr, on any x86-64 CPU
@@ -88,12 +88,12 @@ def test_int8_bleu_drop_is_small_on_a_cpu_without_vnni(direction, default_export
     products sum pairs in 16 bits: 8-bit weights lost 1.34 BLEU there (en→de), 7-bit ones lose none."""
     _, source, target = direction
     emulated = [QEMU, "-cpu", EMULATED_CPU, sys.executable]
-    probe = "from export.cpu import int8_products_saturate as s; print(s())"
+    probe = "from runtime.cpu import int8_products_saturate as s; print(s())"
     saturates = subprocess.run([*emulated, "-c", probe], capture_output=True, text=True, timeout=120)
     assert saturates.stdout.strip() == "True", f"{EMULATED_CPU} is not emulated without VNNI: {saturates}"
     sources = "".join(f"{line}\n" for line in read_lines(corpus_path(multi30k, "test_2016_flickr", source)))
     references = read_lines(corpus_path(multi30k, "test_2016_flickr", target))
-    flags = ["-m", "export.translate_file", "--model", str(default_export), "--workers", "1", "--threads", "2"]
+    flags = ["-m", "runtime.translate_file", "--model", str(default_export), "--workers", "1", "--threads", "2"]
     scores = {}
     for variant, python in (("fp32", [sys.executable]), ("int8", emulated)):
         result = subprocess.run(

@@ -15,14 +15,15 @@ import pytest
 
 from export import __main__ as export_main
 from export import pipeline
-from export import runtime as runtime_module
-from export.cache_ops import DTYPES, OPS, build, cache_op_path
-from export.manifest import ModelFolderError, read_manifest
+from export.cache_ops import DTYPES, OPS, build
 from export.parity import ParityReport, check_graphs
-from export.runtime import OrtModel, RuntimeOptions
 from model.checkpoint import load_checkpoint
-from model.search import CANDIDATE_OUTPUTS, default_max_output, new_search, pad_sources
 from model.translate import TorchTranslator
+from runtime import search as search_module
+from runtime.contract import CANDIDATE_OUTPUTS
+from runtime.manifest import ModelFolderError, read_manifest
+from runtime.search import default_max_output, new_search, pad_sources
+from runtime.sessions import OrtModel, RuntimeOptions, cache_op_path
 from tests.conftest import own_sentences
 
 
@@ -114,10 +115,7 @@ def test_the_step_ranks_each_sources_candidates_as_the_search_does(tiny_export: 
         limits = [default_max_output(len(s) + 1, 20) for s in ids]
         searches = [new_search(beam, n, c.eos_id, max_repeats=2) for beam, n in zip(beams, limits, strict=True)]
         batch.add(list(range(len(ids))), searches, *runtime.encode(src_tokens, src_mask), src_mask)
-        results = {}
-        while len(batch):
-            results.update({key: (h.tokens, h.score) for key, h in batch.step()})
-        return results
+        return {key: (h.tokens, h.score) for key, h in batch.drain().items()}
 
     assert translate(rank_in_graph=True) == translate(rank_in_graph=False)
     assert len(set(checked)) >= 4
@@ -308,7 +306,7 @@ def test_a_checkpoints_length_penalty_reaches_the_engine(tiny_checkpoint: Path, 
     ids = tokenizer.encode_source(own_sentences(40))
     tuned = TorchTranslator(model, tokenizer, max_output_tokens=20, length_penalty=2.0).translate_ids(ids, 3)
     alphas: list[float] = []
-    monkeypatch.setattr(runtime_module, "new_search", lambda *a: alphas.append(a[3]) or new_search(*a))
+    monkeypatch.setattr(search_module, "new_search", lambda *a: alphas.append(a[3]) or new_search(*a))
     assert runtime.translate_ids(ids, 3, max_output_tokens=20) == tuned
     assert set(alphas) == {2.0}
 

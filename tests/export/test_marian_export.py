@@ -11,15 +11,15 @@ import torch
 from safetensors.torch import load_file
 
 from export import __main__ as export_main
-from export.manifest import read_manifest, sha256
-from export.runtime import OrtModel, RuntimeOptions
 from model.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint, save_checkpoint
 from model.config import ModelConfig
 from model.marian import halves_order, load_marian, opus_mt_order, permute_residual
 from model.marian import main as marian_main
-from model.search import pad_sources
 from model.transformer import Transformer
 from model.translate import TorchTranslator
+from runtime.manifest import read_manifest, sha256
+from runtime.search import pad_sources
+from runtime.sessions import OrtModel, RuntimeOptions
 from tests.conftest import own_sentences
 from tests.model.test_marian import build_marian_folder, one_torch_thread, until_eos  # noqa: F401 (a fixture)
 

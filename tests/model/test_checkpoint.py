@@ -7,8 +7,8 @@ import torch
 
 from model.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from model.config import ModelConfig
-from model.tokenizer import Tokenizer
 from model.transformer import Transformer
+from runtime.tokenizer import Tokenizer
 
 TEXTS = ["a man rides a horse", "zwei hunde spielen im schnee", "a dog runs", "ein mann fährt fahrrad"] * 50
 

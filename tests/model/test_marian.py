@@ -20,9 +20,9 @@ from safetensors.torch import load_file
 
 from model.checkpoint import load_checkpoint, save_checkpoint
 from model.marian import MarianError, load_marian, main
-from model.search import BeamSearch, DecodeBatch, pad_sources
-from model.tokenizer import Tokenizer
 from model.translate import TorchTranslator
+from runtime.search import BeamSearch, DecodeBatch, pad_sources
+from runtime.tokenizer import Tokenizer
 from tests.conftest import OWN_SENTENCES, own_sentences
 
 transformers = pytest.importorskip("transformers")
@@ -195,9 +195,7 @@ def test_beam_equals_generate_without_length_penalty(marian):
         batch.add(
             list(range(len(ids))), [BeamSearch(beam, limit, c.eos_id, alpha=0.0) for _ in ids], cross_k, cross_v, mask
         )
-        results = {}
-        while len(batch):
-            results.update(batch.step())
+        results = batch.drain()
         rows = reference.generate(
             input_ids=torch.from_numpy(src),
             attention_mask=torch.from_numpy(mask),

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from model.search import pad_sources
-from model.tokenizer import Tokenizer
 from model.transformer import Transformer
 from model.translate import TorchTranslator
+from runtime.search import pad_sources
+from runtime.tokenizer import Tokenizer
 
 
 def test_causal_mask_hides_the_future(tiny_model: Transformer):

@@ -11,8 +11,8 @@ import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
-from model.search import Hypothesis
-from server.interface import Joined
+from runtime.engine import Joined
+from runtime.search import Hypothesis
 
 BYTES_PER_TOKEN = 1024
 

@@ -54,8 +54,8 @@ def test_the_in_process_core_translates_every_text_once(tiny_export: Path):
 
 
 def test_offline_batches_go_by_length_or_in_arrival_order(tiny_export: Path):
-    from export.runtime import OrtModel
-    from export.translate_file import runtime_options
+    from runtime.sessions import OrtModel
+    from runtime.translate_file import runtime_options
 
     model = OrtModel(tiny_export, runtime_options("fp32", threads=1))
     texts = own_sentences(10)
@@ -83,8 +83,8 @@ def test_offline_batches_go_by_length_or_in_arrival_order(tiny_export: Path):
 def test_the_ort_clock_counts_cpu_inside_runs_only_while_entered(tiny_export: Path):
     from onnxruntime.capi import onnxruntime_inference_collection as collection
 
-    from export.runtime import OrtModel
-    from export.translate_file import runtime_options
+    from runtime.sessions import OrtModel
+    from runtime.translate_file import runtime_options
 
     model = OrtModel(tiny_export, runtime_options("fp32", threads=1))
     sources = model.tokenizer.encode_source(own_sentences(6))

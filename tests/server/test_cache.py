@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from model.search import Hypothesis
 from proto import translate_pb2
+from runtime.search import Hypothesis
 from server.cache import ENTRY_OVERHEAD_BYTES, HEADER, TranslationCache
 from server.config import ServerConfig
 from server.jobs import DecodeOptions

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import sentencepiece as spm
 
-from export.cpu import describe_cpu
+from runtime.cpu import describe_cpu
 from server import loadtest
 from server.errors import ServiceError, grpc_code_of_http
 from server.text import split_sentences

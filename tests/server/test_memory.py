@@ -11,8 +11,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from server.config import MIB, ServerConfig
-from server.engine import Engine
+from runtime.engine import Engine
+from runtime.sessions import RuntimeOptions
+from server.config import MIB
 from tests.conftest import OWN_SENTENCES, own_sentences
 from tests.server.conftest import RunningServer, server_config
 
@@ -28,8 +29,8 @@ def wide_export(tmp_path_factory) -> Path:
     from export.__main__ import main as export_main
     from model.checkpoint import save_checkpoint
     from model.config import ModelConfig
-    from model.tokenizer import Tokenizer
     from model.transformer import Transformer
+    from runtime.tokenizer import Tokenizer
 
     texts = own_sentences(240) + [german for _, german in OWN_SENTENCES]
     tokenizer, blob = Tokenizer.train(texts * 3, vocab_size=120)
@@ -65,7 +66,7 @@ def long_text(engine: Engine, tokens: int) -> str:
 
 
 def test_concurrent_long_inputs_stay_within_the_memory_budget(wide_export: Path):
-    engine = Engine(ServerConfig(model=wide_export, provider="cpu", warmup=False))
+    engine = Engine(wide_export, RuntimeOptions(provider="cpu"))
     text = long_text(engine, LONG_TOKENS)
     n = len(engine.tokenize([text])[0])
     assert n > 0.95 * LONG_TOKENS

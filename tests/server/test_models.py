@@ -12,9 +12,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from export.runtime import OrtModel, RuntimeOptions
-from model.search import MAX_REPEATS
 from proto import translate_pb2
+from runtime.search import MAX_REPEATS
+from runtime.sessions import OrtModel, RuntimeOptions
 from server.errors import InvalidRequest
 from server.jobs import DecodeOptions, Job
 from server.metrics import Metrics

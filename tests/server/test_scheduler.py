@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from export.runtime import OrtModel, RuntimeOptions
+from runtime.sessions import OrtModel, RuntimeOptions
 from server.jobs import DecodeOptions, Job
 from server.metrics import Metrics
 from server.policies import STARVATION_SECONDS

@@ -11,9 +11,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from export.runtime import OrtModel, RuntimeOptions
-from model.search import MAX_REPEATS
 from proto import translate_pb2
+from runtime.search import MAX_REPEATS
+from runtime.sessions import OrtModel, RuntimeOptions
 from tests.conftest import own_sentences
 from tests.server.conftest import RunningServer, server_config
 

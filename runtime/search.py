@@ -1,6 +1,6 @@
 """Decoding over an abstract decoder step, in numpy only.
 
-PyTorch (``model.translate``), ONNX Runtime (``export.runtime``) and the
+PyTorch (``model.translate``), ONNX Runtime (``runtime.sessions``) and the
 server all decode through this module: the search is written once, and the
 backends differ only in how one decoder step is computed.
 
@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
+
+from runtime.contract import layer_names
 
 
 def pad_sources(ids: Sequence[Sequence[int]], pad: int, eos: int) -> tuple[np.ndarray, np.ndarray]:
@@ -80,7 +82,7 @@ class KVCache:
         self.version += 1
         self.generation, self.parity = self.generation + 1, 0
 
-    # --- storage: numpy arrays here; export.runtime.DeviceKVCache keeps them on a device instead ---
+    # --- storage: numpy arrays here; runtime.sessions.DeviceKVCache keeps them on a device instead ---
 
     def _buffer(self, rows: int, capacity: int) -> np.ndarray:
         return np.zeros((rows, self.heads, capacity, self.d_cache), self.dtype)
@@ -561,10 +563,6 @@ def new_search(
     return BeamSearch(beam, max_length, eos_id, alpha, max_repeats)
 
 
-STEP_OUTPUTS = ["top_log_probs", "top_ids", "eos_log_probs"]
-# Each source's best extensions over all its rows, ranked in the step graph (export/decoder_step.py,
-# search_head); a step function that has no such head (the PyTorch reference) leaves them to the search.
-CANDIDATE_OUTPUTS = ["candidate_scores", "candidate_origins", "candidate_tokens"]
 _batch_serials = itertools.count()
 StepFn = Callable[["DecodeBatch"], tuple[np.ndarray, ...]]
 
@@ -581,7 +579,7 @@ class DecodeBatch:
     attends to them once for the source's group of rows, see ``row_groups``).
     ``place`` puts the cross-attention buffers where the step wants them (see
     ``SourceCache``); ``cache_type`` makes the self-attention cache (on a device: see
-    ``export.runtime.DeviceKVCache``). ``version`` changes whenever a feed's shape or memory does,
+    ``runtime.sessions.DeviceKVCache``). ``version`` changes whenever a feed's shape or memory does,
     so a step can keep its bindings until then.
     """
 
@@ -714,6 +712,15 @@ class DecodeBatch:
             self._keep([np.array([row]) for row in kept], [top_ids[row, :1] for row in kept], kept)
         return finished
 
+    def drain(self) -> dict[Any, Hypothesis]:
+        """Step until every source is done (no more joining): each source's hypothesis, by key. The one
+        fill-and-drain loop: offline decoding adds its sources and drains; the server steps itself, adding
+        arrivals between steps."""
+        results: dict[Any, Hypothesis] = {}
+        while self.searches:
+            results.update(self.step())
+        return results
+
     def remove(self, key: Any) -> None:
         """Drop a source mid-way (its caller went away); its rows and cache go at once."""
         rows, kept, offset = [], [], 0
@@ -780,32 +787,17 @@ class DecodeBatch:
         self.candidate_limit = np.repeat(wanted, counts)
 
 
-def layer_names(prefix: str, layers: int) -> list[str]:
-    """Per-layer feed names: past_key_0, past_value_0, past_key_1, ..."""
-    return [f"{prefix}_{kind}_{i}" for i in range(layers) for kind in ("key", "value")]
-
-
-def decode(
-    batch: DecodeBatch,
-    cross_k: Any,
-    cross_v: Any,
-    src_mask: np.ndarray,
+def source_searches(
     sources: Sequence[Sequence[int]],
     beam: int,
     eos_id: int,
     max_output_tokens: int,
     alpha: float = LENGTH_PENALTY,
     max_repeats: int | None = None,
-) -> list[Hypothesis]:
-    """Decode sources (already encoded together) to completion."""
-    searches = [
-        new_search(beam, default_max_output(len(s) + 1, max_output_tokens), eos_id, alpha, max_repeats) for s in sources
-    ]
-    batch.add(list(range(len(sources))), searches, cross_k, cross_v, src_mask)
-    results: dict[int, Hypothesis] = {}
-    while len(batch):
-        results.update(batch.step())
-    return [results[i] for i in range(len(sources))]
+) -> list[Search]:
+    """A search for each source, looking for at most ``default_max_output`` tokens."""
+    lengths = (default_max_output(len(source) + 1, max_output_tokens) for source in sources)
+    return [new_search(beam, length, eos_id, alpha, max_repeats) for length in lengths]
 
 
 def translate_in_batches(

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from model.search import MAX_REPEATS, BeamSearch, GreedySearch, Hypothesis, repeated_tail
+from runtime.search import MAX_REPEATS, BeamSearch, GreedySearch, Hypothesis, repeated_tail
 
 EOS = 3
 

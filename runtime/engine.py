@@ -1,10 +1,11 @@
-"""The inference engine: the one server module that touches ONNX Runtime (through
-``export.runtime``). It implements ``server.interface``: the scheduler sees token ids,
-byte counts and running batches, never caches, sessions or searches.
+"""The inference engine: an exported model folder on ONNX Runtime, as a server decodes with it. It
+implements ``server.interface``: the scheduler sees token ids, byte counts and running batches, never
+caches, sessions or searches.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -13,10 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from export.runtime import OrtModel, RuntimeOptions, bound_process_memory
-from model.search import DecodeBatch, Hypothesis, default_max_output, new_search, pad_sources
-from server.config import ServerConfig
-from server.interface import Joined
+from runtime.search import DecodeBatch, Hypothesis, default_max_output, new_search, pad_sources
+from runtime.sessions import OrtModel, RuntimeOptions, bound_process_memory
 
 # An encoder call's working memory, measured as what stays resident after it (the heap keeps its
 # high-water mark below MMAP_THRESHOLD): one (B, H, S, S) attention-score tensor and up to 24 (B, S, D)
@@ -31,6 +30,15 @@ PAGE = 4096  # bytes: resident memory grows by pages
 
 
 @dataclass(frozen=True)
+class Joined:
+    """What joining sources to a batch cost: the encoder call and the padding of its batch."""
+
+    seconds: float
+    padded_tokens: int
+    real_tokens: int
+
+
+@dataclass(frozen=True)
 class EncodedSources:
     """Encoder outputs waiting to join a batch (``server.interface.Encoded``)."""
 
@@ -38,13 +46,6 @@ class EncodedSources:
     cross_v: Any
     src_mask: np.ndarray
     seconds: float
-
-
-def serving_engines(config: ServerConfig) -> list[Engine]:
-    """Each of ``config``'s models on the sessions the server runs it on: its first lane's (first_lane_threads,
-    small batches on first_lane_small_batch_threads); longer lanes load replicas of it."""
-    threads, small = config.first_lane_threads, config.first_lane_small_batch_threads
-    return [Engine(config, folder, intra_op_threads=threads, small_batch_threads=small) for folder in config.model]
 
 
 class RunningBatch:
@@ -87,8 +88,7 @@ class RunningBatch:
         the next step on."""
         engine = self._engine
         alpha, eos = engine.model.length_penalty, engine.config.eos_id
-        guard = engine.server_config.max_repeats or None
-        searches = [new_search(beam, n, eos, alpha, guard) for beam, n in zip(beams, max_lengths, strict=True)]
+        searches = [new_search(beam, n, eos, alpha, engine.guard) for beam, n in zip(beams, max_lengths, strict=True)]
         mask = encoded.src_mask
         self._batch.add(keys, searches, encoded.cross_k, encoded.cross_v, mask)
         return Joined(encoded.seconds, mask.size, int(mask.sum()))
@@ -105,31 +105,12 @@ class RunningBatch:
 class Engine:
     """An exported model on ONNX Runtime sessions (``server.interface.Engine``)."""
 
-    def __init__(
-        self,
-        config: ServerConfig,
-        model_dir: Path | None = None,
-        verify_files: bool = True,
-        intra_op_threads: int | None = None,
-        small_batch_threads: int | None = None,
-    ) -> None:
-        """``model_dir``: an exported folder (default: the config's first model). ``small_batch_threads``:
-        CPU batches of fewer than export.runtime.SMALL_BATCH_ROWS rows run on sessions of this many threads
-        (None or 0: the same sessions)."""
-        self.server_config = config
-        self.model_dir = model_dir or config.model[0]
-        if intra_op_threads is None:
-            intra_op_threads = config.intra_op_threads
-        options = RuntimeOptions(
-            variant=config.variant,
-            provider=config.provider,
-            intra_op_threads=intra_op_threads,
-            spinning=config.intra_op_spinning,
-            verify_files=verify_files,
-            small_batch_threads=small_batch_threads or None,
-        )
+    def __init__(self, folder: str | Path, options: RuntimeOptions | None = None, guard: int | None = None) -> None:
+        """``guard``: the runaway-output guard's ``max_repeats`` (runtime.search; None: off)."""
         bound_process_memory()
-        self.model = OrtModel(self.model_dir, options)
+        options = options or RuntimeOptions()
+        self.folder, self.options, self.guard = Path(folder), options, guard
+        self.model = OrtModel(self.folder, options)
         self.config = self.model.config
         self.tokenizer = self.model.tokenizer
         manifest = self.model.manifest
@@ -142,9 +123,14 @@ class Engine:
         self.itemsize = np.dtype(self.model.cache_dtype).itemsize
 
     def replica(self, intra_op_threads: int | None = None) -> Engine:
-        """Another engine on the same model files, with its own sessions (and their threads): created on the
-        thread that will use it, they inherit that thread's priority. The files were verified by this one."""
-        return Engine(self.server_config, self.model_dir, verify_files=False, intra_op_threads=intra_op_threads)
+        """Another engine on the same model files, with its own sessions (and their threads; None: this one's
+        count, without its small-batch sessions): created on the thread that will use it, they inherit that
+        thread's priority. The files were verified by this one."""
+        threads = self.options.intra_op_threads if intra_op_threads is None else intra_op_threads
+        options = dataclasses.replace(
+            self.options, intra_op_threads=threads, small_batch_threads=None, verify_files=False
+        )
+        return Engine(self.folder, options, self.guard)
 
     # --- text ----------------------------------------------------------------------
 
@@ -161,7 +147,7 @@ class Engine:
         return self.tokenizer.target_pieces(ids)
 
     def align(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[np.ndarray]:
-        """Where each output token looked in its source (export.runtime.OrtModel.align)."""
+        """Where each output token looked in its source (runtime.sessions.OrtModel.align)."""
         return self.model.align(pairs)
 
     @staticmethod

@@ -22,23 +22,20 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from export.cache_ops import cache_op_path
-from export.cpu import describe_cpu, int8_products_saturate
-from export.manifest import ModelFolderError, Provider, Variant, read_manifest
 from model.config import ModelConfig
-from model.search import (
-    CANDIDATE_OUTPUTS,
+from runtime.contract import CANDIDATE_OUTPUTS, ORT_DTYPES, STEP_INPUTS, STEP_OUTPUTS, output_arrays
+from runtime.cpu import describe_cpu, int8_products_saturate
+from runtime.manifest import ModelFolderError, Provider, Variant, read_manifest
+from runtime.search import (
     LENGTH_PENALTY,
-    STEP_OUTPUTS,
     DecodeBatch,
     Hypothesis,
     KVCache,
-    default_max_output,
-    new_search,
     pad_sources,
+    source_searches,
     translate_in_batches,
 )
-from model.tokenizer import Tokenizer, TokenizerError
+from runtime.tokenizer import Tokenizer, TokenizerError
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +50,12 @@ PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 # ONNX Runtime fusions that make our graphs slower on the CPU, disabled in every session: fused
 # SkipLayerNormalization is 3-4x slower than Add + LayerNormalization (see export/builder.py).
 NO_FUSIONS = ["SkipLayerNormFusion"]
-ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+CACHE_OPS = Path(__file__).resolve().parent / "cache_ops"  # built by export/cache_ops.py
+
+
+def cache_op_path(op: str, dtype: type) -> Path:
+    """A one-node graph over cache buffers (``gather`` or ``pad``) for this dtype."""
+    return CACHE_OPS / f"{op}.{np.dtype(dtype).name}.onnx"
 
 
 def _host_float32(value: Any) -> np.ndarray:
@@ -98,10 +100,6 @@ class RuntimeOptions:
     # bound_process_memory). No measurable speed difference (2-core x86-64, int8, batch 1 and 32).
     memory_arena: bool = False
 
-
-# The decoder step's inputs besides the per-layer caches (export/decoder_step.py).
-STEP_INPUTS = {"tokens", "lengths", "total_length", "groups", "row_position", "src_mask", "top_k"}
-STEP_INPUTS |= {"row_scores", "candidate_limit", "group_mask"}  # the search head's
 
 # Below this many rows a step is too small to share between threads: waking a second intra-op thread
 # costs more than it saves (one-row step 1.10 ms on one thread vs 1.53 ms on two; 8 rows 2.34 vs 2.90;
@@ -232,9 +230,7 @@ def bind_step(
         binding.bind_ortvalue_input(name, value)
         if name.startswith("past_"):
             binding.bind_ortvalue_output(name.replace("past_", "present_"), value)
-    rows, k, sources = len(feeds["tokens"]), int(feeds["top_k"][0]), len(feeds["groups"])
-    outputs = (np.empty((rows, k), np.float32), np.empty((rows, k), np.int64), np.empty((rows, 1), np.float32))
-    outputs += (np.empty((sources, k)), np.empty((sources, k), np.int64), np.empty((sources, k), np.int64))
+    outputs = tuple(output_arrays(len(feeds["tokens"]), len(feeds["groups"]), int(feeds["top_k"][0])))
     for name, array in zip(STEP_OUTPUTS + CANDIDATE_OUTPUTS, outputs, strict=True):
         values.append(ort.OrtValue.ortvalue_from_numpy(array))
         binding.bind_ortvalue_output(name, values[-1])
@@ -332,7 +328,7 @@ class OrtModel:
 
     def step(self, batch: DecodeBatch) -> tuple[np.ndarray, ...]:
         """One decoder step over the batch: the cache is written in place; returns STEP_OUTPUTS and
-        CANDIDATE_OUTPUTS (model.search). The binding is kept while the batch's feeds keep their shapes and
+        CANDIDATE_OUTPUTS (runtime.search). The binding is kept while the batch's feeds keep their shapes and
         memory (a greedy batch between joins and departures), so a step costs one ``run_with_iobinding`` call."""
         decoder = self.small_decoder if batch.rows < SMALL_BATCH_ROWS else self.decoder
         version = batch.version
@@ -437,19 +433,19 @@ class OrtModel:
         max_repeats: int | None = None,
     ) -> list[Hypothesis]:
         """Decode sources together to completion (``max_repeats``: the runaway-output guard, see
-        model.search). They are encoded in groups of ENCODER_GROUP by length (padding is encoder work) and
+        runtime.search). They are encoded in groups of ENCODER_GROUP by length (padding is encoder work) and
         all decode in one batch."""
         c, batch = self.config, self.new_batch()
         order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
         for start in range(0, len(order), ENCODER_GROUP):
             group = order[start : start + ENCODER_GROUP]
-            src_tokens, src_mask = pad_sources([sources[i] for i in group], c.pad_id, c.eos_id)
-            lengths = [default_max_output(len(sources[i]) + 1, max_output_tokens) for i in group]
-            searches = [new_search(beam, length, c.eos_id, self.length_penalty, max_repeats) for length in lengths]
+            group_sources = [sources[i] for i in group]
+            src_tokens, src_mask = pad_sources(group_sources, c.pad_id, c.eos_id)
+            searches = source_searches(
+                group_sources, beam, c.eos_id, max_output_tokens, self.length_penalty, max_repeats
+            )
             batch.add(group, searches, *self.encode(src_tokens, src_mask), src_mask)
-        results: dict[int, Hypothesis] = {}
-        while len(batch):
-            results.update(batch.step())
+        results = batch.drain()
         return [results[i] for i in range(len(sources))]
 
     def translate(

@@ -1,3 +1,5 @@
+"""The tiny PyTorch model shared by the model tests and the search tests (which decode with it as a reference)."""
+
 from __future__ import annotations
 
 import pytest

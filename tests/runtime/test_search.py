@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from model.search import (
+from model.transformer import Transformer
+from model.translate import TorchTranslator
+from runtime.search import (
     BeamSearch,
     DecodeBatch,
     GreedySearch,
@@ -20,8 +22,6 @@ from model.search import (
     pad_sources,
     row_groups,
 )
-from model.transformer import Transformer
-from model.translate import TorchTranslator
 
 SOURCES = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14], [15], [16, 17, 18, 19], [20, 21]]
 

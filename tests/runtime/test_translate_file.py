@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from export.runtime import OrtModel
-from export.translate_file import main, parallelism, runtime_options
-from model.search import MAX_REPEATS
+from runtime.search import MAX_REPEATS
+from runtime.sessions import OrtModel
+from runtime.translate_file import main, parallelism, runtime_options
 from tests.conftest import ROOT, own_sentences
 
 SENTENCES = own_sentences(240)[::17]
@@ -115,7 +115,7 @@ def test_bad_flags_exit_2_naming_every_one(tiny_export, monkeypatch, capsys):
 def test_does_not_import_torch(tiny_export: Path):
     code = (
         "import io, sys\n"
-        "from export.translate_file import main\n"
+        "from runtime.translate_file import main\n"
         "sys.stdin = io.StringIO('A man is walking.\\n\\nA cat is sleeping.\\n')\n"
         f"assert main(['--model', {str(tiny_export)!r}, '--provider', 'cpu', '--max-output-tokens', '4']) == 0\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
@@ -127,7 +127,7 @@ def test_does_not_import_torch(tiny_export: Path):
 
 def test_is_a_console_script():
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["translate-file"] == "export.translate_file:main"
+    assert scripts["translate-file"] == "runtime.translate_file:main"
 
 
 @pytest.mark.parametrize("beam", [1, 2])

@@ -1,6 +1,6 @@
 """Translate a file offline with an exported model: ``translate-file --model DIR < in.en > out.de``.
 
-No server and no torch: numpy and ONNX Runtime through export.runtime. One sentence per line,
+No server and no torch: numpy and ONNX Runtime through runtime.sessions. One sentence per line,
 translated in batches of similar source length (``--workers`` of them at once, sharing the model) and
 written in the input order; empty lines stay empty and are not translated. ``--stats`` prints one JSON
 line on stderr: the sentences translated, their output tokens (each output's tokens plus its eos, as the
@@ -19,11 +19,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from export.manifest import ModelFolderError, Provider, Variant
-from export.runtime import OrtModel, RuntimeOptions, resolve_provider
 from model import flags
 from model.flags import setting
-from model.search import MAX_REPEATS, translate_in_batches
+from runtime.manifest import ModelFolderError, Provider, Variant
+from runtime.search import MAX_REPEATS, translate_in_batches
+from runtime.sessions import OrtModel, RuntimeOptions, resolve_provider
 
 # Small batches step on the same sessions as large ones: offline, a second thread pays in fp32, whose steps
 # read more weight bytes than one core can stream (1, 4, 8 and 12 rows: fp32 1.27-1.50x the tokens/s of one
@@ -33,7 +33,7 @@ SMALL_BATCH_THREADS = None
 
 def runtime_options(variant: Variant = "fp32", provider: str = "cpu", threads: int = 0) -> RuntimeOptions:
     """translate-file's engine settings, which the benchmarks time as ours: intra-op threads spin during a
-    run only (export/runtime.py), every batch steps on the same sessions."""
+    run only (runtime/sessions.py), every batch steps on the same sessions."""
     return RuntimeOptions(variant, provider, threads, spinning=True, small_batch_threads=SMALL_BATCH_THREADS)
 
 

@@ -1,0 +1,72 @@
+"""The decoder step graph's inputs and outputs: one table that the graph's builder (export/decoder_step.py)
+declares its tensors from, and that the engine binds and checks a loaded graph against.
+
+Shapes name their axes: ``rows`` (R, hypotheses being decoded), ``sources`` (N, a source's rows are its beams),
+``group`` (G, the most rows any source has), ``k`` (K, candidates per row and per source), ``src_len`` (S),
+``cache_len`` (T, slots of the self-attention cache), ``heads`` and ``d_cache`` (the cache's head size, padded
+to a multiple of 8), ``d_head``. A dtype of None is the model's float type (float32, or float16).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    dtype: type | None  # None: the model's float type
+    shape: tuple[str | int, ...]
+    meaning: str
+
+
+STEP_FEEDS = (
+    Tensor("tokens", np.int64, ("rows",), "each row's last token"),
+    Tensor("lengths", np.int32, ("rows",), "tokens cached per row: its position, and its self-attention mask"),
+    Tensor("total_length", np.int32, (), "max(lengths) + 1"),
+    Tensor("groups", np.int64, ("sources", "group"), "each source's rows (a source with fewer than G repeats one)"),
+    Tensor("row_position", np.int64, ("rows",), "each row's place in the flattened groups (search.row_groups)"),
+    Tensor("src_mask", np.int32, ("sources", "src_len"), "1 on each source's real tokens"),
+    Tensor("top_k", np.int64, (1,), "K: candidates kept per row and per source"),
+    Tensor("row_scores", np.float64, ("rows",), "each row's running score (its hypothesis's log-probability)"),
+    Tensor("candidate_limit", np.int64, ("rows",), "candidates its source takes from each row (2·beam, greedy 1)"),
+    Tensor("group_mask", np.bool_, ("sources", "group"), "True where a source's group position holds one of its rows"),
+)
+# Per decoder layer i: past_key_i, past_value_i (bound as present_key_i, present_value_i too: the step writes
+# each row's new entry in place at slot lengths[r]) and the sources' cross-attention keys and values.
+CACHE_SHAPE = ("rows", "heads", "cache_len", "d_cache")
+CROSS_SHAPE = ("sources", "heads", "src_len", "d_head")
+
+ROW_OUTPUTS = (
+    Tensor("top_log_probs", np.float32, ("rows", "k"), "each row's K best log-probabilities, best first"),
+    Tensor("top_ids", np.int64, ("rows", "k"), "their tokens (ties to the lower id)"),
+    Tensor("eos_log_probs", np.float32, ("rows", 1), "each row's log-probability of eos"),
+)
+SOURCE_OUTPUTS = (
+    Tensor("candidate_scores", np.float64, ("sources", "k"), "each source's K best extensions: row score + log-p"),
+    Tensor("candidate_origins", np.int64, ("sources", "k"), "the row within the source each extends"),
+    Tensor("candidate_tokens", np.int64, ("sources", "k"), "the token each adds"),
+)
+
+STEP_INPUTS = {tensor.name for tensor in STEP_FEEDS}
+STEP_OUTPUTS = [tensor.name for tensor in ROW_OUTPUTS]
+# Each source's best extensions over all its rows, ranked in the step graph (export/decoder_step.py,
+# search_head); a step function that has no such head (the PyTorch reference) leaves them to the search.
+CANDIDATE_OUTPUTS = [tensor.name for tensor in SOURCE_OUTPUTS]
+ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+
+
+def layer_names(prefix: str, layers: int) -> list[str]:
+    """Per-layer feed names: past_key_0, past_value_0, past_key_1, ..."""
+    return [f"{prefix}_{kind}_{i}" for i in range(layers) for kind in ("key", "value")]
+
+
+def output_arrays(rows: int, sources: int, k: int) -> list[np.ndarray]:
+    """Empty host arrays for ROW_OUTPUTS then SOURCE_OUTPUTS, for a step to write into."""
+    sizes = {"rows": rows, "sources": sources, "k": k}
+    return [
+        np.empty([sizes.get(axis, axis) for axis in tensor.shape], tensor.dtype)
+        for tensor in ROW_OUTPUTS + SOURCE_OUTPUTS
+    ]
