@@ -23,10 +23,10 @@ DE_EN_DIR ?= exported/default-de-en
 
 # Export the embedded default models (English→German, German→English) to ONNX, fp32 and int8, unless they
 # are there and newer than the code that writes them.
-$(MODEL_DIR)/manifest.json: $(wildcard export/*.py model/default/*) | $(STAMP)
+$(MODEL_DIR)/manifest.json: $(wildcard export/*.py runtime/contract.py model/default/*) | $(STAMP)
 	$(PY) -m export --out $(MODEL_DIR) --int8 --force
 
-$(DE_EN_DIR)/manifest.json: $(wildcard export/*.py model/default-de-en/*) | $(STAMP)
+$(DE_EN_DIR)/manifest.json: $(wildcard export/*.py runtime/contract.py model/default-de-en/*) | $(STAMP)
 	$(PY) -m export --checkpoint model/default-de-en --out $(DE_EN_DIR) --int8 --force
 
 export: $(MODEL_DIR)/manifest.json $(DE_EN_DIR)/manifest.json

@@ -157,19 +157,12 @@ def build_decoder_step(model: Transformer, dtype: type[np.floating] = np.float32
 def search_head(b: GraphBuilder, top_log_probs: str, top_ids: str) -> None:
     """Each source's best K extensions over all its rows, best first (ties to the lower row, then the lower
     token, as runtime.search.BeamSearch ranks them): a row's candidates scored by its running score (float64,
-    as the host keeps it, so the sums and their order are the host's), its ranks past its source's
-    ``candidate_limit`` dropped, the rows of each source gathered into its group (positions past its rows
-    dropped by ``group_mask``) and one TopK over the group's G·K. Returns nothing; writes CANDIDATE_OUTPUTS:
-    the scores, each candidate's row within its source (its origin) and its token."""
-    minus_inf = b.constant("minus_inf", np.array(-np.inf, np.float64))
-    scored = b.one("Cast", [top_log_probs], to=TensorProto.DOUBLE)
-    scored = b.one("Add", [scored, b.one("Unsqueeze", ["row_scores", "axis_1"])])  # (R, K)
-    k = b.one("Squeeze", ["top_k"])
-    ranks = b.one("Range", [b.constant("zero", np.array(0, np.int64)), k, b.constant("one", np.array(1, np.int64))])
-    wanted = b.one("Less", [ranks, b.one("Unsqueeze", ["candidate_limit", "axis_1"])])  # (R, K)
-    scored = b.one("Where", [wanted, scored, minus_inf])
-    grouped = b.one("Gather", [scored, "groups"], axis=0)  # (N, G, K)
-    grouped = b.one("Where", [b.one("Unsqueeze", ["group_mask", "axis_2"]), grouped, minus_inf])
+    as the host keeps it, so the sums and their order are the host's), the rows of each source gathered into
+    its group, ``candidate_bias`` added (-inf on the group's repeats and on ranks past the source's limit) and
+    one TopK over the group's G·K. Returns nothing; writes CANDIDATE_OUTPUTS: the scores, each candidate's row
+    within its source (its origin) and its token."""
+    scored = b.one("Add", [b.one("Cast", [top_log_probs], to=TensorProto.DOUBLE), "row_scores"])  # (R, K)
+    grouped = b.one("Add", [b.one("Gather", [scored, "groups"], axis=0), "candidate_bias"])  # (N, G, K)
     flat = b.one("Reshape", [grouped, b.constant("sources_by_any", np.array([0, -1], np.int64))])  # (N, G·K)
     best, index = b.op("TopK", [flat, "top_k"], [CANDIDATE_OUTPUTS[0], "best_index"], axis=-1, largest=1, sorted=1)
     within = b.op("Div", [index, "top_k"], [CANDIDATE_OUTPUTS[1]])[0]  # (N, K): the row within the source

@@ -102,9 +102,10 @@ def step_feeds(inputs: dict[str, torch.Tensor], session: ort.InferenceSession, k
         "row_position": row_position,
         "src_mask": inputs["src_mask"].numpy().astype(np.int32),
         "top_k": np.array([k], np.int64),
-        "row_scores": np.zeros(rows),
-        "candidate_limit": np.full(rows, k, np.int64),
-        "group_mask": np.arange(groups.shape[1])[None, :] < counts[:, None],
+        "row_scores": np.zeros((rows, 1)),
+        "candidate_bias": np.where(
+            np.arange(groups.shape[1])[None, :, None] < counts[:, None, None], 0.0, -np.inf
+        ).repeat(k, axis=2),
     }
     for i in range(layers):
         for kind, tensor in (("key", inputs["past_k"][i]), ("value", inputs["past_v"][i])):

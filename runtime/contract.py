@@ -30,9 +30,14 @@ STEP_FEEDS = (
     Tensor("row_position", np.int64, ("rows",), "each row's place in the flattened groups (search.row_groups)"),
     Tensor("src_mask", np.int32, ("sources", "src_len"), "1 on each source's real tokens"),
     Tensor("top_k", np.int64, (1,), "K: candidates kept per row and per source"),
-    Tensor("row_scores", np.float64, ("rows",), "each row's running score (its hypothesis's log-probability)"),
-    Tensor("candidate_limit", np.int64, ("rows",), "candidates its source takes from each row (2·beam, greedy 1)"),
-    Tensor("group_mask", np.bool_, ("sources", "group"), "True where a source's group position holds one of its rows"),
+    Tensor("row_scores", np.float64, ("rows", 1), "each row's running score (its hypothesis's log-probability)"),
+    Tensor(
+        "candidate_bias",
+        np.float64,
+        ("sources", "group", "k"),
+        "0 where a source takes the candidate (its group position holds one of its rows, and the rank is under"
+        " the source's limit: 2·beam, greedy 1), -inf elsewhere",
+    ),
 )
 # Per decoder layer i: past_key_i, past_value_i (bound as present_key_i, present_value_i too: the step writes
 # each row's new entry in place at slot lengths[r]) and the sources' cross-attention keys and values.

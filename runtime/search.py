@@ -602,7 +602,7 @@ class DecodeBatch:
         self.tokens = np.zeros(0, np.int64)
         self.total_length = np.zeros((), np.int32)
         self.top_k = np.ones(1, np.int64)
-        self.row_scores = np.zeros(0)  # each row's running score (float64), for the step's search head
+        self.row_scores = np.zeros((0, 1))  # each row's running score (float64), for the step's search head
         self._counts = np.zeros(0, np.int64)
         self._set_groups()
         self._version = 0
@@ -642,8 +642,7 @@ class DecodeBatch:
             "src_mask": src_mask,
             "top_k": self.top_k,
             "row_scores": self.row_scores,
-            "candidate_limit": self.candidate_limit,
-            "group_mask": self.group_mask,
+            "candidate_bias": self.candidate_bias,
         }
         feeds.update(zip(layer_names("past", layers), self.cache.views(), strict=True))
         feeds.update(zip(layer_names("cross", layers), cross, strict=True))
@@ -767,24 +766,26 @@ class DecodeBatch:
         if tokens is not None and len(tokens) == len(self.tokens) and np.array_equal(counts, self._counts):
             self.tokens[:] = tokens
             if scores is not None:
-                self.row_scores[:] = scores
+                self.row_scores[:, 0] = scores
             return
         if tokens is not None:
             self.tokens = tokens
         self._counts = counts
         self._set_groups()
-        self.row_scores = np.zeros(int(counts.sum())) if scores is None else scores
-        self.top_k[0] = max((search.top_k for search in self.searches.values()), default=1)
+        self.row_scores = (np.zeros(int(counts.sum())) if scores is None else scores)[:, None].copy()
         self._version += 1
 
     def _set_groups(self) -> None:
-        """The step's view of which rows are whose (``row_groups``), and how many candidates each source takes
-        from each of its rows."""
+        """The step's view of which rows are whose (``row_groups``), how many candidates it keeps per row and
+        per source (``top_k``: the most any source takes), and which of them each source takes
+        (``candidate_bias``)."""
         counts = self._counts
         self.groups, self.row_position, self.source_index = row_groups(counts)
-        self.group_mask = np.arange(self.groups.shape[1])[None, :] < counts[:, None]
         wanted = np.fromiter((search.top_k for search in self.searches.values()), np.int64, len(counts))
-        self.candidate_limit = np.repeat(wanted, counts)
+        self.top_k[0] = k = int(wanted.max(initial=1))
+        real_row = np.arange(self.groups.shape[1])[None, :, None] < counts[:, None, None]
+        under_limit = np.arange(k)[None, None, :] < wanted[:, None, None]
+        self.candidate_bias = np.where(real_row & under_limit, 0.0, -np.inf)  # (N, G, K)
 
 
 def source_searches(

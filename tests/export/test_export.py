@@ -36,7 +36,7 @@ def test_manifest_describes_the_folder(tiny_export: Path):
     assert {"onnxruntime", "onnx", "torch"} <= set(manifest["versions"])
     decoder_inputs = [i["name"] for i in manifest["graphs"]["decoder"]["inputs"]]
     step = ["tokens", "lengths", "total_length", "groups", "row_position", "src_mask", "top_k"]
-    search_head = ["row_scores", "candidate_limit", "group_mask"]
+    search_head = ["row_scores", "candidate_bias"]
     assert decoder_inputs == step + search_head + [
         f"{part}_{kind}_{i}" for part in ("past", "cross") for i in range(2) for kind in ("key", "value")
     ]
@@ -273,7 +273,7 @@ def test_a_folder_from_an_older_export_says_to_export_again(tiny_export: Path, t
     folder = tmp_path / "model"
     shutil.copytree(tiny_export, folder)
     shutil.copy(folder / "encoder.onnx", folder / "decoder.onnx")  # a graph without the step's inputs
-    older = r"exported by an older version .* lacks candidate_limit, group_mask, groups, .*python -m export"
+    older = r"exported by an older version .* lacks candidate_bias, groups, .*python -m export"
     with pytest.raises(ModelFolderError, match=older):
         OrtModel(folder, RuntimeOptions(provider="cpu", verify_files=False))
 
