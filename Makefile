@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 MODEL_DIR ?= exported/default
 
-.PHONY: install proto export serve test lint bench soak clean image
+.PHONY: install proto export serve test lint bench soak gpu-check clean image
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,17 @@ bench: $(STAMP) $(MODEL_DIR)/manifest.json
 SOAK_SECONDS ?= 600
 soak: $(STAMP) $(MODEL_DIR)/manifest.json
 	$(PY) benchmarks/soak.py --model $(MODEL_DIR) --duration $(SOAK_SECONDS)
+
+# The engine on a GPU, checked and timed in one report (benchmarks/gpu_check.py; under ten minutes): CUDA against
+# CPU, fp16, CTranslate2 float16 on the same weights, CUDA graphs, the server under load. It swaps onnxruntime for
+# onnxruntime-gpu in .venv unless that is there (which needs the network once). The suite runs its smallest form
+# on the CPU provider (tests/runtime/test_gpu_check.py).
+GPU_DIR ?= exported/gpu
+gpu-check: $(STAMP)
+	$(PY) -c "import onnxruntime as o; assert 'CUDAExecutionProvider' in o.get_available_providers()" 2>/dev/null \
+		|| { $(PY) -m pip uninstall -q -y onnxruntime && $(PY) -m pip install -q -e '.[gpu,marian]'; }
+	$(PY) -m export --out $(GPU_DIR) --int8 --fp16 --force
+	$(PY) benchmarks/gpu_check.py --model $(GPU_DIR) --ct2 exported/gpu-ct2 --report benchmarks/gpu_check.md
 
 # The CPU server image, with docker, podman or buildah (deploy/README.md, section "Images": offline too).
 IMAGE ?= translation-service:dev

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from runtime.cpu import describe_cpu  # noqa: E402
-from server import loadtest  # noqa: E402
+from server import loadtest, loadtest_report  # noqa: E402
 from server.config import DEFAULT_MODELS  # noqa: E402
 from tests.server.test_http import free_port  # noqa: E402
 from tests.server.test_lifecycle import start_subprocess_server  # noqa: E402
@@ -96,8 +96,8 @@ def summary(run) -> dict[str, float]:
     ok = [r.latency for r in run.results if r.code == "OK"]
     return {
         "req_s": len(ok) / run.seconds,
-        "p50": loadtest.percentile(ok, 0.5),
-        "p99": loadtest.percentile(ok, 0.99),
+        "p50": loadtest_report.percentile(ok, 0.5),
+        "p99": loadtest_report.percentile(ok, 0.99),
         "errors": len(run.results) - len(ok),
     }
 

@@ -1,0 +1,244 @@
+"""The engine on a GPU, checked and timed in one report: ``make gpu-check`` on a machine with one (it installs
+onnxruntime-gpu, exports the default model with fp16 and converts it for CTranslate2), or
+``python benchmarks/gpu_check.py --model DIR [--ct2 DIR] [--report PATH]``; ``--provider cpu --smoke`` is its
+smallest form, which the suite runs on the CPU provider so that the check cannot rot.
+
+1. Agreement: the provider's fp32 translations against the CPU provider's on test_2016_flickr (the share of
+   identical outputs, greedy and beam 4), and BLEU of each variant, greedy.
+2. Speed: output tokens/s of ours (fp32 and fp16 with the cache on the device for the whole decode, and fp32 with
+   the cache on the host, bound every step) and of CTranslate2 (float16 on the same device, when ``--ct2`` names
+   its converted folder and it has the device) at batch 1, 32 and 128, greedy and beam 4; medians of
+   ``--repeats``, engines alternating within each repeat.
+3. CUDA graphs: whether ONNX Runtime captures the decoder step (``enable_cuda_graph``) at a fixed batch of 32
+   greedy rows, and the step's time replayed against run normally; any error is the finding.
+4. The server on the device under the load generator (closed loop, ``--clients``, one test sentence per
+   request, ``--load-seconds``): requests/s, p50, p99 and errors.
+
+Every line of the report says what it measured; a part that cannot run says why instead of failing the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import sacrebleu
+import sentencepiece
+
+from model.corpus import corpus_path, read_lines
+from runtime.cpu import describe_cpu
+from runtime.search import default_max_output, pad_sources, source_searches
+from runtime.sessions import NO_FUSIONS, PROVIDERS, OrtModel, RuntimeOptions, bind_step
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOKE = {"sentences": 8, "batches": (1, 4), "repeats": 1, "load_seconds": 2.0, "clients": 2}
+BATCH_1_SENTENCES = 150  # batch 1 is a latency case: fewer sentences keep the check under ten minutes
+CAPTURE_ROWS, CAPTURE_STEPS = 32, 50
+Translate = Callable[[list[list[int]], int], list[list[int]]]
+
+
+def gpu_name() -> str:
+    try:
+        query = ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]
+        return subprocess.run(query, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "no GPU (nvidia-smi absent)"
+
+
+def rate(translate: Translate, sources: list[list[int]], batch: int, beam: int) -> tuple[float, list[list[int]]]:
+    """Output tokens per second (each output plus its eos) and the outputs, in batches of similar length."""
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    outputs: list[list[int]] = [[] for _ in sources]
+    start = time.perf_counter()
+    for first in range(0, len(order), batch):
+        group = order[first : first + batch]
+        for i, output in zip(group, translate([sources[i] for i in group], beam), strict=True):
+            outputs[i] = output
+    return sum(len(o) + 1 for o in outputs) / (time.perf_counter() - start), outputs
+
+
+def ct2_translator(work: Path, device: str) -> tuple[Translate | None, str]:
+    """CTranslate2 on the device (float16 on CUDA) over the same ids, its model converted from the same weights
+    by export.against_ctranslate2 in ``work`` (made there if missing), or None and why not."""
+    try:
+        import ctranslate2
+
+        from export.against_ctranslate2 import prepare
+        from model.checkpoint import DEFAULT_CHECKPOINT
+    except ImportError as error:
+        return None, f"not run: {error} (make gpu-check installs it)"
+    if device == "cuda" and ctranslate2.get_cuda_device_count() == 0:
+        return None, f"not run: ctranslate2 {ctranslate2.__version__} sees no CUDA device"
+    compute = "float16" if device == "cuda" else "float32"
+    _, converted, to_piece, to_id = prepare(argparse.Namespace(base_sized=False, checkpoint=DEFAULT_CHECKPOINT), work)
+    translator = ctranslate2.Translator(str(converted), device, compute_type=compute)
+
+    def translate(chunk: list[list[int]], beam: int) -> list[list[int]]:
+        pieces = [[to_piece(t) for t in row] + ["</s>"] for row in chunk]
+        limit = max(default_max_output(len(row) + 1, 256) for row in chunk) - 1
+        results = translator.translate_batch(
+            pieces, beam_size=beam, max_batch_size=len(chunk), max_decoding_length=limit
+        )
+        return [[to_id(p) for p in r.hypotheses[0]] for r in results]
+
+    return translate, f"CT2 {compute}"
+
+
+def capture(model: OrtModel, provider: str) -> str:
+    """Whether ONNX Runtime captures the decoder step as a CUDA graph at CAPTURE_ROWS greedy rows, and the
+    step's time replayed against run normally (or why not)."""
+    if provider != "cuda":
+        return "not run: CUDA graphs need the CUDA provider"
+    c = model.config
+    rng = np.random.default_rng(0)
+    sources = [rng.integers(4, c.vocab_size, 20).tolist() for _ in range(CAPTURE_ROWS)]
+    src_tokens, src_mask = pad_sources(sources, c.pad_id, c.eos_id)
+    batch = model.new_batch()
+    searches = source_searches(sources, 1, -1, 2 * CAPTURE_STEPS + 10)
+    batch.add(list(range(len(sources))), searches, *model.encode(src_tokens, src_mask), src_mask)
+    path = str(model.folder / model.manifest["variants"][model.variant]["decoder"])
+    times = {}
+    for graphs in (False, True):
+        options = ort.SessionOptions()
+        try:
+            provider_options = {"enable_cuda_graph": "1"} if graphs else {}
+            session = ort.InferenceSession(
+                path, options, [(PROVIDERS["cuda"], provider_options)], disabled_optimizers=NO_FUSIONS
+            )
+            bound = bind_step(session, batch.step_feeds(), device=model.device)
+            for _ in range(3):  # ONNX Runtime captures after its warm-up runs
+                session.run_with_iobinding(bound.binding)
+            start = time.perf_counter()
+            for _ in range(CAPTURE_STEPS):
+                session.run_with_iobinding(bound.binding)
+            times[graphs] = (time.perf_counter() - start) / CAPTURE_STEPS
+        except Exception as error:  # noqa: BLE001 (the error is the finding)
+            return f"not captured: {type(error).__name__}: {str(error).splitlines()[0][:300]}"
+    return (
+        f"captured: {times[True] * 1e3:.3f} ms per step replayed against {times[False] * 1e3:.3f} ms run normally "
+        f"({times[False] / times[True]:.2f}x), {CAPTURE_ROWS} greedy rows at fixed shapes"
+    )
+
+
+def serve_under_load(model_dir: Path, provider: str, variant: str, data: Path, seconds: float, clients: int) -> str:
+    from server import loadtest, loadtest_report
+    from tests.server.test_lifecycle import start_subprocess_server
+
+    process, port, _ = start_subprocess_server(model_dir, "--provider", provider, "--variant", variant)
+    try:
+        args = loadtest.parse_args(
+            ["--target", f"127.0.0.1:{port}", "--metrics", "", "--requests", "1000000", "--duration", str(seconds)]
+        )
+        tokenizer = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / "sentencepiece.model"))
+        profile = loadtest.Profile(f"file:{corpus_path(data, 'test_2016_flickr', 'en')}", tokenizer, 1)
+        run = asyncio.run(loadtest.drive(args, profile, clients, 0.0))
+    finally:
+        process.terminate()
+        process.wait(30)
+    ok = [r.latency for r in run.results if r.code == "OK"]
+    p50, p99 = (loadtest_report.percentile(ok, q) * 1e3 for q in (0.5, 0.99))
+    return (
+        f"{clients} closed-loop clients, {variant}, {run.seconds:.0f} s: {len(ok) / run.seconds:,.1f} requests/s, "
+        f"p50 {p50:.1f} ms, p99 {p99:.1f} ms, "
+        f"errors {len(run.results) - len(ok)}"
+    )
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, required=True, help="an exported folder with fp32 and fp16")
+    parser.add_argument("--ct2", type=Path, help="a work folder for CTranslate2's converted model (made if missing)")
+    parser.add_argument("--provider", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared/data/multi30k")
+    parser.add_argument("--sentences", type=int, default=1000)
+    parser.add_argument("--batches", default="1,32,128")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--load-seconds", type=float, default=30.0)
+    parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--smoke", action="store_true", help="the smallest form: 8 sentences, one repeat")
+    parser.add_argument("--report", type=Path, help="also write the report here (Markdown)")
+    args = parser.parse_args(argv)
+    args.batches = tuple(int(b) for b in args.batches.split(","))
+    if args.smoke:
+        for name, value in SMOKE.items():
+            setattr(args, name, value)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if PROVIDERS[args.provider] not in ort.get_available_providers():
+        print(f"gpu_check: this onnxruntime has no {args.provider} provider (make gpu-check installs onnxruntime-gpu)")
+        return 2
+    texts = read_lines(corpus_path(args.data, "test_2016_flickr", "en"))[: args.sentences]
+    references = read_lines(corpus_path(args.data, "test_2016_flickr", "de"))[: args.sentences]
+    options = {"spinning": False} if args.provider == "cpu" else {}
+    models = {
+        "fp32": OrtModel(args.model, RuntimeOptions("fp32", args.provider, device_cache=True, **options)),
+        "fp16": OrtModel(args.model, RuntimeOptions("fp16", args.provider, device_cache=True, **options)),
+        "fp32, cache on host": OrtModel(args.model, RuntimeOptions("fp32", args.provider, device_cache=False)),
+    }
+    cpu = OrtModel(args.model, RuntimeOptions("fp32", "cpu", spinning=False))
+    tokenizer = cpu.tokenizer
+    sources = tokenizer.encode_source(texts)
+    engines: dict[str, Translate] = {
+        f"ours {name}": (lambda chunk, beam, model=model: model.translate_ids(chunk, beam))
+        for name, model in models.items()
+    }
+    ct2, ct2_name = ct2_translator(args.ct2, args.provider) if args.ct2 else (None, "not run: no --ct2")
+    if ct2 is not None:
+        engines[ct2_name] = ct2
+
+    lines = [
+        f"command: python benchmarks/gpu_check.py {shlex.join(sys.argv[1:] if argv is None else argv)}",
+        f"machine: {gpu_name()}; {describe_cpu()}; onnxruntime {ort.__version__}; provider {args.provider}; "
+        f"{len(sources)} test_2016_flickr sentences; medians of {args.repeats}",
+        "",
+        "| check | result |",
+        "|---|---|",
+    ]
+    for beam in (1, 4):
+        _, on_cpu = rate(lambda chunk, b: cpu.translate_ids(chunk, b), sources, 32, beam)
+        for name in ("fp32", "fp32, cache on host"):
+            _, outputs = rate(engines[f"ours {name}"], sources, 32, beam)
+            same = np.mean([a == b for a, b in zip(on_cpu, outputs, strict=True)])
+            lines.append(f"| {args.provider} {name} against CPU fp32, beam {beam}: identical outputs | {same:.1%} |")
+    for name in ("fp32", "fp16"):
+        _, outputs = rate(engines[f"ours {name}"], sources, 32, 1)
+        bleu = sacrebleu.corpus_bleu(tokenizer.decode(outputs), [references]).score
+        lines.append(f"| {args.provider} {name}: BLEU, greedy | {bleu:.2f} |")
+    lines.append(f"| CTranslate2 | {ct2_name if ct2 is None else f'{ct2_name} on {args.provider}'} |")
+    lines.append(f"| CUDA graphs (decoder step, fp16) | {capture(models['fp16'], args.provider)} |")
+    if args.load_seconds > 0:
+        variant = "fp16" if args.provider == "cuda" else "fp32"
+        served = serve_under_load(args.model, args.provider, variant, args.data, args.load_seconds, args.clients)
+        lines.append(f"| server under load | {served} |")
+
+    lines += ["", "| case (output tokens/s) | " + " | ".join(engines) + " |", "|---" * (len(engines) + 1) + "|"]
+    for batch in args.batches:
+        for beam in (1, 4):
+            subset = sources[:BATCH_1_SENTENCES] if batch == 1 else sources
+            rates: dict[str, list[float]] = {name: [] for name in engines}
+            for _ in range(args.repeats):
+                for name, translate in engines.items():
+                    rates[name].append(rate(translate, subset, batch, beam)[0])
+            cells = " | ".join(f"{statistics.median(values):,.0f}" for values in rates.values())
+            lines.append(f"| batch {batch}, {'greedy' if beam == 1 else f'beam {beam}'} | {cells} |")
+    report = "\n".join(lines) + "\n"
+    print(report, end="")
+    if args.report:
+        args.report.write_text(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""The GPU check in its smallest form, on the CPU provider: every part of the report runs (agreement, BLEU,
+the CUDA-graph probe's reason, the server under load, the speed table), so the check a lent GPU runs cannot
+rot between GPUs."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import gpu_check  # noqa: E402
+
+
+def test_the_gpu_check_runs_on_the_cpu_provider(tiny_export: Path, multi30k: Path, tmp_path: Path):
+    report = tmp_path / "gpu_check.md"
+    flags = ["--model", str(tiny_export), "--provider", "cpu", "--data", str(multi30k), "--smoke"]
+    assert gpu_check.main([*flags, "--report", str(report)]) == 0
+    text = report.read_text()
+    assert "provider cpu; 8 test_2016_flickr sentences" in text
+    # The CPU provider agrees with itself exactly: a CUDA run that disagrees shows up as less than 100%.
+    for beam in (1, 4):
+        assert f"| cpu fp32 against CPU fp32, beam {beam}: identical outputs | 100.0% |" in text
+        assert f"| cpu fp32, cache on host against CPU fp32, beam {beam}: identical outputs | 100.0% |" in text
+    assert re.search(r"\| cpu fp16: BLEU, greedy \| \d+\.\d\d \|", text)
+    assert "| CUDA graphs (decoder step, fp16) | not run: CUDA graphs need the CUDA provider |" in text
+    served = re.search(r"\| server under load \| 2 closed-loop clients, fp32, .* errors (\d+) \|", text)
+    assert served and served.group(1) == "0", text
+    for case in ("batch 1, greedy", "batch 1, beam 4", "batch 4, greedy", "batch 4, beam 4"):
+        row = re.search(rf"\| {case} \| ([\d,]+) \| ([\d,]+) \| ([\d,]+) \|", text)
+        assert row and all(int(cell.replace(",", "")) > 0 for cell in row.groups()), text
+
+
+def test_the_gpu_check_says_when_the_provider_is_missing(tiny_export: Path, capsys):
+    if "CUDAExecutionProvider" in gpu_check.ort.get_available_providers():
+        return  # a CUDA build: nothing missing to report
+    assert gpu_check.main(["--model", str(tiny_export)]) == 2
+    assert "has no cuda provider (make gpu-check installs onnxruntime-gpu)" in capsys.readouterr().out
