@@ -42,6 +42,7 @@ CASES = ((1, 1, 150), (32, 1, 1000), (1, 4, 150), (32, 4, 1000))  # batch, beam,
 BASE_SIZED_CASES = ((1, 1, 60), (32, 1, 320), (1, 4, 60), (32, 4, 320))  # every output is 40 tokens there
 BASE_SIZED = {"d_model": 512, "heads": 8, "layers": 6, "ffn": 2048, "vocab": 32000}
 Run = Callable[[list[list[int]], int, int], list[list[int]]]
+ORT_OP = "ORT BeamSearch op fp32"
 
 
 def base_sized_marian(folder: Path, spm: Path) -> Path:
@@ -216,8 +217,17 @@ def run_benchmark(args) -> int:
         "ours int8": run_ours(ours["int8"]),
         ct2: run_theirs(translator(fastest)),
     }
-    print(f"| case | ours fp32 | ours int8 | {ct2} | best ours / CT2 | fp32 / {ct2} | identical (best ours vs CT2) |")
-    print("|---|---|---|---|---|---|---|")
+    if args.ort_beam_search:  # ONNX Runtime's own loop over the same weights (export/generation_op.py)
+        from export.generation_op import BeamSearchOp
+        from model.checkpoint import load_checkpoint
+
+        checkpoint = work / "checkpoint" if args.base_sized else args.checkpoint
+        op = BeamSearchOp(load_checkpoint(checkpoint)[0], threads)
+        engines[ORT_OP] = in_chunks(lambda chunk, beam: op.translate_ids(chunk, beam, cap))
+    extra = f" {ORT_OP} |" if args.ort_beam_search else ""
+    columns = f"| case | ours fp32 | ours int8 | {ct2} |{extra}"
+    print(f"{columns} best ours / CT2 | fp32 / {ct2} | identical (best ours vs CT2) |")
+    print("|---|---|---|---|---|---|---|" + ("---|" if extra else ""))
     for batch, beam, count in BASE_SIZED_CASES if args.base_sized else CASES:
         count = min(count, args.sentences) if args.sentences else count
         sources = tokenizer.encode_source(texts[:count])

@@ -68,6 +68,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--cap", type=int, help="ctranslate2: output cap in tokens (default 256; base-sized 40)")
     parser.add_argument(
+        "--ort-beam-search",
+        action="store_true",
+        help="ctranslate2: also time ONNX Runtime's BeamSearch node over the same weights (fp32)",
+    )
+    parser.add_argument(
         "--work-dir",
         type=Path,
         default=Path(tempfile.gettempdir()) / "ct2-benchmark",
