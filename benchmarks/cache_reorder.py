@@ -77,7 +77,7 @@ def filled_batch(model: OrtModel, rows: int, cached: int) -> DecodeBatch:
     batch.cache.reserve(rows, cached + 1)
     for buffer in batch.cache.keys + batch.cache.values:
         buffer[:rows, :, :cached] = rng.standard_normal(buffer[:rows, :, :cached].shape, np.float32)
-    batch.cache.lengths[:rows] = cached
+    batch.cache.lengths[:rows], batch.cache.longest = cached, cached
     batch.searches = {key: search for key, search in batch.searches.items()}
     for search in searches:
         search.rows, search.scores = BEAM, np.zeros(BEAM)

@@ -79,8 +79,14 @@ class KVCache:
         self.keys = [self._buffer(0, 0) for _ in range(self.layers)]
         self.values = [self._buffer(0, 0) for _ in range(self.layers)]
         self.lengths, self.rows, self._spare = np.zeros(0, np.int32), 0, None
+        self.longest = 0  # the most entries a live row holds (kept as a number: read at every step)
+        self._sized()
         self.version += 1
         self.generation, self.parity = self.generation + 1, 0
+
+    def _sized(self) -> None:
+        """The buffers were replaced: note their rows and slots."""
+        self.rows_capacity, _, self.capacity, _ = self._shape(self.keys[0])
 
     # --- storage: numpy arrays here; runtime.sessions.DeviceKVCache keeps them on a device instead ---
 
@@ -113,14 +119,6 @@ class KVCache:
     # --- rows and slots ---------------------------------------------------------------
 
     @property
-    def capacity(self) -> int:
-        return self._shape(self.keys[0])[2]
-
-    @property
-    def rows_capacity(self) -> int:
-        return self._shape(self.keys[0])[0]
-
-    @property
     def nbytes(self) -> int:
         buffers = self.keys + self.values + ([] if self._spare is None else self._spare[0] + self._spare[1])
         return sum(math.prod(self._shape(b)) for b in buffers) * np.dtype(self.dtype).itemsize
@@ -141,12 +139,12 @@ class KVCache:
             max(rows, min(2 * self.rows_capacity, rows + 64)) if rows > self.rows_capacity else self.rows_capacity
         )
         new_capacity = _round_up(length, self.chunk) if length > self.capacity else self.capacity
-        longest = int(self.live_lengths.max(initial=0))
         self._spare = None
         for buffers in (self.keys, self.values):
             for i, old in enumerate(buffers):
                 buffers[i] = self._buffer(new_rows, new_capacity)
-                self._copy_live(old, buffers[i], longest)
+                self._copy_live(old, buffers[i], self.longest)
+        self._sized()
         lengths = np.zeros(new_rows, np.int32)
         lengths[: self.rows] = self.live_lengths
         self.lengths = lengths
@@ -162,13 +160,15 @@ class KVCache:
 
     def advance(self) -> None:
         """The step wrote one entry per row; make room for the next step's."""
-        self.lengths[: self.rows] += 1
-        self.reserve(self.rows, int(self.live_lengths.max(initial=0)) + 1)
+        if self.rows:
+            self.lengths[: self.rows] += 1
+            self.longest += 1
+        self.reserve(self.rows, self.longest + 1)
 
     def select(self, rows: np.ndarray) -> None:
         """Keep these rows, in this order (indices may repeat)."""
         count = len(rows)
-        longest = int(self.live_lengths.max(initial=0))  # only live slots: the rest may not even be paged in
+        longest = self.longest  # only live slots: the rest may not even be paged in
         if count and self.moves_in_place:  # only the rows that change are copied, through a temporary
             self.reserve(count, self.capacity)  # a beam's first step turns one row into several
             changed = np.flatnonzero(rows != np.arange(count))
@@ -189,6 +189,7 @@ class KVCache:
             self.parity ^= 1
         self.lengths[:count] = self.lengths[rows]
         self.rows = count
+        self.longest = int(self.live_lengths.max(initial=0))
         self.version += 1
 
 
@@ -605,6 +606,7 @@ class DecodeBatch:
         self.row_scores = np.zeros((0, 1))  # each row's running score (float64), for the step's search head
         self._counts = np.zeros(0, np.int64)
         self._set_groups()
+        self.step_state: dict[Any, Any] = {}  # what step_fn keeps with this batch (its bindings)
         self._version = 0
         self._serial = next(_batch_serials)
 
@@ -667,7 +669,7 @@ class DecodeBatch:
 
     def step(self) -> list[tuple[Any, Hypothesis]]:
         """One decoder step for every row; returns the sources finished by it, with their hypotheses."""
-        self.total_length[()] = int(self.cache.live_lengths.max(initial=0)) + 1
+        self.total_length[()] = self.cache.longest + 1
         outputs = self.step_fn(self)
         top_log_probs, top_ids, eos_log_probs = outputs[:3]
         self.cache.advance()

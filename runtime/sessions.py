@@ -12,7 +12,6 @@ from __future__ import annotations
 import ctypes
 import logging
 import threading
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -274,11 +273,6 @@ class OrtModel:
         past = next(i for i in self.decoder.get_inputs() if i.name == "past_key_0")
         self.cache_dtype = ORT_DTYPES[past.type]
         self.d_cache = past.shape[3]
-        # Each batch's step bindings, by decoder session and then the batch's version; kept with the batch (weakly),
-        # so that batches decoding at once on these sessions (translate-file's workers) keep theirs.
-        self._bindings: weakref.WeakKeyDictionary[DecodeBatch, dict[int, dict[Any, _Binding]]] = (
-            weakref.WeakKeyDictionary()
-        )
         self._aligner: tuple[ort.InferenceSession, list[tuple[int, int]]] | None = None  # made on first use
         self._aligner_lock = threading.Lock()
         self._cache_ops = (
@@ -332,11 +326,12 @@ class OrtModel:
         memory (a greedy batch between joins and departures), so a step costs one ``run_with_iobinding`` call."""
         decoder = self.small_decoder if batch.rows < SMALL_BATCH_ROWS else self.decoder
         version = batch.version
-        by_session = self._bindings.setdefault(batch, {})
-        kept = by_session.setdefault(id(decoder), {})
+        # The batch keeps its bindings, by decoder session (so batches decoding at once on these sessions,
+        # translate-file's workers, keep theirs), and they go with it.
+        kept = batch.step_state.setdefault(id(decoder), {})
         bound = kept.get(version)
         if bound is None:  # keep the bindings that differ only in which cache buffer set is live
-            kept = by_session[id(decoder)] = {v: b for v, b in kept.items() if v[:-1] == version[:-1]}
+            kept = batch.step_state[id(decoder)] = {v: b for v, b in kept.items() if v[:-1] == version[:-1]}
             bound = kept[version] = bind_step(decoder, batch.step_feeds(), version)
         decoder.run_with_iobinding(bound.binding)
         return bound.outputs

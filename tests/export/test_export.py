@@ -7,6 +7,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -252,11 +253,13 @@ def test_batches_decoding_at_once_on_one_model_keep_their_own_bindings(tiny_expo
         for batch, found in zip(batches, results, strict=True):
             if len(batch):
                 found.update(batch.step())
-    assert len(model._bindings) == 2
+    kept = [binding for batch in batches for bound in batch.step_state.values() for binding in bound.values()]
+    assert len(kept) == 2 and kept[0].binding is not kept[1].binding  # one binding each, their own
     for found, expected in zip(results, alone, strict=True):
         assert [found[i].tokens for i in range(len(expected))] == [h.tokens for h in expected]
-    del batches, batch
-    assert len(model._bindings) == 0  # gone with their batches
+    references = [weakref.ref(binding) for binding in kept]
+    del batches, batch, kept
+    assert all(reference() is None for reference in references)  # gone with their batches
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         together = list(pool.map(lambda half: model.translate_ids(half, 2, 16), halves * 2))
     assert together == [model.translate_ids(half, 2, 16) for half in halves * 2]

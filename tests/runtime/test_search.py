@@ -151,7 +151,7 @@ def test_cache_select_moves_only_changed_rows_in_place():
     cache.add_rows(4)
     for row in range(4):
         cache.keys[0][row, 0, 0, 0] = row
-    cache.lengths[:4] = [1, 2, 3, 4]
+    cache.lengths[:4], cache.longest = [1, 2, 3, 4], 4
     buffer = cache.keys[0]
     cache.select(np.array([1, 3]))  # sources left: the rest move down in place
     assert cache.keys[0] is buffer and cache.keys[0][:2, 0, 0, 0].tolist() == [1, 3]
