@@ -18,12 +18,11 @@ from pathlib import Path
 import numpy as np
 import sacrebleu
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from model.corpus import corpus_path, read_lines
+from runtime.search import MAX_REPEATS
+from runtime.sessions import OrtModel, RuntimeOptions
 
-from model.corpus import corpus_path, read_lines  # noqa: E402
-from runtime.search import MAX_REPEATS  # noqa: E402
-from runtime.sessions import OrtModel, RuntimeOptions  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def ranks(values: np.ndarray) -> np.ndarray:

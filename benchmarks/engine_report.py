@@ -22,12 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from runtime.cpu import describe_cpu
+from runtime.engine import Engine
+from runtime.sessions import OrtModel, RuntimeOptions
 
-from runtime.cpu import describe_cpu  # noqa: E402
-from runtime.engine import Engine  # noqa: E402
-from runtime.sessions import OrtModel, RuntimeOptions  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 LENGTHS = (16, 64, 256, 512, 1024)
 SWEEP_SENTENCES = 128  # test_2016_flickr sentences of the batch-size sweep

@@ -18,13 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from model.corpus import corpus_path, read_lines
+from runtime.cpu import describe_cpu
+from runtime.sessions import OrtModel
+from runtime.translate_file import runtime_options
 
-from model.corpus import corpus_path, read_lines  # noqa: E402
-from runtime.cpu import describe_cpu  # noqa: E402
-from runtime.sessions import OrtModel  # noqa: E402
-from runtime.translate_file import runtime_options  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 CASES = ((32, 1, 1000), (32, 4, 1000), (1, 1, 150))  # (batch, beam, sentences), as export.benchmark's
 

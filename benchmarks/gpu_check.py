@@ -130,6 +130,7 @@ def capture(model: OrtModel, provider: str) -> str:
 
 
 def serve_under_load(model_dir: Path, provider: str, variant: str, data: Path, seconds: float, clients: int) -> str:
+    sys.path.insert(0, str(ROOT))  # the server helpers of the tests (tests/ is not installed)
     from server import loadtest, loadtest_report
     from tests.server.test_lifecycle import start_subprocess_server
 

@@ -10,13 +10,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from pathlib import Path
 
 import grpc
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from proto import translate_pb2, translate_pb2_grpc  # noqa: E402
+from proto import translate_pb2, translate_pb2_grpc
 
 
 class Echo(translate_pb2_grpc.TranslatorServicer):

@@ -17,13 +17,12 @@ import time
 from datetime import date
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from model.corpus import corpus_path, read_lines
+from runtime.cpu import describe_cpu
+from runtime.sessions import OrtModel, RuntimeOptions
+from server.config import DEFAULT_MODEL_DIR
 
-from model.corpus import corpus_path, read_lines  # noqa: E402
-from runtime.cpu import describe_cpu  # noqa: E402
-from runtime.sessions import OrtModel, RuntimeOptions  # noqa: E402
-from server.config import DEFAULT_MODEL_DIR  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 CASES = [(1, 1), (8, 1), (1, 4), (3, 4)]  # (sentences per batch, beam): 1 to 12 rows, all under SMALL_BATCH_ROWS
 

@@ -19,13 +19,12 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from model.corpus import corpus_path, read_lines
+from runtime.cpu import describe_cpu
+from runtime.sessions import OrtModel
+from runtime.translate_file import runtime_options
 
-from model.corpus import corpus_path, read_lines  # noqa: E402
-from runtime.cpu import describe_cpu  # noqa: E402
-from runtime.sessions import OrtModel  # noqa: E402
-from runtime.translate_file import runtime_options  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> int:

@@ -15,15 +15,14 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from model.corpus import read_lines
+from runtime.cpu import describe_cpu
+from runtime.search import translate_in_batches
+from runtime.sessions import OrtModel
+from runtime.translate_file import runtime_options
+from server.config import DEFAULT_MODEL_DIR
 
-from model.corpus import read_lines  # noqa: E402
-from runtime.cpu import describe_cpu  # noqa: E402
-from runtime.search import translate_in_batches  # noqa: E402
-from runtime.sessions import OrtModel  # noqa: E402
-from runtime.translate_file import runtime_options  # noqa: E402
-from server.config import DEFAULT_MODEL_DIR  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def rate(model: OrtModel, texts: list[str], beam: int, workers: int) -> float:
