@@ -51,7 +51,7 @@ from server.config import DEFAULT_MODEL_DIR, parse_config  # noqa: E402
 from server.jobs import decode_options  # noqa: E402
 from server.metrics import Metrics  # noqa: E402
 from server.scheduler import Scheduler  # noqa: E402
-from server.translations import Translations  # noqa: E402
+from server.translations import TranslateOptions, Translations  # noqa: E402
 from tests.server.test_lifecycle import start_subprocess_server  # noqa: E402
 
 
@@ -112,7 +112,9 @@ class Core:
 
         async def client() -> None:
             for text in pending:
-                translated = await self.translations.translate(self.engine, [text], decode_options(config), None)
+                translated = await self.translations.translate(
+                    self.engine, [text], TranslateOptions(decode_options(config))
+                )
                 assert len(translated) == 1, f"{len(translated)} translations for one text"
 
         async def drive() -> None:

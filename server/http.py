@@ -50,7 +50,7 @@ from server.keys import Caller, KeyGuard
 from server.models import AUTO, Models
 from server.service import model_name
 from server.tracing import request_span
-from server.translations import Translations
+from server.translations import TranslateOptions, Translations
 
 log = logging.getLogger(__name__)
 
@@ -260,23 +260,18 @@ class HttpApi:
     async def _translate(self, request: web.Request, exchange: Exchange) -> web.Response:
         fields = await self._fields(request)
         texts, as_list = self._texts(fields)
-        options = decode_options(self.config, alternatives=self._alternatives(fields))
+        options = self._options(fields)
         exchange.caller = (await self._admit(request, fields, texts)).name
-        format = str(fields.get("format") or "text")
-        engine, detected = self._model(fields, texts, format)
+        engine, detected = self._model(fields, texts, options.format)
         exchange.engine = engine
         exchange.texts = texts
-        deadline = time.monotonic() + self.config.http_timeout_s
-        min_confidence = self._min_confidence(fields)
-        results = await self.translations.translate(
-            engine, texts, options, deadline, "q", True, min_confidence, exchange, format
-        )
+        results = await self.translations.translate(engine, texts, options, exchange)
         one = (lambda values: values) if as_list else (lambda values: values[0])
         body = {
             "translatedText": one([result.text for result in results]),
             "confidence": one([round(result.confidence, 4) for result in results]),
         }
-        if options.alternatives:
+        if options.decode.alternatives:
             body["alternatives"] = one([list(result.alternatives) for result in results])
         if detected is not None:
             body["detectedLanguage"] = one([vars(detected)] * len(results))
@@ -284,6 +279,18 @@ class HttpApi:
         if any(flags):
             body["flags"] = one(flags)
         return web.json_response(body, headers={"X-Translation-Model": model_name(engine)})
+
+    def _options(self, fields: dict[str, Any]) -> TranslateOptions:
+        """The request's options, once: LibreTranslate's alternatives, format and our min_confidence; the server's
+        beam and output limit; http_timeout_s to answer in; its texts are "q", and an empty one is kept."""
+        return TranslateOptions(
+            decode_options(self.config, alternatives=self._alternatives(fields)),
+            deadline=time.monotonic() + self.config.http_timeout_s,
+            min_confidence=self._min_confidence(fields),
+            format=str(fields.get("format") or "text"),
+            field="q",
+            keep_empty=True,
+        )
 
     @staticmethod
     def _alternatives(fields: dict[str, Any]) -> int:
@@ -348,12 +355,11 @@ class HttpApi:
     async def _translate_all(self, engine: Engine, texts: list[str], format: str, exchange: Exchange) -> list[str]:
         """Every text, in requests of at most max_texts decoding at once, within one http_timeout_s."""
         deadline = time.monotonic() + self.config.http_timeout_s
-        step, options = self.config.max_texts, decode_options(self.config)
+        options = TranslateOptions(decode_options(self.config), deadline, None, format, "file", keep_empty=True)
+        step = self.config.max_texts
         chunks = await asyncio.gather(
             *(
-                self.translations.translate(
-                    engine, texts[i : i + step], options, deadline, "file", True, None, exchange, format
-                )
+                self.translations.translate(engine, texts[i : i + step], options, exchange)
                 for i in range(0, len(texts), step)
             )
         )

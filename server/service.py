@@ -17,11 +17,11 @@ from server.config import ServerConfig
 from server.detect import Detected
 from server.errors import InvalidRequest, ServiceError, status_of
 from server.interface import Engine
-from server.jobs import DecodeOptions, decode_options
+from server.jobs import decode_options
 from server.keys import KEY_METADATA, KeyGuard
 from server.models import AUTO, Models
 from server.tracing import request_span
-from server.translations import Translations, distinct_alternatives
+from server.translations import TranslateOptions, Translations, distinct_alternatives
 
 log = logging.getLogger(__name__)
 MALFORMED = object()  # what the tolerant deserializer returns for bytes that are no valid message
@@ -78,11 +78,16 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
 
     # --- request -> job ---------------------------------------------------------------
 
-    def _options(self, request: translate_pb2.TranslateRequest) -> DecodeOptions:
+    def _options(self, request, context: grpc.aio.ServicerContext) -> TranslateOptions:
+        """The request's options, once: its decoding within the server's limits, its deadline (the caller's,
+        as a ``time.monotonic()`` instant), its minimum confidence and its format."""
         options = request.options
-        return decode_options(
+        decode = decode_options(
             self.config, options.beam_size, options.max_output_tokens, options.alternatives, prefix="options."
         )
+        remaining = context.time_remaining()
+        deadline = time.monotonic() + remaining if remaining is not None else None
+        return TranslateOptions(decode, deadline, options.min_confidence or None, options.format or "text")
 
     def _model(self, request) -> Engine:
         """The model a (parsed) request chooses."""
@@ -97,12 +102,6 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
             return self.models.resolve_auto(request.texts, request.model, request.target_language, format)
         return self._model(request), None
 
-    def _job(self, request, context: grpc.aio.ServicerContext) -> tuple[list[str], DecodeOptions, float | None]:
-        """The request's texts, options and deadline (a ``time.monotonic()`` instant, or None)."""
-        remaining = context.time_remaining()
-        deadline = time.monotonic() + remaining if remaining is not None else None
-        return list(request.texts), self._options(request), deadline
-
     async def _admit(self, request, context: grpc.aio.ServicerContext, exchange: Exchange) -> None:
         """The caller's API key (the x-api-key metadata) and limits (server/keys.py)."""
         _check_parsed(request)
@@ -110,10 +109,6 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
         key = dict(context.invocation_metadata() or ()).get(KEY_METADATA)
         address = context.peer().rsplit(":", 1)[0]  # ipv4:127.0.0.1:5555, ipv6:[::1]:5555: the port varies
         exchange.caller = (await self.keys.admit(key, address, sum(map(len, texts)))).name
-
-    @staticmethod
-    def _min_confidence(request) -> float | None:
-        return request.options.min_confidence or None
 
     def _exchange(self, method: str, context: grpc.aio.ServicerContext) -> Exchange:
         """The request's access record; its ID goes back in the trailing metadata, whatever the outcome."""
@@ -153,13 +148,8 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
         await self._admit(request, context, exchange)
         exchange.engine, detected = self._translation_model(request)
         exchange.texts = list(request.texts)
-        results = await self.translations.translate(
-            exchange.engine,
-            *self._job(request, context),
-            min_confidence=self._min_confidence(request),
-            exchange=exchange,
-            format=request.options.format or "text",
-        )
+        options = self._options(request, context)
+        results = await self.translations.translate(exchange.engine, exchange.texts, options, exchange)
         return translate_pb2.TranslateResponse(
             translations=[translate_pb2.Translation(**vars(result)) for result in results],
             model=model_name(exchange.engine),
@@ -171,13 +161,14 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
         await self._admit(request, context, exchange)
         engine = exchange.engine = self._translation_model(request)[0]
         exchange.texts = list(request.texts)
-        if request.options.format not in ("", "text"):
+        options = self._options(request, context)
+        if options.format != "text":
             raise InvalidRequest(
-                f"options.format={request.options.format!r}: TranslateStream streams sentences of plain text; "
+                f"options.format={options.format!r}: TranslateStream streams sentences of plain text; "
                 "use Translate for markup"
             )
         segments = []
-        async for segment in self.translations.segments(engine, *self._job(request, context)):
+        async for segment in self.translations.segments(engine, exchange.texts, options):
             segments.append(segment)
             spec = segment.spec
             translation, *alternatives = engine.detokenize([segment.output, *segment.alternatives])
@@ -193,7 +184,7 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
                 model=model_name(engine),
                 confidence=segment.result.score,
                 guard=segment.guard,
-                low_confidence=segment.low_confidence(self._min_confidence(request)),
+                low_confidence=segment.low_confidence(options.min_confidence),
             )
         self.translations.observe(engine, segments, exchange.started, exchange)
 

@@ -30,6 +30,20 @@ from server.tracing import child_span, record_sentences
 
 
 @dataclass(frozen=True)
+class TranslateOptions:
+    """A request's options, built once by its front end (gRPC ``TranslatorService._options``, HTTP
+    ``HttpApi._options``) and carried unchanged through ``Translations`` to the job, the cache key and the
+    answer: how its sentences decode, when it must be answered, and how its texts are read and flagged."""
+
+    decode: DecodeOptions
+    deadline: float | None = None  # a time.monotonic() instant
+    min_confidence: float | None = None  # sentences under it flag their text low_confidence
+    format: str = "text"  # "html": the texts' markup is kept
+    field: str = "texts"  # what errors call the texts (LibreTranslate's "q", a file's "file")
+    keep_empty: bool = False  # an empty text translates to itself instead of being refused
+
+
+@dataclass(frozen=True)
 class TextTranslation:
     text: str
     input_tokens: int  # source tokens as the model saw them (after truncation, if any)
@@ -178,28 +192,27 @@ class Translations:
         self,
         engine: Engine,
         texts: Sequence[str],
-        options: DecodeOptions,
-        deadline: float | None,
-        field: str = "texts",
-        keep_empty: bool = False,
+        options: TranslateOptions,
         limits: TextLimits | None = None,
         tokenized: Sequence[list[int]] | None = None,
     ) -> AsyncIterator[Sentence]:
         """The texts' segments for ``engine``'s model, yielded in order as they are translated: those the
-        cache holds at once, the others submitted as one job; each with up to ``options.alternatives`` of
-        its beam's other outputs. ``deadline`` is a ``time.monotonic()``
-        instant. Raises the ServiceError that ended the job; cancelling the caller's task cancels the job.
-        ``field`` names the texts in errors; ``keep_empty`` and ``tokenized``: see segment_texts."""
+        cache holds at once, the others submitted as one job; each with up to ``options.decode.alternatives``
+        of its beam's other outputs. Raises the ServiceError that ended the job; cancelling the caller's task
+        cancels the job. ``options.field`` names the texts in errors; ``options.keep_empty`` and ``tokenized``: see
+        segment_texts."""
         long_inputs = self.metrics.long_inputs
         on_long = lambda policy: long_inputs.labels(policy).inc()
-        limits = limits or self.limits
+        limits, decode = limits or self.limits, options.decode
         language = engine.source_language
-        by_text = segment_texts(texts, engine.tokenize, limits, on_long, field, keep_empty, language, tokenized)
+        by_text = segment_texts(
+            texts, engine.tokenize, limits, on_long, options.field, options.keep_empty, language, tokenized
+        )
         specs = [spec for text in by_text for spec in text]
         if not specs:
             return
         last = {id(text[-1]) for text in by_text if text}
-        keys = [TranslationCache.key(engine, spec.ids, options) for spec in specs]
+        keys = [TranslationCache.key(engine, spec.ids, decode) for spec in specs]
         ready = self._cached(engine, keys)
         order = {id(spec): i for i, spec in enumerate(specs)}
         job = None
@@ -213,10 +226,10 @@ class Translations:
 
             job = Job(
                 [spec for i, spec in enumerate(specs) if i not in ready],
-                options,
+                decode,
                 on_segment=lambda segment: loop.call_soon_threadsafe(finished.put_nowait, segment),
                 on_done=on_done,
-                deadline=deadline,
+                deadline=options.deadline,
                 model=engine.name,
             )
             self.scheduler.submit(job)
@@ -234,7 +247,7 @@ class Translations:
                 if isinstance(item, ServiceError):
                     raise item
                 index = order[id(item.spec)]
-                result = item.result._replace(alternatives=item.result.alternatives[: options.alternatives])
+                result = item.result._replace(alternatives=item.result.alternatives[: decode.alternatives])
                 self._keep(keys[index], result)
                 ready[index] = result
                 timings[index] = (item.enqueued_at, item.joined_at, item.encoded_at, item.finished_at)
@@ -247,34 +260,30 @@ class Translations:
         self,
         engine: Engine,
         texts: Sequence[str],
-        options: DecodeOptions,
-        deadline: float | None,
-        field: str = "texts",
-        keep_empty: bool = False,
-        min_confidence: float | None = None,
+        options: TranslateOptions,
         exchange: Exchange | None = None,
-        format: str = "text",
     ) -> list[TextTranslation]:
         """One translation per text, in order, with the text's layout: its sentences joined by the
         whitespace that separated them (line breaks and blank lines kept) between its own leading and
-        trailing whitespace; an empty text kept with ``keep_empty`` translates to itself. A text with a
-        sentence under ``min_confidence`` is flagged ``low_confidence``. ``format`` "html" keeps the
+        trailing whitespace; an empty text kept with ``options.keep_empty`` translates to itself. A text with
+        a sentence under ``options.min_confidence`` is flagged ``low_confidence``. Format "html" keeps the
         texts' markup; in both formats placeholders, URLs, e-mail addresses and numbers with units come
-        back as sent (server/markup.py). With ``options.alternatives``, up to that many other translations
-        of each text (``_variants``), laid out and with their markup placed as the translation is."""
-        documents = [markup.parse(text, format) for text in texts]
+        back as sent (server/markup.py). With ``options.decode.alternatives``, up to that many other
+        translations of each text (``_variants``), laid out and with their markup placed as the translation is."""
+        documents = [markup.parse(text, options.format) for text in texts]
+        alternatives, min_confidence = options.decode.alternatives, options.min_confidence
         span = exchange.span if exchange else INVALID_SPAN
-        if format == "text" and all(d.pieces[0].plain for d in documents if d.pieces):  # nothing to put back
+        if options.format == "text" and all(d.pieces[0].plain for d in documents if d.pieces):  # nothing to put back
             started = time.monotonic()
-            segments = [s async for s in self.segments(engine, texts, options, deadline, field, keep_empty)]
+            segments = [s async for s in self.segments(engine, texts, options)]
             self.observe(engine, segments, started, exchange)
             with child_span(span, "detokenize"):
-                renders = [_plain(engine, texts, variant) for variant in _variants(segments, options.alternatives)]
+                renders = [_plain(engine, texts, variant) for variant in _variants(segments, alternatives)]
             return [
                 _summary([render[t] for render in renders], parts, min_confidence)
                 for t, parts in enumerate(_by_text(segments, len(texts)))
             ]
-        check_texts(texts, self.limits, field, keep_empty)
+        check_texts(texts, self.limits, options.field, options.keep_empty)
         pieces = [(t, piece) for t, document in enumerate(documents) for piece in document.pieces]
         runs = [piece.text for _, piece in pieces]
         tokenized = engine.tokenize(runs) if runs else []
@@ -284,20 +293,20 @@ class Translations:
         for t, count in enumerate(tokens):
             if count > self.limits.max_source_tokens:
                 raise InvalidRequest(
-                    f"{field}[{t}] has {count} tokens to translate; the limit is {self.limits.max_source_tokens} "
-                    "(max_source_tokens)"
+                    f"{options.field}[{t}] has {count} tokens to translate; the limit is "
+                    f"{self.limits.max_source_tokens} (max_source_tokens)"
                 )
         started = time.monotonic()
         limits = replace(self.limits, max_texts=max(len(pieces), 1))
-        segments = [s async for s in self.segments(engine, runs, options, deadline, field, True, limits, tokenized)]
+        pieces_options = replace(options, keep_empty=True)  # a piece may be empty: whitespace between tags
+        segments = [s async for s in self.segments(engine, runs, pieces_options, limits, tokenized)]
         self.observe(engine, segments, started, exchange)
         parts: dict[int, list[Sentence]] = {}
         for segment in segments:
             parts.setdefault(pieces[segment.spec.text_index][0], []).append(segment)
         with child_span(span, "markup"):
             renders = [
-                await self._render(engine, documents, pieces, variant)
-                for variant in _variants(segments, options.alternatives)
+                await self._render(engine, documents, pieces, variant) for variant in _variants(segments, alternatives)
             ]
         return [
             _summary([render[t] for render in renders], parts.get(t, []), min_confidence) for t in range(len(documents))
