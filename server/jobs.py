@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from runtime.search import Hypothesis
 from server.config import ServerConfig
 from server.errors import InvalidRequest, ServiceError
-from server.text import SegmentSpec
+from server.text import AfterSplit, SplitSentence
 
 log = logging.getLogger(__name__)
 BACKLOG_WINDOW_S = 10.0  # Retry-After: the queue over the source tokens finished in this window
@@ -54,9 +54,11 @@ def decode_options(
 
 
 @dataclass(eq=False)
-class Segment:
+class QueuedSentence(AfterSplit):
+    """A sentence waiting for the engine, then decoding, in a job."""
+
     job: Job
-    spec: SegmentSpec
+    spec: SplitSentence
     max_length: int
     reserved_bytes: int = 0
     predicted_tokens: int = 0
@@ -67,14 +69,6 @@ class Segment:
     finished_at: float = 0.0  # ... and when its decoding ended
     result: Hypothesis | None = None  # once decoded
 
-    @property
-    def output(self) -> list[int]:
-        return self.result.tokens
-
-    @property
-    def source_tokens(self) -> int:
-        return len(self.spec.ids)
-
 
 @dataclass(eq=False)
 class Job:
@@ -84,19 +78,19 @@ class Job:
     must only hand the result over (e.g. loop.call_soon_threadsafe).
     """
 
-    specs: list[SegmentSpec]
+    specs: list[SplitSentence]
     options: DecodeOptions
-    on_segment: Callable[[Segment], None]
+    on_segment: Callable[[QueuedSentence], None]
     on_done: Callable[[ServiceError | None], None]
     deadline: float | None = None  # time.monotonic() value
     model: str = ""  # the name of the engine that translates it; "" is the scheduler's first (default) model
     id: int = field(default_factory=lambda: next(_ids))
     cancelled: bool = False
-    segments: list[Segment] = field(default_factory=list)
+    segments: list[QueuedSentence] = field(default_factory=list)
     remaining: int = 0
     finished: bool = False
 
-    def answer(self, segment: Segment) -> None:
+    def answer(self, segment: QueuedSentence) -> None:
         """One segment is done; the last one also answers the job."""
         if self.finished:
             return

@@ -19,7 +19,7 @@ from server.interface import Batch, Encoded, Engine
 from server.metrics import LENGTH_BUCKETS
 
 if TYPE_CHECKING:
-    from server.jobs import Segment
+    from server.jobs import QueuedSentence
 
 log = logging.getLogger(__name__)
 # A lane's join duration (encoder call and cache resizes) is a running average with this weight.
@@ -33,8 +33,8 @@ class Lane:
     model: str  # the name of the engine whose work it runs
     niceness: int  # added to the thread's OS niceness (Linux), for it and its ONNX Runtime threads
     size_class: int = 0  # which of the model's source-token bounds it takes (its replicas share it)
-    waiting: collections.deque[Segment] = field(default_factory=collections.deque)
-    running: dict[Segment, None] = field(default_factory=dict)  # segments in the batch, in join order
+    waiting: collections.deque[QueuedSentence] = field(default_factory=collections.deque)
+    running: dict[QueuedSentence, None] = field(default_factory=dict)  # segments in the batch, in join order
     engine: Engine | None = None
     batch: Batch | None = None
     thread: threading.Thread | None = None
@@ -43,25 +43,25 @@ class Lane:
     join_seconds: float = 0.0  # a join's duration, a running average
     encoder: concurrent.futures.ThreadPoolExecutor | None = None  # the lane's encoder thread, if it encodes apart
     # groups of admitted segments being encoded on it, oldest first, with their futures (``Encoded``)
-    encoding: collections.deque[tuple[list[Segment], concurrent.futures.Future]] = field(
+    encoding: collections.deque[tuple[list[QueuedSentence], concurrent.futures.Future]] = field(
         default_factory=collections.deque
     )
 
     def joined(self, seconds: float) -> None:
         self.join_seconds = (1 - JOIN_WEIGHT) * self.join_seconds + JOIN_WEIGHT * seconds
 
-    def encode_apart(self, group: list[Segment]) -> None:
+    def encode_apart(self, group: list[QueuedSentence]) -> None:
         """Encode the group on the lane's encoder thread, for ``encoded``."""
         self.encoding.append((group, self.encoder.submit(self.batch.encode, [s.spec.ids for s in group])))
 
-    def encoded(self, wait: bool) -> Iterator[tuple[list[Segment], Encoded]]:
+    def encoded(self, wait: bool) -> Iterator[tuple[list[QueuedSentence], Encoded]]:
         """Groups whose encoder call has returned, oldest first (``wait``: every group, waiting for each); an
         encoder error is raised here, on the lane's thread."""
         while self.encoding and (wait or self.encoding[0][1].done()):
             group, future = self.encoding.popleft()
             yield group, future.result()
 
-    def encodes(self, segment: Segment) -> bool:
+    def encodes(self, segment: QueuedSentence) -> bool:
         """Whether the segment is being encoded apart (admitted, not yet in the batch)."""
         return any(segment in group for group, _ in self.encoding)
 

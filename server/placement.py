@@ -16,16 +16,16 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from server.markup import CLOSING_PUNCTUATION, WORD, Piece
-from server.text import SegmentSpec
+from server.text import SplitSentence
 
 if TYPE_CHECKING:
     from server.interface import Engine
 
 
 class Translated(Protocol):
-    """A translated sentence of the piece (server.translations.Sentence)."""
+    """A translated sentence of the piece (server.translations.AlignedSentence)."""
 
-    spec: SegmentSpec
+    spec: SplitSentence
     output: list[int]
 
 
@@ -69,7 +69,7 @@ def align_units(alignment: np.ndarray, words: Sequence[int], spans: Sequence[tup
 
 
 @dataclass(frozen=True)
-class Sentence:
+class AlignedSentence:
     """One translated sentence of a piece, ready for placement."""
 
     start: int  # where it starts in the piece's text
@@ -96,7 +96,7 @@ class _Span:
     children: list[_Span] = field(default_factory=list)
 
 
-def place(piece: Piece, sentences: Sequence[Sentence]) -> str:
+def place(piece: Piece, sentences: Sequence[AlignedSentence]) -> str:
     """The piece's translation with its inline elements and atoms put back (see the module's doc)."""
     words = [m.start() for m in WORD.finditer(piece.text)]
     # The source's items in order: its words and atoms (an atom before a word at its offset).
@@ -223,10 +223,10 @@ def _render(piece: Piece, items: list[_Item], spans: list[_Span], lo: int, hi: i
 
 def sentences_for(
     engine: Engine, piece: Piece, sentences: Sequence[Translated], alignments: Iterator[np.ndarray]
-) -> list[Sentence]:
+) -> list[AlignedSentence]:
     """The piece's sentences as ``place`` takes them: where each starts in the piece's text, its output
     units and the source word each is aligned to (chunks of one long sentence become one sentence)."""
-    placed: list[Sentence] = []
+    placed: list[AlignedSentence] = []
     position, previous = 0, None
     for s in sentences:
         alignment = next(alignments)
@@ -239,7 +239,7 @@ def sentences_for(
             words = source_words(engine.source_pieces(source_ids))[len(previous.ids) :]
             aligned = align_units(alignment, words, spans)
             last = placed.pop()
-            sentence = Sentence(
+            sentence = AlignedSentence(
                 start, last.units + units, last.leading_space + spaces, last.aligned + aligned, s.spec.separator
             )
             previous = replace(previous, ids=source_ids)
@@ -247,7 +247,7 @@ def sentences_for(
             found = piece.text.find(s.spec.source, position)
             start = found if found >= 0 else position
             words = source_words(engine.source_pieces(s.spec.ids))
-            sentence = Sentence(start, units, spaces, align_units(alignment, words, spans), s.spec.separator)
+            sentence = AlignedSentence(start, units, spaces, align_units(alignment, words, spans), s.spec.separator)
             previous = s.spec
             position = start + len(s.spec.source)
         placed.append(sentence)

@@ -10,20 +10,20 @@ from typing import TYPE_CHECKING, Protocol
 from server.lanes import bucket_index
 
 if TYPE_CHECKING:
-    from server.jobs import Job, Segment
+    from server.jobs import Job, QueuedSentence
 
 # continuous: a sentence that waited this long for room other lanes hold stops them from admitting.
 STARVATION_SECONDS = 1.0
 
-Fits = Callable[[list["Segment"]], bool]
+Fits = Callable[[list["QueuedSentence"]], bool]
 
 
-def admit_static(waiting: Sequence[Segment], fits: Fits) -> list[Segment]:
+def admit_static(waiting: Sequence[QueuedSentence], fits: Fits) -> list[QueuedSentence]:
     """static (into an empty batch only): the oldest sentence's length bucket first, then the nearest, as
     many as fit."""
     oldest = bucket_index(waiting[0].source_tokens)
     candidates = sorted(waiting, key=lambda s: (abs(bucket_index(s.source_tokens) - oldest), s.enqueued_at))
-    admitted: list[Segment] = []
+    admitted: list[QueuedSentence] = []
     for segment in candidates:
         if fits(admitted + [segment]):
             admitted.append(segment)
@@ -31,14 +31,14 @@ def admit_static(waiting: Sequence[Segment], fits: Fits) -> list[Segment]:
 
 
 def admit_in_order(
-    waiting: Sequence[Segment], fits: Fits, lane: int, starving: Segment | None, now: float
-) -> tuple[list[Segment], Segment | None]:
+    waiting: Sequence[QueuedSentence], fits: Fits, lane: int, starving: QueuedSentence | None, now: float
+) -> tuple[list[QueuedSentence], QueuedSentence | None]:
     """continuous: first come, first served within the lane, while the arrivals fit. Returns them and the
     sentence that now starves (waited STARVATION_SECONDS for room, so that other lanes admit nobody until
     it fits), or None."""
     if starving is not None and starving.lane != lane:
         return [], starving
-    admitted: list[Segment] = []
+    admitted: list[QueuedSentence] = []
     for segment in waiting:
         if not fits(admitted + [segment]):
             if not admitted and now - segment.enqueued_at > STARVATION_SECONDS:
@@ -50,7 +50,7 @@ def admit_in_order(
     return admitted, starving
 
 
-def join_later(waiting: Sequence[Segment], rows: int, join_seconds: float, now: float) -> bool:
+def join_later(waiting: Sequence[QueuedSentence], rows: int, join_seconds: float, now: float) -> bool:
     """Whether a busy lane's arrivals should gather a little longer before they join. A join (an encoder
     call, the caches resized) holds up every running row for about its measured duration, for one arrival
     as for ten; arrivals join once the time they have waited in all reaches the time the join costs the
@@ -58,9 +58,9 @@ def join_later(waiting: Sequence[Segment], rows: int, join_seconds: float, now: 
     return sum(now - s.enqueued_at for s in waiting) < rows * join_seconds
 
 
-def length_groups(segments: Sequence[Segment]) -> list[list[Segment]]:
+def length_groups(segments: Sequence[QueuedSentence]) -> list[list[QueuedSentence]]:
     """Segments sorted by length cut where the length bucket changes, so each encoder batch pads little."""
-    groups: list[list[Segment]] = []
+    groups: list[list[QueuedSentence]] = []
     for segment in segments:
         if groups and bucket_index(groups[-1][-1].source_tokens) == bucket_index(segment.source_tokens):
             groups[-1].append(segment)
@@ -72,10 +72,10 @@ def length_groups(segments: Sequence[Segment]) -> list[list[Segment]]:
 class Policy(Protocol):
     splits_lanes: bool  # whether requests go to lanes by size (--lanes), or all to one
 
-    def joins_now(self, waiting: Sequence[Segment], rows: int, join_seconds: float, now: float) -> bool:
+    def joins_now(self, waiting: Sequence[QueuedSentence], rows: int, join_seconds: float, now: float) -> bool:
         """Whether a lane whose batch has ``rows`` running rows admits its waiting segments now."""
 
-    def choose(self, waiting: Sequence[Segment], fits: Fits, lane: int, now: float) -> list[Segment]:
+    def choose(self, waiting: Sequence[QueuedSentence], fits: Fits, lane: int, now: float) -> list[QueuedSentence]:
         """The waiting segments that join lane number ``lane``'s batch."""
 
     def forget(self, job: Job) -> None:
@@ -87,10 +87,10 @@ class Static:
 
     splits_lanes = False
 
-    def joins_now(self, waiting: Sequence[Segment], rows: int, join_seconds: float, now: float) -> bool:
+    def joins_now(self, waiting: Sequence[QueuedSentence], rows: int, join_seconds: float, now: float) -> bool:
         return rows == 0
 
-    def choose(self, waiting: Sequence[Segment], fits: Fits, lane: int, now: float) -> list[Segment]:
+    def choose(self, waiting: Sequence[QueuedSentence], fits: Fits, lane: int, now: float) -> list[QueuedSentence]:
         return admit_static(waiting, fits)
 
     def forget(self, job: Job) -> None:
@@ -103,12 +103,12 @@ class Continuous:
     splits_lanes = True
 
     def __init__(self) -> None:
-        self.starving: Segment | None = None
+        self.starving: QueuedSentence | None = None
 
-    def joins_now(self, waiting: Sequence[Segment], rows: int, join_seconds: float, now: float) -> bool:
+    def joins_now(self, waiting: Sequence[QueuedSentence], rows: int, join_seconds: float, now: float) -> bool:
         return rows == 0 or not join_later(waiting, rows, join_seconds, now)
 
-    def choose(self, waiting: Sequence[Segment], fits: Fits, lane: int, now: float) -> list[Segment]:
+    def choose(self, waiting: Sequence[QueuedSentence], fits: Fits, lane: int, now: float) -> list[QueuedSentence]:
         admitted, self.starving = admit_in_order(waiting, fits, lane, self.starving, now)
         return admitted
 

@@ -28,7 +28,7 @@ from server.budget import MemoryBudget
 from server.config import ServerConfig
 from server.errors import Cancelled, DeadlineExceeded, InferenceFailed, Overloaded, ServiceError, ShuttingDown
 from server.interface import Encoded, Engine
-from server.jobs import Job, Segment, Throughput
+from server.jobs import Job, QueuedSentence, Throughput
 from server.lanes import Lane, choose_lane, model_lanes
 from server.metrics import Metrics
 from server.policies import POLICIES, length_groups
@@ -88,7 +88,7 @@ class Scheduler:
         for spec in job.specs:
             max_length = engine.max_length(len(spec.ids), job.options.max_output_tokens)
             reserved, predicted = self.memory.estimate(job.model, len(spec.ids), job.options.beam, max_length)
-            segments.append(Segment(job, spec, max_length, reserved, predicted, lane))
+            segments.append(QueuedSentence(job, spec, max_length, reserved, predicted, lane))
         largest, need = self.memory.largest_peak(job.model, [(s.reserved_bytes, s.source_tokens) for s in segments])
         if need > self.memory.budget_bytes:
             self.metrics.rejected.labels("memory").inc()
@@ -176,7 +176,7 @@ class Scheduler:
                 break
             self.lock.wait(remaining)
 
-    def _admit(self, lane: Lane) -> list[Segment]:
+    def _admit(self, lane: Lane) -> list[QueuedSentence]:
         with self.lock:
             if not lane.waiting:
                 return []
@@ -191,7 +191,7 @@ class Scheduler:
             self.memory.reserve(sum(s.reserved_bytes for s in admitted))
             return admitted
 
-    def _fits(self, lane: Lane, group: list[Segment]) -> bool:
+    def _fits(self, lane: Lane, group: list[QueuedSentence]) -> bool:
         """Room for the group: max_batch_size sentences in the lane, max_batch_tokens, the memory budget."""
         if len(lane.running) + len(group) > self.config.max_batch_size:
             return False
@@ -200,7 +200,7 @@ class Scheduler:
             return False
         return self.memory.fits(lane.model, [s.reserved_bytes for s in group], longest - 1)
 
-    def _encode_and_join(self, lane: Lane, admitted: list[Segment]) -> None:
+    def _encode_and_join(self, lane: Lane, admitted: list[QueuedSentence]) -> None:
         """Encode the admitted segments in length groups and add them to the lane's batch: at once, or, when the
         lane encodes apart and its batch has rows to step meanwhile, on the lane's encoder thread (they join at
         the first step after their call returns, ``_join_encoded``). ``lane.join_seconds`` learns only from
@@ -226,7 +226,7 @@ class Scheduler:
         for group, encoded in lane.encoded(wait):
             self._add(lane, group, encoded)
 
-    def _add(self, lane: Lane, group: list[Segment], encoded: Encoded) -> None:
+    def _add(self, lane: Lane, group: list[QueuedSentence], encoded: Encoded) -> None:
         """An encoded group joins the batch (a segment that left meanwhile, cancelled or expired, leaves again
         at once); its encoder call's metrics."""
         joined = lane.batch.add(group, encoded, [s.job.options.beam for s in group], [s.max_length for s in group])
@@ -251,7 +251,7 @@ class Scheduler:
         for segment, hypothesis in finished:
             self._finish(segment, hypothesis)
 
-    def _finish(self, segment: Segment, hypothesis: Hypothesis) -> None:
+    def _finish(self, segment: QueuedSentence, hypothesis: Hypothesis) -> None:
         self._leave(segment)
         with self.lock:  # read by other lanes' threads and by submit
             self.memory.learn(segment.job.model, segment.source_tokens, len(hypothesis.tokens))
@@ -260,7 +260,7 @@ class Scheduler:
         self.metrics.observe_sentence(segment.job.model, segment.source_tokens, hypothesis)
         segment.job.answer(segment)
 
-    def _leave(self, segment: Segment) -> None:
+    def _leave(self, segment: QueuedSentence) -> None:
         """The segment is out of its lane's batch: its reservation returns to the budget."""
         lane = self.lanes[segment.lane]
         with self.lock:

@@ -37,7 +37,11 @@ def split_sentences(text: str, language: str = "en") -> list[tuple[str, str]]:
 
 
 @dataclass(frozen=True)
-class SegmentSpec:
+class SplitSentence:
+    """A sentence of a request's text, tokenized: the first of a sentence's stages through the server (split,
+    then queued for the engine (server.jobs.QueuedSentence), decoded (server.translations.DecodedSentence) and,
+    with markup, aligned for placement (server.placement.AlignedSentence))."""
+
     text_index: int
     segment_index: int
     source: str
@@ -45,6 +49,16 @@ class SegmentSpec:
     truncated: bool = False
     separator: str = " "  # the whitespace that follows it in its text (a line break keeps the layout)
     chunk: int = 0  # a sentence over long_input_tokens is cut into pieces: which piece of it this is
+
+
+class AfterSplit:
+    """What every later stage of a sentence tells of its source (each has the SplitSentence as ``spec``)."""
+
+    spec: SplitSentence
+
+    @property
+    def source_tokens(self) -> int:
+        return len(self.spec.ids)
 
 
 @dataclass(frozen=True)
@@ -81,7 +95,7 @@ def segment_texts(
     keep_empty: bool = False,
     language: str = "en",
     tokenized: Sequence[list[int]] | None = None,
-) -> list[list[SegmentSpec]]:
+) -> list[list[SplitSentence]]:
     """The sentences of every text, in order, as segments. Raises InvalidRequest naming the field.
 
     Every text is split into sentences of its ``language`` (the model translates sentences), each
@@ -93,7 +107,7 @@ def segment_texts(
     all), or ``reject``. ``tokenized``: the texts' ids, when the caller has them already.
     """
     check_texts(texts, limits, field, keep_empty)
-    result: list[list[SegmentSpec]] = []
+    result: list[list[SplitSentence]] = []
     for i, (text, ids) in enumerate(zip(texts, tokenized or tokenize(list(texts)), strict=True)):
         if not text.strip():
             result.append([])
@@ -130,7 +144,7 @@ def segment_texts(
             )
         result.append(
             [
-                SegmentSpec(i, j, source, ids, budget is not None, separator, chunk)
+                SplitSentence(i, j, source, ids, budget is not None, separator, chunk)
                 for j, (source, ids, separator, chunk) in enumerate(pieces)
             ]
         )

@@ -22,10 +22,10 @@ from server.cache import TranslationCache
 from server.config import ServerConfig
 from server.errors import InvalidRequest, ServiceError
 from server.interface import Engine
-from server.jobs import DecodeOptions, Job, Segment
+from server.jobs import DecodeOptions, Job, QueuedSentence
 from server.metrics import Metrics, length_bucket
 from server.scheduler import Scheduler
-from server.text import SegmentSpec, TextLimits, check_texts, segment_texts
+from server.text import AfterSplit, SplitSentence, TextLimits, check_texts, segment_texts
 from server.tracing import child_span, record_sentences
 
 
@@ -58,10 +58,10 @@ class TextTranslation:
 
 
 @dataclass(frozen=True)
-class Sentence:
-    """One segment's translation."""
+class DecodedSentence(AfterSplit):
+    """One sentence's translation, by the engine or from the translation cache."""
 
-    spec: SegmentSpec
+    spec: SplitSentence
     result: Hypothesis
     last_in_text: bool  # the text's last segment
     # When it was queued, joined a running batch, was encoded and finished (time.monotonic()); None when
@@ -84,10 +84,6 @@ class Sentence:
         return [alternative.tokens for alternative in self.result.alternatives]
 
     @property
-    def source_tokens(self) -> int:
-        return len(self.spec.ids)
-
-    @property
     def guard(self) -> str:
         return "" if self.result.stopped == "eos" else self.result.stopped
 
@@ -95,7 +91,7 @@ class Sentence:
         return min_confidence is not None and self.result.score < min_confidence
 
 
-def text_confidence(sentences: Sequence[Sentence]) -> float:
+def text_confidence(sentences: Sequence[DecodedSentence]) -> float:
     """The mean log-probability of every token chosen for the sentences (each weighted by its tokens, eos
     included); 0 for a text without sentences."""
     weights = [len(s.output) + 1 for s in sentences]
@@ -110,20 +106,20 @@ def trailing_whitespace(text: str) -> str:
     return text[len(text.rstrip()) :] if text.strip() else ""
 
 
-def _by_text(segments: Sequence[Sentence], texts: int) -> list[list[Sentence]]:
-    by_text: list[list[Sentence]] = [[] for _ in range(texts)]
+def _by_text(segments: Sequence[DecodedSentence], texts: int) -> list[list[DecodedSentence]]:
+    by_text: list[list[DecodedSentence]] = [[] for _ in range(texts)]
     for segment in segments:
         by_text[segment.spec.text_index].append(segment)
     return by_text
 
 
-def _joined(text: str, parts: Sequence[Sentence], outputs: dict[int, str]) -> str:
+def _joined(text: str, parts: Sequence[DecodedSentence], outputs: dict[int, str]) -> str:
     """The sentences' translations in the text's layout (see Translations.translate)."""
     joined = "".join(outputs[id(s)] + s.spec.separator for s in parts).rstrip()
     return leading_whitespace(text) + joined + trailing_whitespace(text)
 
 
-def _plain(engine: Engine, texts: Sequence[str], segments: Sequence[Sentence]) -> list[str]:
+def _plain(engine: Engine, texts: Sequence[str], segments: Sequence[DecodedSentence]) -> list[str]:
     """Each text's sentences' translations in the text's layout."""
     outputs = dict(zip(map(id, segments), engine.detokenize([s.output for s in segments]), strict=True))
     return [_joined(text, parts, outputs) for text, parts in zip(texts, _by_text(segments, len(texts)), strict=True)]
@@ -135,7 +131,7 @@ def distinct_alternatives(translation: str, candidates: Sequence[str]) -> tuple[
     return tuple(dict.fromkeys(other for other in candidates if other != translation))
 
 
-def _summary(texts: Sequence[str], parts: Sequence[Sentence], min_confidence: float | None) -> TextTranslation:
+def _summary(texts: Sequence[str], parts: Sequence[DecodedSentence], min_confidence: float | None) -> TextTranslation:
     """A text's translation (texts[0]) with the others as its alternatives."""
     text = texts[0]
     return TextTranslation(
@@ -151,7 +147,7 @@ def _summary(texts: Sequence[str], parts: Sequence[Sentence], min_confidence: fl
     )
 
 
-def _variants(segments: list[Sentence], alternatives: int) -> list[list[Sentence]]:
+def _variants(segments: list[DecodedSentence], alternatives: int) -> list[list[DecodedSentence]]:
     """The segments as translated, then their alternatives: alternative i of a text is each of its sentences'
     i-th alternative, or the sentence's translation where it has fewer (as Argos Translate, LibreTranslate's
     engine, joins its sentences' hypotheses). As many as the sentence with the most has, up to
@@ -195,7 +191,7 @@ class Translations:
         options: TranslateOptions,
         limits: TextLimits | None = None,
         tokenized: Sequence[list[int]] | None = None,
-    ) -> AsyncIterator[Sentence]:
+    ) -> AsyncIterator[DecodedSentence]:
         """The texts' segments for ``engine``'s model, yielded in order as they are translated: those the
         cache holds at once, the others submitted as one job; each with up to ``options.decode.alternatives``
         of its beam's other outputs. Raises the ServiceError that ended the job; cancelling the caller's task
@@ -218,7 +214,7 @@ class Translations:
         job = None
         if len(ready) < len(specs):
             loop = asyncio.get_running_loop()
-            finished: asyncio.Queue[Segment | ServiceError] = asyncio.Queue()
+            finished: asyncio.Queue[QueuedSentence | ServiceError] = asyncio.Queue()
 
             def on_done(error: ServiceError | None) -> None:  # success: each segment came with its own wake-up
                 if error is not None:
@@ -239,7 +235,7 @@ class Translations:
             while next_index < len(specs):
                 while next_index in ready:
                     spec = specs[next_index]
-                    yield Sentence(spec, ready.pop(next_index), id(spec) in last, timings.get(next_index))
+                    yield DecodedSentence(spec, ready.pop(next_index), id(spec) in last, timings.get(next_index))
                     next_index += 1
                 if next_index == len(specs):
                     break
@@ -301,7 +297,7 @@ class Translations:
         pieces_options = replace(options, keep_empty=True)  # a piece may be empty: whitespace between tags
         segments = [s async for s in self.segments(engine, runs, pieces_options, limits, tokenized)]
         self.observe(engine, segments, started, exchange)
-        parts: dict[int, list[Sentence]] = {}
+        parts: dict[int, list[DecodedSentence]] = {}
         for segment in segments:
             parts.setdefault(pieces[segment.spec.text_index][0], []).append(segment)
         with child_span(span, "markup"):
@@ -317,7 +313,7 @@ class Translations:
         engine: Engine,
         documents: Sequence[markup.Document],
         pieces: Sequence[tuple[int, markup.Piece]],
-        segments: list[Sentence],
+        segments: list[DecodedSentence],
     ) -> list[str]:
         """Each document with its pieces' translations (``segments``, by piece) in place of their text."""
         by_piece = _by_text(segments, len(pieces))
@@ -327,7 +323,9 @@ class Translations:
             by_text.setdefault(t, []).append(translation)
         return [document.render(by_text.get(t, [])) for t, document in enumerate(documents)]
 
-    async def _place(self, engine: Engine, pieces: list[markup.Piece], by_piece: list[list[Sentence]]) -> list[str]:
+    async def _place(
+        self, engine: Engine, pieces: list[markup.Piece], by_piece: list[list[DecodedSentence]]
+    ) -> list[str]:
         """Each piece's translation: its sentences joined as in plain text, or, for a piece with markup or
         atoms, put back around the words the aligner says they belong to."""
         flat = [s for sentences in by_piece for s in sentences]
@@ -346,7 +344,7 @@ class Translations:
         return results
 
     def observe(
-        self, engine: Engine, segments: list[Sentence], started: float, exchange: Exchange | None = None
+        self, engine: Engine, segments: list[DecodedSentence], started: float, exchange: Exchange | None = None
     ) -> None:
         """Request latency per text, by model and the text's length bucket; the request's tokens and queue
         wait into its ``exchange`` (the access log's record)."""

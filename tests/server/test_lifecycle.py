@@ -20,7 +20,7 @@ from server.errors import Overloaded
 from server.jobs import DecodeOptions, Job
 from server.metrics import Metrics
 from server.scheduler import Scheduler
-from server.text import SegmentSpec
+from server.text import SplitSentence
 from tests.conftest import own_sentences
 from tests.server.conftest import RunningServer, server_config
 from tests.server.fake_engine import FakeEngine
@@ -153,7 +153,7 @@ def test_full_queue_refuses_at_once_with_a_retry_hint(tiny_export: Path):
     config = server_config(tiny_export, max_queue_size=2)
     metrics = Metrics()
     scheduler = Scheduler([FakeEngine()], config, metrics)  # not started: nothing drains the queue
-    spec = SegmentSpec(0, 0, "x", [5, 6, 7])
+    spec = SplitSentence(0, 0, "x", [5, 6, 7])
     job = lambda: Job([spec], DecodeOptions(1, 16), on_segment=lambda s: None, on_done=lambda e: None)  # noqa: E731
     scheduler.submit(job())
     scheduler.submit(job())

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from server.errors import InvalidRequest
 from server.markup import WORD, MarkupError, Piece, parse
-from server.placement import Sentence, place, source_words, unit_spans
+from server.placement import AlignedSentence, place, source_words, unit_spans
 
 # Strings that must come back byte-identical in both formats.
 PROTECTED = [
@@ -41,11 +41,11 @@ PROTECTED = [
 ]
 
 
-def identity(piece: Piece) -> list[Sentence]:
+def identity(piece: Piece) -> list[AlignedSentence]:
     """A 'translation' that is the piece's own words, each aligned to itself."""
     words = WORD.findall(piece.text)
     spaces = [bool(m.start()) and piece.text[m.start() - 1].isspace() for m in WORD.finditer(piece.text)]
-    return [Sentence(0, words, spaces, list(range(len(words))), "")]
+    return [AlignedSentence(0, words, spaces, list(range(len(words))), "")]
 
 
 def translated(text: str, format: str = "html", sentences=identity) -> str:
@@ -182,21 +182,21 @@ def test_unit_spans_split_closing_punctuation_like_word_does():
 def test_tags_follow_reordered_words():
     # "A red car" -> "Ein Auto , rot" with the adjective moved to the end.
     (piece,) = parse("A <b>red</b> <i>car</i>", "html").pieces
-    sentence = Sentence(0, ["Ein", "Auto", ",", "rot"], [False, True, False, True], [0, 2, None, 1], "")
+    sentence = AlignedSentence(0, ["Ein", "Auto", ",", "rot"], [False, True, False, True], [0, 2, None, 1], "")
     assert place(piece, [sentence]) == "Ein <i>Auto</i>, <b>rot</b>"
 
 
 def test_an_element_over_several_words_wraps_them_and_nested_ones_stay_inside():
     (piece,) = parse("A <b>young <i>girl</i></b> swims.", "html").pieces
     units = ["Ein", "junges", "Mädchen", "schwimmt", "."]
-    sentence = Sentence(0, units, [False, True, True, True, False], [0, 1, 2, 3, 4], "")
+    sentence = AlignedSentence(0, units, [False, True, True, True, False], [0, 1, 2, 3, 4], "")
     assert place(piece, [sentence]) == "Ein <b>junges <i>Mädchen</i></b> schwimmt."
 
 
 def test_overlapping_siblings_are_cut_and_dropped_words_leave_an_empty_element():
     (piece,) = parse("<b>A</b> <i>B</i> <u>C</u>", "html").pieces
     # Both output words aligned to A and B alternately; nothing to C.
-    sentence = Sentence(0, ["x", "y", "z"], [False, True, True], [0, 1, 0], "")
+    sentence = AlignedSentence(0, ["x", "y", "z"], [False, True, True], [0, 1, 0], "")
     out = place(piece, [sentence])
     assert start_tags(out) == Counter({"<b>": 1, "<i>": 1, "<u>": 1})
     parse(out, "html")  # well-formed
@@ -207,14 +207,14 @@ def test_atoms_go_before_the_word_aligned_to_the_source_word_after_them():
     (piece,) = parse("I have {count} new apples.", "text").pieces
     # "Ich habe neue Äpfel gekauft ." (reordered), "new" is source word 2.
     units = ["Ich", "habe", "neue", "Äpfel", "gekauft", "."]
-    sentence = Sentence(0, units, [False, True, True, True, True, False], [0, 1, 2, 3, 1, 4], "")
+    sentence = AlignedSentence(0, units, [False, True, True, True, True, False], [0, 1, 2, 3, 1, 4], "")
     assert place(piece, [sentence]) == "Ich habe {count} neue Äpfel gekauft."
 
 
 def test_sentences_keep_their_separators_and_the_piece_its_outer_whitespace():
     (piece,) = parse("\n  One <b>dog</b>.\n\nTwo cats.  ", "html").pieces
-    first = Sentence(piece.text.index("One"), ["Ein", "Hund", "."], [False, True, False], [0, 1, 2], "\n\n")
-    second = Sentence(piece.text.index("Two"), ["Zwei", "Katzen", "."], [False, True, False], [0, 1, 2], "  ")
+    first = AlignedSentence(piece.text.index("One"), ["Ein", "Hund", "."], [False, True, False], [0, 1, 2], "\n\n")
+    second = AlignedSentence(piece.text.index("Two"), ["Zwei", "Katzen", "."], [False, True, False], [0, 1, 2], "  ")
     assert place(piece, [first, second]) == "\n  Ein <b>Hund</b>.\n\nZwei Katzen.  "
 
 
@@ -263,7 +263,7 @@ def test_random_markup_comes_back_well_formed_with_every_tag_and_atom(data):
     outputs = []
     for piece in document.pieces:
         units, aligned = data.draw(alignments(len(WORD.findall(piece.text))))
-        sentence = Sentence(0, units, [True] * len(units), [a if units else None for a in aligned], "")
+        sentence = AlignedSentence(0, units, [True] * len(units), [a if units else None for a in aligned], "")
         outputs.append(place(piece, [sentence]))
         assert [u for u in re.findall(r"w\d+", outputs[-1])] == units  # every output word, in order
     out = document.render(outputs)

@@ -20,7 +20,7 @@ from server.jobs import DecodeOptions, Job
 from server.metrics import Metrics
 from server.models import Models
 from server.scheduler import Scheduler
-from server.text import SegmentSpec
+from server.text import SplitSentence
 from tests.conftest import own_sentences
 from tests.server.conftest import RunningServer, server_config
 from tests.server.fake_engine import FakeEngine
@@ -172,8 +172,8 @@ def test_concurrent_traffic_to_both_models_is_answered_by_each(two: RunningServe
 
 def _job(engine: FakeEngine, words: int, answers: list, model: str) -> Job:
     text = " ".join(["word"] * words)
-    spec = SegmentSpec(0, 0, text, engine.tokenize([text])[0])
-    on_segment = lambda s: answers.append((model, s.output))  # noqa: E731
+    spec = SplitSentence(0, 0, text, engine.tokenize([text])[0])
+    on_segment = lambda s: answers.append((model, s.result.tokens))  # noqa: E731
     return Job([spec], DecodeOptions(1, 512), on_segment=on_segment, on_done=lambda e: None, model=model)
 
 

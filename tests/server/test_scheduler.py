@@ -17,7 +17,7 @@ from server.jobs import DecodeOptions, Job
 from server.metrics import Metrics
 from server.policies import STARVATION_SECONDS
 from server.scheduler import Scheduler
-from server.text import SegmentSpec
+from server.text import SplitSentence
 from tests.conftest import own_sentences
 from tests.server.conftest import RunningServer, server_config
 from tests.server.fake_engine import FakeEngine
@@ -142,7 +142,7 @@ def _unstarted(config) -> tuple[FakeEngine, Scheduler]:
 
 def _job(engine, sentences: list[str], beam: int = 1, on_segment=lambda s: None, on_done=lambda e: None) -> Job:
     ids = engine.tokenize(sentences)
-    specs = [SegmentSpec(0, i, s, row) for i, (s, row) in enumerate(zip(sentences, ids, strict=True))]
+    specs = [SplitSentence(0, i, s, row) for i, (s, row) in enumerate(zip(sentences, ids, strict=True))]
     return Job(specs, DecodeOptions(beam, 16), on_segment=on_segment, on_done=on_done)
 
 
@@ -180,7 +180,7 @@ def test_every_request_gets_its_own_answer_once(policy: str, replicas: int):
         segments = answers[job.id]
         assert sorted(s.spec.segment_index for s in segments) == list(range(len(job.specs)))  # each once
         for segment in segments:
-            assert segment.output == list(reversed(segment.spec.ids))[: segment.max_length - 1]
+            assert segment.result.tokens == list(reversed(segment.spec.ids))[: segment.max_length - 1]
     assert scheduler.memory.reserved_bytes == 0 and scheduler.running == 0
     if policy == "continuous":
         assert len(engine.joins) < len(jobs) * 2  # arrivals joined in groups, not one batch per request
@@ -244,7 +244,7 @@ def test_arrivals_to_a_running_batch_are_encoded_apart_while_it_steps():
         scheduler.stop(timeout=10)
     assert first.error is None and second.error is None
     for answers in (first, second):
-        assert [s.output for s in answers.segments] == [list(reversed(answers.segments[0].spec.ids))]
+        assert [s.result.tokens for s in answers.segments] == [list(reversed(answers.segments[0].spec.ids))]
     (alone, at), (apart, started) = engine.encoded_on  # the first into an empty batch, on the lane's thread
     assert alone.startswith("inference-") and apart.startswith("enc0 1-64")
     assert engine.joined_at_step[1] - started >= 3  # the batch stepped while the arrival was encoded
@@ -290,7 +290,7 @@ def test_an_encoder_error_apart_fails_the_batch_and_the_lane_goes_on():
         scheduler.stop(timeout=10)
     # As an error in a step: every job of the lane's batch is answered with INTERNAL, the lane goes on.
     assert type(running.error).__name__ == type(arriving.error).__name__ == "InferenceFailed"
-    assert later.error is None and later.segments[0].output == list(reversed(later.segments[0].spec.ids))
+    assert later.error is None and later.segments[0].result.tokens == list(reversed(later.segments[0].spec.ids))
     assert scheduler.memory.reserved_bytes == 0 and scheduler.running == 0
 
 
