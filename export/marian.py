@@ -10,9 +10,7 @@ parity by reading the written folder back, and only then move it into place.
 
 from __future__ import annotations
 
-import shutil
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -20,6 +18,7 @@ import torch
 
 from export.parity import FP32_TOLERANCE
 from model.checkpoint import load_checkpoint, read_config
+from model.folders import staged_folder
 from model.marian import DEFAULT_LAYOUT, MarianError, in_opus_mt_layout, load_marian, opus_mt_order, save_marian
 from model.transformer import Transformer
 from model.translate import TorchTranslator
@@ -60,18 +59,13 @@ def export_marian(checkpoint: Path, out: Path, sentences: Sequence[str], layout:
     model, tokenizer = load_checkpoint(checkpoint)
     config = read_config(checkpoint)
     reorder = layout == "opus-mt" and not in_opus_mt_layout(model.config)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.", ignore_cleanup_errors=True) as tmp:
-        folder = Path(tmp) / "marian"
+    with staged_folder(out) as folder:
         languages = config.get("source_language", "en"), config.get("target_language", "de")
         save_marian(model, tokenizer, folder, *languages, layout=layout)
         order = opus_mt_order(model.config) if reorder else None
         difference = logits_difference(model, load_marian(folder)[0], tokenizer.encode_source(sentences), order)
         if difference > FP32_TOLERANCE:
             raise MarianError(f"parity failed: logits differ by {difference:.3g} after conversion; nothing was written")
-        if out.exists():
-            shutil.rmtree(out)
-        folder.rename(out)
     if not reorder and not in_opus_mt_layout(model.config):
         print(
             "note: CTranslate2's Marian converter needs <pad> last and a zero start embedding; "

@@ -6,13 +6,10 @@ fp32 parity is not written. The variants differ only by their row of ``VARIANTS`
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shlex
 import shutil
 import sys
-import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -38,6 +35,7 @@ from model.checkpoint import (
 )
 from model.corpus import corpus_path, read_lines
 from model.flags import setting
+from model.folders import staged_folder
 from model.marian import DEFAULT_LAYOUT
 from model.transformer import Transformer
 from model.translate import TorchTranslator
@@ -172,7 +170,7 @@ def export(cfg: ExportConfig) -> Path:
     sentences = read_lines(CHECK_SENTENCES)
     sources = tokenizer.encode_source(sentences)
     check = CheckSet(sentences, sources, TorchTranslator(model, tokenizer).translate_ids(sources))
-    with _staging(cfg.out) as folder:
+    with staged_folder(cfg.out) as folder:
         raw = folder / "raw"
         raw.mkdir()
         for path in export_graphs(model, raw):
@@ -197,22 +195,6 @@ def export(cfg: ExportConfig) -> Path:
             files[variant.name]["quality"] = evaluate(runtime, cfg, check)
         write_manifest(folder, manifest)
     return cfg.out
-
-
-@contextlib.contextmanager
-def _staging(out: Path) -> Iterator[Path]:
-    """A temporary folder beside ``out`` that replaces it when the block succeeds (and vanishes when not)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.", ignore_cleanup_errors=True) as tmp:
-        yield Path(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        Path(tmp).rename(out)
-    # The temporary folder was made private (0700): give the export the permissions of any new folder,
-    # so that a server running as another user (the image's uid 10001) can read it.
-    umask = os.umask(0)
-    os.umask(umask)
-    out.chmod(0o777 & ~umask)
 
 
 def _check_aligner(model: Transformer, folder: Path, check: CheckSet) -> dict:

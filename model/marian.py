@@ -19,9 +19,7 @@ import argparse
 import dataclasses
 import json
 import pickle
-import shutil
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -32,6 +30,7 @@ from torch import Tensor
 
 from model.checkpoint import save_checkpoint
 from model.config import ModelConfig
+from model.folders import staged_folder
 from model.positional import sinusoidal_encoding
 from model.transformer import Transformer
 from runtime.tokenizer import Tokenizer, TokenizerError, kind_spec
@@ -538,13 +537,8 @@ def import_marian(hf_dir: Path, out: Path, force: bool = False, metadata: dict[s
     if out.exists() and not force:
         raise MarianError(f"{out} already exists, use --force to override")
     model, tokenizer, found = load_marian(hf_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.", ignore_cleanup_errors=True) as tmp:
-        folder = Path(tmp) / "checkpoint"
+    with staged_folder(out) as folder:
         save_checkpoint(folder, model, tokenizer, {**found, **(metadata or {})})
-        if out.exists():
-            shutil.rmtree(out)
-        folder.rename(out)
     return out
 
 
