@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from server.interface import Batch, Encoded, Engine
-from server.metrics import LENGTH_BUCKETS
 
 if TYPE_CHECKING:
     from server.jobs import QueuedSentence
@@ -129,11 +128,6 @@ def lane_names(bounds: Sequence[int]) -> list[str]:
     """Lanes named by the source tokens of the requests they take: bounds 64 give "1-64" and "65+"."""
     lows = [1] + [bound + 1 for bound in bounds]
     return [f"{low}-{high}" for low, high in zip(lows[:-1], bounds, strict=True)] + [f"{lows[-1]}+"]
-
-
-def bucket_index(tokens: int) -> int:
-    """The length bucket (server.metrics.LENGTH_BUCKETS) of a source."""
-    return next((i for i, high in enumerate(LENGTH_BUCKETS) if tokens <= high), len(LENGTH_BUCKETS))
 
 
 PR_SET_NAME = 15  # Linux prctl: the calling thread's name, 15 bytes at most

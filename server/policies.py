@@ -7,10 +7,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from server.lanes import bucket_index
-
 if TYPE_CHECKING:
     from server.jobs import Job, QueuedSentence
+
+# Sources of one length class pad each other little when encoded or decoded together (a batch pads to its
+# longest): classes double, so a batch of one class pads at most about half of its tokens. The policy's own,
+# whatever buckets the metrics label lengths with.
+LENGTH_CLASSES = (16, 32, 64, 128, 256, 512, 1024)  # source tokens: the classes' upper bounds
 
 # continuous: a sentence that waited this long for room other lanes hold stops them from admitting.
 STARVATION_SECONDS = 1.0
@@ -18,11 +21,16 @@ STARVATION_SECONDS = 1.0
 Fits = Callable[[list["QueuedSentence"]], bool]
 
 
+def length_class(tokens: int) -> int:
+    """The length class (LENGTH_CLASSES) of a source of this many tokens."""
+    return next((i for i, high in enumerate(LENGTH_CLASSES) if tokens <= high), len(LENGTH_CLASSES))
+
+
 def admit_static(waiting: Sequence[QueuedSentence], fits: Fits) -> list[QueuedSentence]:
-    """static (into an empty batch only): the oldest sentence's length bucket first, then the nearest, as
+    """static (into an empty batch only): the oldest sentence's length class first, then the nearest, as
     many as fit."""
-    oldest = bucket_index(waiting[0].source_tokens)
-    candidates = sorted(waiting, key=lambda s: (abs(bucket_index(s.source_tokens) - oldest), s.enqueued_at))
+    oldest = length_class(waiting[0].source_tokens)
+    candidates = sorted(waiting, key=lambda s: (abs(length_class(s.source_tokens) - oldest), s.enqueued_at))
     admitted: list[QueuedSentence] = []
     for segment in candidates:
         if fits(admitted + [segment]):
@@ -59,10 +67,10 @@ def join_later(waiting: Sequence[QueuedSentence], rows: int, join_seconds: float
 
 
 def length_groups(segments: Sequence[QueuedSentence]) -> list[list[QueuedSentence]]:
-    """Segments sorted by length cut where the length bucket changes, so each encoder batch pads little."""
+    """Segments sorted by length cut where the length class changes, so each encoder batch pads little."""
     groups: list[list[QueuedSentence]] = []
     for segment in segments:
-        if groups and bucket_index(groups[-1][-1].source_tokens) == bucket_index(segment.source_tokens):
+        if groups and length_class(groups[-1][-1].source_tokens) == length_class(segment.source_tokens):
             groups[-1].append(segment)
         else:
             groups.append([segment])
