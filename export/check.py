@@ -10,12 +10,21 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from export.pipeline import CHECK_SENTENCES, variant_parity
+from model import flags
 from model.checkpoint import WEIGHTS_FILE, load_checkpoint
 from model.corpus import read_lines
+from model.flags import setting
 from runtime.manifest import ModelFolderError, read_manifest, sha256
+
+
+@dataclass(frozen=True)
+class ParityCheck:
+    model: Path = setting(help="exported model folder")
+    checkpoint: Path | None = setting(None, "PyTorch checkpoint (default: the one in the manifest)")
 
 
 def check(model_dir: Path, checkpoint: Path | None = None) -> dict[str, dict]:
@@ -29,10 +38,13 @@ def check(model_dir: Path, checkpoint: Path | None = None) -> dict[str, dict]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, required=True, help="exported model folder")
-    parser.add_argument("--checkpoint", type=Path, help="PyTorch checkpoint (default: the one in the manifest)")
-    args = parser.parse_args(argv)
+    args = flags.parse(
+        ParityCheck,
+        argv,
+        prog="python -m export.check",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     try:
         results = check(args.model, args.checkpoint)
     except Exception as e:  # the export pipeline's own errors carry the message to show

@@ -8,12 +8,15 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from model import flags
 from model.checkpoint import DEFAULT_CHECKPOINT, length_penalty, load_checkpoint
+from model.flags import setting
 from model.transformer import Transformer
 from runtime.search import LENGTH_PENALTY, DecodeBatch, pad_sources, source_searches, translate_in_batches
 from runtime.tokenizer import Tokenizer
@@ -124,17 +127,28 @@ class TorchTranslator:
         )
 
 
+@dataclass(frozen=True)
+class ReferenceTranslation:
+    checkpoint: Path = setting(DEFAULT_CHECKPOINT, "checkpoint folder")
+    beam: int = setting(1, "beam size (1 = greedy)")
+    batch_size: int = setting(64, "sentences per batch")
+    max_output_tokens: int = setting(256, "the longest output per sentence, eos included")
+    device: str = setting("cpu", "torch's device")
+    length_penalty: float | None = setting(None, "beam search's α (default: the checkpoint's)")
+
+    def __post_init__(self) -> None:
+        if min(self.beam, self.batch_size, self.max_output_tokens) < 1:
+            raise ValueError("--beam, --batch-size and --max-output-tokens must be at least 1")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT, help="checkpoint folder")
-    parser.add_argument("--beam", type=int, default=1, help="beam size (1 = greedy)")
-    parser.add_argument("--batch-size", type=int, default=64, help="sentences per batch")
-    parser.add_argument("--max-output-tokens", type=int, default=256)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--length-penalty", type=float, help="beam search's α (default: the checkpoint's)")
-    args = parser.parse_args(argv)
-    if args.beam < 1:
-        parser.error("--beam must be at least 1")
+    args = flags.parse(
+        ReferenceTranslation,
+        argv,
+        prog="python -m model.translate",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     model, tokenizer = load_checkpoint(args.checkpoint, args.device)
     alpha = length_penalty(args.checkpoint) if args.length_penalty is None else args.length_penalty
     translator = TorchTranslator(model, tokenizer, args.max_output_tokens, alpha)
