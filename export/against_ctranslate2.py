@@ -92,8 +92,8 @@ def base_sized_marian(folder: Path, spm: Path) -> Path:
 
 
 def export_code_digest() -> str:
-    """One digest of the code that writes our exported folders."""
-    files = sorted(Path(__file__).parent.glob("*.py"))
+    """One digest of the code that writes our exported folders (the graphs' builders and the step's contract)."""
+    files = sorted(Path(__file__).parent.glob("*.py")) + [Path(__file__).parents[1] / "runtime" / "contract.py"]
     return hashlib.sha256(b"".join(path.read_bytes() for path in files)).hexdigest()
 
 
@@ -115,7 +115,7 @@ def prepare(args, work: Path) -> tuple[Path, Path, Callable[[int], int], Callabl
     else:
         checkpoint, marian = args.checkpoint, work / "marian"
     # What the work folder was made from: a checkpoint whose weights changed since makes everything again,
-    # and so does a change to the code that writes our graphs (export/*.py), which remakes our folder.
+    # and a change to the code that writes our graphs (export/*.py, runtime/contract.py) remakes our folder.
     weights, stamp = sha256(checkpoint / WEIGHTS_FILE), work / "checkpoint.sha256"
     if not stamp.exists() or stamp.read_text() != weights:
         for folder in (ours, converted) if args.base_sized else (ours, converted, marian):
