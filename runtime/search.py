@@ -369,7 +369,7 @@ class GreedySearch:
     top_k: int = 1
     log_prob: float = 0.0  # of the tokens chosen so far
     stopped: str = ""
-    scores = np.zeros(1)  # the row's score for the step graph's search head, which greedy does not read
+    scores = (0.0,)  # the row's score for the step graph's search head, which greedy does not read
 
     def advance(
         self, top_log_probs: np.ndarray, top_ids: np.ndarray, eos_log_probs: np.ndarray
@@ -418,15 +418,20 @@ class BeamSearch:
     beam. Done with ``beam`` finished hypotheses or at max_length.
 
     The 2·beam best extensions over all rows are among each row's own 2·beam best,
-    which is all a step hands over. Ties go to the lower row, then the lower token."""
+    which is all a step hands over. Ties go to the lower row, then the lower token.
+
+    A step's few rows are kept in plain lists (a numpy call on four numbers costs more than the work): each
+    step's rows as back-pointers to the step before, read back into a row's tokens only when it ends."""
 
     beam: int
     max_length: int
     eos_id: int
     alpha: float = LENGTH_PENALTY
     max_repeats: int | None = None  # the runaway-output guard (None: off)
-    scores: np.ndarray = field(default_factory=lambda: np.zeros(1))
-    history: np.ndarray = field(default_factory=lambda: np.zeros((1, 0), np.int64))
+    scores: list[float] = field(default_factory=lambda: [0.0])  # each live row's (float64, as the step's)
+    # steps[t] = (origins, tokens): after step t, row i continues row origins[i] of the step before with tokens[i]
+    steps: list[tuple[list[int], list[int]]] = field(default_factory=list)
+    tails: list[tuple[int, ...]] = field(default_factory=lambda: [()])  # each row's last REPEAT_NGRAM tokens
     # (length-normalized score, hypothesis) of each finished hypothesis
     finished: list[tuple[float, Hypothesis]] = field(default_factory=list)
     rows: int = 1
@@ -439,82 +444,94 @@ class BeamSearch:
     def top_k(self) -> int:
         return 2 * self.beam
 
+    def output(self, row: int) -> list[int]:
+        """A live row's tokens so far, read back through the steps."""
+        tokens = []
+        for origins, step_tokens in reversed(self.steps):
+            tokens.append(step_tokens[row])
+            row = origins[row]
+        tokens.reverse()
+        return tokens
+
     def advance(
         self, top_log_probs: np.ndarray, top_ids: np.ndarray, eos_log_probs: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
+    ) -> tuple[Sequence[int], Sequence[int]]:
         """From each row's best candidates: ranks them over the rows as the step graph's search head does
         (export/decoder_step.py), then ``advance_ranked``."""
         k = min(self.top_k, top_ids.shape[1])
-        values = (self.scores[:, None] + top_log_probs[:, :k]).reshape(-1)  # float64, as the scores
+        values = (np.asarray(self.scores)[:, None] + top_log_probs[:, :k]).reshape(-1)  # float64, as the scores
         # Best first, ties to the lower row, then the lower token: each row's candidates come best first with
         # ties to the lower token (ONNX TopK's order), so a stable sort of the rows in order keeps both.
         ranked = np.argsort(-values, kind="stable")[: 2 * self.beam]
-        return self.advance_ranked(values[ranked], ranked // k, top_ids[:, :k].reshape(-1)[ranked], eos_log_probs)
+        candidates = values[ranked], ranked // k, top_ids[:, :k].reshape(-1)[ranked]
+        return self.advance_ranked(*(c.tolist() for c in candidates), eos_log_probs)
 
     def advance_ranked(
-        self, values: np.ndarray, origins: np.ndarray, tokens: np.ndarray, eos_log_probs: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
+        self, values: Sequence[float], origins: Sequence[int], tokens: Sequence[int], eos_log_probs: np.ndarray
+    ) -> tuple[Sequence[int], Sequence[int]]:
         """This step's best extensions over the live rows, best first (at least 2·beam: their scores, rows
         and tokens), and each row's eos log-probability -> (origin of each next row, its token); none when
         done. The 2·beam best are all a step needs: at most one per row ends in eos."""
-        rows, length, beam = len(self.scores), self.history.shape[1] + 1, self.beam
+        rows, length, beam = len(self.scores), len(self.steps) + 1, self.beam
         at_limit = length >= self.max_length
         if at_limit:  # the only way on is to end
-            values = self.scores + eos_log_probs.reshape(rows)
-            origins = np.argsort(-values, kind="stable")[: 2 * beam]
-            values, tokens = values[origins], np.full(len(origins), self.eos_id)
-        elif not (tokens[:beam] == self.eos_id).any() and not self._may_run_away(origins[:beam], tokens[:beam]):
+            ends = np.asarray(self.scores) + eos_log_probs.reshape(rows)
+            ranked = np.argsort(-ends, kind="stable")[: 2 * beam]
+            values, origins, tokens = ends[ranked].tolist(), ranked.tolist(), [self.eos_id] * len(ranked)
+        elif self.eos_id not in tokens[:beam] and not self._may_run_away(origins[:beam], tokens[:beam]):
             # The usual step: the best beam extensions go on, and nothing finishes.
             return self._go_on(origins[:beam], tokens[:beam], values[:beam])
-        ranked_candidates = zip(
-            origins[: 2 * beam].tolist(), tokens[: 2 * beam].tolist(), values[: 2 * beam].tolist(), strict=True
-        )
-        # Each row's last REPEAT_NGRAM tokens, once per step: the guard's cheap test reads plain lists.
-        tails = self.history[:, -REPEAT_NGRAM:].tolist() if self.max_repeats is not None else None
-        origins, tokens, scores = [], [], []
+        kept_origins, kept_tokens, kept_scores = [], [], []
+        ranked_candidates = zip(origins[: 2 * beam], tokens[: 2 * beam], values[: 2 * beam], strict=True)
         for rank, (origin, token, value) in enumerate(ranked_candidates):
             if token == self.eos_id:
-                if rank < self.beam:
+                if rank < beam:
                     stopped = "length" if at_limit else "eos"
-                    hypothesis = Hypothesis(self.history[origin].tolist(), value / length, stopped)
+                    hypothesis = Hypothesis(self.output(origin), value / length, stopped)
                     self.finished.append((length_normalized(value, length, self.alpha), hypothesis))
-            elif tails is not None and token in tails[origin] and (kept := self._runaway(origin, token)) is not None:
+            elif self.max_repeats is not None and (kept := self._runaway(origin, token)) is not None:
                 # It ends here, cut back to the repeated n-gram's first occurrence; at any rank, so that a
                 # step whose candidates all run away still leaves a hypothesis.
                 hypothesis = Hypothesis(kept, value / length, "repetition")
                 self.finished.append((length_normalized(value, length, self.alpha), hypothesis))
-            elif len(origins) < self.beam:
-                origins.append(origin)
-                tokens.append(token)
-                scores.append(value)
-            if len(self.finished) >= self.beam or (len(origins) == self.beam and rank >= self.beam - 1):
+            elif len(kept_origins) < beam:
+                kept_origins.append(origin)
+                kept_tokens.append(token)
+                kept_scores.append(value)
+            if len(self.finished) >= beam or (len(kept_origins) == beam and rank >= beam - 1):
                 break
-        if len(self.finished) >= self.beam or at_limit or not origins:
+        if len(self.finished) >= beam or at_limit or not kept_origins:
             self.rows = 0
             return _NO_ROWS, _NO_ROWS
-        return self._go_on(np.array(origins, np.int64), np.array(tokens, np.int64), np.array(scores))
+        return self._go_on(kept_origins, kept_tokens, kept_scores)
 
-    def _go_on(self, origins: np.ndarray, tokens: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _go_on(
+        self, origins: Sequence[int], tokens: Sequence[int], scores: Sequence[float]
+    ) -> tuple[list[int], list[int]]:
         """The next rows: these extensions (rank order), placed by ``in_place_order``."""
-        order = in_place_order(origins.tolist())
-        origin_array, token_array = origins[order], tokens[order]
-        self.history = np.concatenate([self.history[origin_array], token_array[:, None]], axis=1)
-        self.scores = scores[order]
+        order = in_place_order(origins)
+        origins, tokens = [origins[i] for i in order], [tokens[i] for i in order]
+        self.scores = [scores[i] for i in order]
+        if self.max_repeats is not None:
+            self.tails = [(*self.tails[o], t)[-REPEAT_NGRAM:] for o, t in zip(origins, tokens, strict=True)]
+        self.steps.append((origins, tokens))
         self.rows = len(origins)
-        return origin_array, token_array
+        return origins, tokens
 
-    def _may_run_away(self, origins: np.ndarray, tokens: np.ndarray) -> bool:
+    def _may_run_away(self, origins: Sequence[int], tokens: Sequence[int]) -> bool:
         """Whether the guard must look closer at these extensions: one repeats a token of its row's last
         REPEAT_NGRAM (without which no n-gram of the tail can repeat)."""
         if self.max_repeats is None:
             return False
-        return bool((self.history[origins, -REPEAT_NGRAM:] == tokens[:, None]).any())
+        return any(token in self.tails[origin] for origin, token in zip(origins, tokens, strict=True))
 
     def _runaway(self, origin: int, token: int) -> list[int] | None:
-        """The row's history and the token cut back to the first occurrence of an n-gram they repeat too often
-        (the guard), or None when they do not. Asked only when the token is among the row's last REPEAT_NGRAM,
-        without which no n-gram of the tail can repeat."""
-        output = [*self.history[origin].tolist(), token]
+        """The row's tokens and this one cut back to the first occurrence of an n-gram they repeat too often
+        (the guard), or None when they do not. Looks closer only when the token is among the row's last
+        REPEAT_NGRAM, without which no n-gram of the tail can repeat."""
+        if token not in self.tails[origin]:
+            return None
+        output = [*self.output(origin), token]
         drop = repeated_tail(output, self.max_repeats)
         return output[: len(output) - drop] if drop else None
 
@@ -675,7 +692,8 @@ class DecodeBatch:
         self.cache.advance()
         if self.top_k[0] == 1:  # every source greedy: one row each
             return self._greedy_step(top_log_probs, top_ids, eos_log_probs)
-        ranked = outputs[3:]  # each source's candidates, ranked by the step (CANDIDATE_OUTPUTS), if it does
+        # Each source's candidates, ranked by the step (CANDIDATE_OUTPUTS), if it does: as lists, once.
+        ranked = [output.tolist() for output in outputs[3:]]
         rows, tokens, kept, finished, offset = [], [], [], [], 0
         for position, (key, search) in enumerate(list(self.searches.items())):
             part = slice(offset, offset + search.rows)
@@ -686,7 +704,7 @@ class DecodeBatch:
             else:
                 origins, next_tokens = search.advance(top_log_probs[part], top_ids[part], eos_log_probs[part])
             if search.rows:
-                rows.append(part.start + origins)
+                rows.append([part.start + origin for origin in origins])
                 tokens.append(next_tokens)
                 kept.append(position)
             else:
@@ -739,7 +757,7 @@ class DecodeBatch:
     def _keep_sources(self, positions: np.ndarray) -> None:
         self.sources.keep(positions)
 
-    def _keep(self, rows: list[np.ndarray], tokens: list[np.ndarray], sources: list[int]) -> None:
+    def _keep(self, rows: list[Sequence[int]], tokens: list[Sequence[int]], sources: list[int]) -> None:
         """Go on with these sources (positions before the step, increasing; ``self.searches`` holds just
         them, in that order), each with its rows (by their index before the step) and their next tokens.
         When sources left, those from the end fill their places (``gap_filling_order``)."""
@@ -754,17 +772,21 @@ class DecodeBatch:
             items = list(self.searches.items())
             self.searches = dict(items[i] for i in order)
             self._keep_sources(np.array(sources, np.int64))
-        kept_rows = np.concatenate(rows)
+        kept_rows = np.fromiter(itertools.chain.from_iterable(rows), np.int64)
         if len(kept_rows) != self.rows or not np.array_equal(kept_rows, np.arange(self.rows)):
             self._select_rows(kept_rows)
-        self._changed(np.concatenate(tokens).astype(np.int64))
+        self._changed(np.fromiter(itertools.chain.from_iterable(tokens), np.int64))
 
     def _changed(self, tokens: np.ndarray | None = None) -> None:
         """Rows or sources changed: feeds are rebound, and each row gets the candidates it needs; or, when
         every source kept its number of rows (beam search's usual step), only the tokens change, in place."""
         counts = np.fromiter((search.rows for search in self.searches.values()), np.int64, len(self.searches))
         beam_search = any(search.width > 1 for search in self.searches.values())  # greedy rows keep score 0
-        scores = np.concatenate([search.scores for search in self.searches.values()]) if beam_search else None
+        scores = (
+            np.fromiter(itertools.chain.from_iterable(search.scores for search in self.searches.values()), np.float64)
+            if beam_search
+            else None
+        )
         if tokens is not None and len(tokens) == len(self.tokens) and np.array_equal(counts, self._counts):
             self.tokens[:] = tokens
             if scores is not None:

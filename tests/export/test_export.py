@@ -102,7 +102,7 @@ def test_the_step_ranks_each_sources_candidates_as_the_search_does(tiny_export: 
                 if search.width == 1:
                     continue
                 k = search.top_k
-                values = (search.scores[:, None] + outputs[0][rows, :k]).reshape(-1)
+                values = (np.asarray(search.scores)[:, None] + outputs[0][rows, :k]).reshape(-1)
                 ranked = np.argsort(-values, kind="stable")[:k]
                 graph = [output[position, :k] for output in outputs[3:]]
                 np.testing.assert_array_equal(graph[0], values[ranked])
