@@ -375,21 +375,27 @@ class GreedySearch:
         self, top_log_probs: np.ndarray, top_ids: np.ndarray, eos_log_probs: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         token = int(top_ids[0, 0])
+        if self.take(token, float(top_log_probs[0, 0])):
+            return _ROW_ZERO, top_ids[0, :1]
+        return _NO_ROWS, _NO_ROWS
+
+    def take(self, token: int, log_prob: float) -> bool:
+        """The step's best token and its log-probability: whether the row goes on."""
         if token == self.eos_id or len(self.tokens) + 1 >= self.max_length:
             self.stopped = "eos" if token == self.eos_id else "length"
             if token == self.eos_id:
-                self.log_prob += float(top_log_probs[0, 0])
+                self.log_prob += log_prob
             self.rows = 0
-            return _NO_ROWS, _NO_ROWS
+            return False
         self.tokens.append(token)
-        self.log_prob += float(top_log_probs[0, 0])
+        self.log_prob += log_prob
         if self.max_repeats is not None and (drop := repeated_tail(self.tokens, self.max_repeats)):
             scored = len(self.tokens)
             del self.tokens[-drop:]
             self.log_prob *= len(self.tokens) / scored  # the kept tokens' share, at the same mean
             self.stopped, self.rows = "repetition", 0
-            return _NO_ROWS, _NO_ROWS
-        return _ROW_ZERO, top_ids[0, :1]
+            return False
+        return True
 
     def result(self) -> Hypothesis:
         chosen = len(self.tokens) + (self.stopped == "eos")
@@ -691,7 +697,7 @@ class DecodeBatch:
         top_log_probs, top_ids, eos_log_probs = outputs[:3]
         self.cache.advance()
         if self.top_k[0] == 1:  # every source greedy: one row each
-            return self._greedy_step(top_log_probs, top_ids, eos_log_probs)
+            return self._greedy_step(top_log_probs, top_ids)
         # Each source's candidates, ranked by the step (CANDIDATE_OUTPUTS), if it does: as lists, once.
         ranked = [output.tolist() for output in outputs[3:]]
         rows, tokens, kept, finished, offset = [], [], [], [], 0
@@ -713,14 +719,12 @@ class DecodeBatch:
         self._keep(rows, tokens, kept)
         return finished
 
-    def _greedy_step(
-        self, top_log_probs: np.ndarray, top_ids: np.ndarray, eos_log_probs: np.ndarray
-    ) -> list[tuple[Any, Hypothesis]]:
+    def _greedy_step(self, top_log_probs: np.ndarray, top_ids: np.ndarray) -> list[tuple[Any, Hypothesis]]:
         """Every source greedy, one row each: the order of rows is the order of sources."""
         finished, kept = [], []
+        best, best_log_probs = top_ids[:, 0].tolist(), top_log_probs[:, 0].tolist()
         for row, (key, search) in enumerate(list(self.searches.items())):
-            search.advance(top_log_probs[row : row + 1], top_ids[row : row + 1], eos_log_probs[row : row + 1])
-            if search.rows:
+            if search.take(best[row], best_log_probs[row]):
                 kept.append(row)
             else:
                 finished.append((key, search.result()))
