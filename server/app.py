@@ -22,6 +22,7 @@ from server.config import ServerConfig
 from server.http import HttpApi
 from server.keys import RELOAD_CHECK_SECONDS as KEYS_RELOAD_SECONDS
 from server.keys import KeyGuard
+from server.lanes import plan_threads
 from server.listen import MetricsEndpoint, bound, grpc_address, listen
 from server.metrics import Metrics
 from server.models import Models
@@ -140,14 +141,15 @@ def _translator_handlers(servicer: TranslatorService) -> grpc.GenericRpcHandler:
 
 
 def serving_engines(config: ServerConfig) -> list[Engine]:
-    """Each of ``config``'s models on the sessions its first lane runs: first_lane_threads, small batches on
-    first_lane_small_batch_threads; the guard as configured. Longer lanes load replicas of these."""
+    """Each of ``config``'s models on the sessions its first lane runs (``plan_threads``), with the guard as
+    configured. Longer lanes load replicas of these."""
+    plan = plan_threads(config)
     options = RuntimeOptions(
         variant=config.variant,
         provider=config.provider,
-        intra_op_threads=config.first_lane_threads,
+        intra_op_threads=plan.first_lane,
         spinning=config.intra_op_spinning,
-        small_batch_threads=config.first_lane_small_batch_threads or None,
+        small_batch_threads=plan.first_lane_small_batches,
     )
     return [Engine(folder, options, config.max_repeats or None) for folder in config.model]
 

@@ -3,7 +3,6 @@ environment variable (``TRANSLATE_<FIELD>``, a deploy-time override of the defau
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,10 +49,10 @@ class ServerConfig:
     http_port: int = setting(5000, "the LibreTranslate-compatible HTTP API's port (server/http.py); 0 turns it off")
     http_timeout_s: float = setting(60.0, "an HTTP request's deadline, as gRPC's (504 after it): HTTP sends none")
     intra_op_threads: int = setting(0, "ONNX Runtime threads per session (0: one per core)")
-    short_lane_threads: int = setting(
+    first_lane_small_batch_threads: int = setting(
         1, "continuous, CPU: the first lane's threads for batches under 16 rows (0: as intra_op_threads)"
     )
-    short_lane_replicas: int = setting(
+    first_lane_replicas: int = setting(
         1,
         "continuous: running batches in the first lane, each on its own inference thread, sharing the model's "
         "sessions; a request joins the least loaded (on 2 cores, one that encodes apart spent 0.85-0.92x the "
@@ -121,26 +120,6 @@ class ServerConfig:
     tls_key: Path | None = setting(None, "its private key (PEM)")
     tls_client_ca: Path | None = setting(None, "a CA (PEM) client certificates must chain to: mutual TLS")
 
-    @property
-    def encodes_apart(self) -> bool:
-        """Whether the first lane's replicas encode on threads of their own (continuous, CPU)."""
-        return self.encode_apart and self.scheduler == "continuous" and self.provider != "cuda"
-
-    @property
-    def first_lane_threads(self) -> int:
-        """The first lane's intra-op threads: intra_op_threads, or, when the lane encodes apart, each replica's
-        share of them (of the cores when 0) less its encoder thread (at least 1)."""
-        if not self.encodes_apart:
-            return self.intra_op_threads
-        threads = self.intra_op_threads or len(os.sched_getaffinity(0))
-        return max(1, threads // self.short_lane_replicas - 1)
-
-    @property
-    def first_lane_small_batch_threads(self) -> int | None:
-        """Threads for the first lane's small batches: short_lane_threads when the continuous scheduler splits
-        work into lanes (a lone long lane's few rows are long sequences, which want every thread)."""
-        return self.short_lane_threads if self.scheduler == "continuous" and self.lanes else None
-
     def __post_init__(self) -> None:
         if isinstance(self.model, (str, Path)):
             object.__setattr__(self, "model", (Path(self.model),))
@@ -173,10 +152,10 @@ class ServerConfig:
             problems.append(f"max_repeats={self.max_repeats} must be 0 (no guard) or more")
         if self.cache_mib < 0:
             problems.append(f"cache_mib={self.cache_mib} must be 0 (no cache) or more")
-        if self.short_lane_threads < 0:
-            problems.append(f"short_lane_threads={self.short_lane_threads} must be 0 (as intra_op_threads) or more")
-        if self.short_lane_replicas < 1:
-            problems.append(f"short_lane_replicas={self.short_lane_replicas} must be at least 1")
+        if (small := self.first_lane_small_batch_threads) < 0:
+            problems.append(f"first_lane_small_batch_threads={small} must be 0 (as intra_op_threads) or more")
+        if self.first_lane_replicas < 1:
+            problems.append(f"first_lane_replicas={self.first_lane_replicas} must be at least 1")
         if not 0 <= self.lane_niceness <= 19:
             problems.append(f"lane_niceness={self.lane_niceness} must be within 0..19")
         if not 1 <= self.default_beam_size <= self.max_beam_size:

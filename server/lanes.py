@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from server.interface import Batch, Encoded, Engine
 
 if TYPE_CHECKING:
+    from server.config import ServerConfig
     from server.jobs import QueuedSentence
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,31 @@ class Lane:
             raise
         finally:
             self.ready.set()
+
+
+@dataclass(frozen=True)
+class ThreadPlan:
+    """Every lane's ONNX Runtime threads, decided here and nowhere else (``plan_threads``)."""
+
+    first_lane: int  # intra-op threads of the model's own sessions, which the first lane runs on (0: one per core)
+    first_lane_small_batches: int | None  # its batches under SMALL_BATCH_ROWS rows (None: on the same sessions)
+    other_lanes: int  # each longer lane's own sessions
+    encode_apart: bool  # the first lane's replicas encode arrivals on a thread of their own while they step
+
+
+def plan_threads(config: ServerConfig) -> ThreadPlan:
+    """The threads of every lane, from the server's settings. The first lane encodes apart when it may
+    (continuous, CPU); it then decodes on each replica's share of the intra-op threads (of the cores when 0)
+    less its encoder thread. Its small batches step on first_lane_small_batch_threads when the continuous
+    scheduler splits work into lanes (a lone lane's few rows are long sequences, which want every thread).
+    Longer lanes load their own sessions on intra_op_threads."""
+    apart = config.encode_apart and config.scheduler == "continuous" and config.provider != "cuda"
+    first = config.intra_op_threads
+    if apart:
+        first = max(1, (config.intra_op_threads or len(os.sched_getaffinity(0))) // config.first_lane_replicas - 1)
+    split = config.scheduler == "continuous" and bool(config.lanes)
+    small = (config.first_lane_small_batch_threads or None) if split else None
+    return ThreadPlan(first, small, config.intra_op_threads, apart)
 
 
 def model_lanes(

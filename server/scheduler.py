@@ -29,7 +29,7 @@ from server.config import ServerConfig
 from server.errors import Cancelled, DeadlineExceeded, InferenceFailed, Overloaded, ServiceError, ShuttingDown
 from server.interface import Encoded, Engine
 from server.jobs import Job, QueuedSentence, Throughput
-from server.lanes import Lane, choose_lane, model_lanes
+from server.lanes import Lane, choose_lane, model_lanes, plan_threads
 from server.metrics import Metrics
 from server.policies import POLICIES, length_groups
 
@@ -47,9 +47,10 @@ class Scheduler:
         self.config = config
         self.metrics = metrics
         self.policy = POLICIES[config.scheduler]()
+        self.threads = plan_threads(config)
         self.memory = MemoryBudget(config.memory_budget_bytes, self.engines)
         self.bounds = config.lanes if self.policy.splits_lanes else ()
-        replicas = config.short_lane_replicas if self.policy.splits_lanes else 1
+        replicas = config.first_lane_replicas if self.policy.splits_lanes else 1
         self.lanes_of = model_lanes(self.engines, self.bounds, config.lane_niceness, replicas)  # shortest first
         self.lanes = [lane for lanes in self.lanes_of.values() for lane in lanes]
         self.lock = threading.Condition()
@@ -139,8 +140,8 @@ class Scheduler:
 
     def _run(self, lane: Lane) -> None:
         engine = self.engines[lane.model]
-        apart = self.config.encodes_apart and lane.size_class == 0 and engine.provider == "cpu"
-        lane.open(functools.partial(engine.replica, self.config.intra_op_threads), self.config.warmup, apart)
+        apart = self.threads.encode_apart and lane.size_class == 0 and engine.provider == "cpu"
+        lane.open(functools.partial(engine.replica, self.threads.other_lanes), self.config.warmup, apart)
         while True:
             with self.lock:
                 while not (lane.waiting or lane.running or lane.encoding or self.stopped):

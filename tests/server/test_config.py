@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from server.config import DEFAULT_MODELS, ServerConfig, parse_config
+from server.lanes import plan_threads
 
 
 def test_flags_win_over_the_environment_which_wins_over_defaults():
@@ -25,12 +26,22 @@ def test_onnx_runtime_threads_do_not_spin_by_default():
 
 
 def test_a_first_lane_that_encodes_apart_leaves_a_thread_per_replica_to_its_encoder():
-    assert ServerConfig(intra_op_threads=2).first_lane_threads == 1  # the Kubernetes ConfigMap's setting
-    assert ServerConfig(intra_op_threads=8, short_lane_replicas=2).first_lane_threads == 3
-    assert ServerConfig(intra_op_threads=2, short_lane_replicas=4).first_lane_threads == 1
-    assert ServerConfig(intra_op_threads=0).first_lane_threads >= 1  # cores less one
+    first = lambda **settings: plan_threads(ServerConfig(**settings)).first_lane  # noqa: E731
+    assert first(intra_op_threads=2) == 1  # the Kubernetes ConfigMap's setting
+    assert first(intra_op_threads=8, first_lane_replicas=2) == 3
+    assert first(intra_op_threads=2, first_lane_replicas=4) == 1
+    assert first(intra_op_threads=0) >= 1  # cores less one
     for inline in ({"encode_apart": False}, {"scheduler": "static"}, {"provider": "cuda"}):
-        assert ServerConfig(intra_op_threads=8, **inline).first_lane_threads == 8
+        plan = plan_threads(ServerConfig(intra_op_threads=8, **inline))
+        assert plan.first_lane == 8 and not plan.encode_apart
+
+
+def test_the_thread_plan_gives_small_batches_their_threads_only_when_work_is_split_into_lanes():
+    assert plan_threads(ServerConfig(intra_op_threads=2)).first_lane_small_batches == 1
+    assert plan_threads(ServerConfig(first_lane_small_batch_threads=0)).first_lane_small_batches is None
+    assert plan_threads(ServerConfig(lanes=())).first_lane_small_batches is None  # one lane: long rows too
+    assert plan_threads(ServerConfig(scheduler="static")).first_lane_small_batches is None
+    assert plan_threads(ServerConfig(intra_op_threads=3)).other_lanes == 3
 
 
 def test_one_lane_when_no_bounds_are_given():
@@ -44,7 +55,7 @@ def test_one_lane_when_no_bounds_are_given():
         ("lanes", (128, 64), "lanes=128,64: bounds must be positive and increasing"),
         ("max_batch_size", 0, "max_batch_size=0 must be at least 1"),
         ("lane_niceness", 20, "lane_niceness=20 must be within 0..19"),
-        ("short_lane_threads", -1, "short_lane_threads=-1 must be 0"),
+        ("first_lane_small_batch_threads", -1, "first_lane_small_batch_threads=-1 must be 0"),
     ],
 )
 def test_invalid_settings_are_refused_by_name(field: str, value, message: str):

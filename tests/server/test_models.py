@@ -181,7 +181,7 @@ def test_each_model_has_its_own_lanes_and_neither_waits_for_the_other():
     """A long decode on one model does not hold up a short request to the other: each model's lanes run on
     their own threads (the fake engines take 2 ms a step)."""
     a, b = fake("a", "en", "de", step_seconds=0.002), fake("b", "de", "en", step_seconds=0.002)
-    config = server_config(Path("unused"), lanes=(16,), max_output_tokens=512, short_lane_replicas=1)
+    config = server_config(Path("unused"), lanes=(16,), max_output_tokens=512, first_lane_replicas=1)
     scheduler = Scheduler([a, b], config, Metrics())
     assert [(lane.model, lane.name) for lane in scheduler.lanes] == [
         ("a", "1-16"),
@@ -208,7 +208,7 @@ def test_each_model_has_its_own_lanes_and_neither_waits_for_the_other():
 def test_the_models_share_one_memory_budget():
     """What one model holds counts against the other's admissions."""
     a, b = fake("a", "en", "de"), fake("b", "de", "en")
-    config = server_config(Path("unused"), lanes=(), max_output_tokens=512, memory_budget_mib=1, short_lane_replicas=1)
+    config = server_config(Path("unused"), lanes=(), max_output_tokens=512, memory_budget_mib=1, first_lane_replicas=1)
     scheduler = Scheduler([a, b], config, Metrics())  # not started: the test admits by hand
     lane_a, lane_b = scheduler.lanes
     for lane, engine in ((lane_a, a), (lane_b, b)):

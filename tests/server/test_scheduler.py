@@ -84,7 +84,7 @@ def test_short_requests_finish_before_a_long_one(scheduled):
 def test_long_and_short_requests_decode_in_separate_lanes(scheduled, long_input: str):
     """Lanes go by request size: a document of short sentences is long work too."""
     name, server = scheduled
-    # Each size's lanes (continuous: the first size's replicas, short_lane_replicas, count together).
+    # Each size's lanes (continuous: the first size's replicas, first_lane_replicas, count together).
     lanes: dict[int, list[str]] = {}
     for lane in server.server.scheduler.lanes:
         lanes.setdefault(lane.size_class, []).append(lane.name)
@@ -152,7 +152,7 @@ def test_every_request_gets_its_own_answer_once(policy: str, replicas: int):
     several sizes and beams, arriving while others decode, each get exactly their own outputs, once."""
     engine = FakeEngine(step_seconds=0.001)
     config = server_config(
-        Path("unused"), scheduler=policy, lanes=(16,), max_batch_size=8, warmup=False, short_lane_replicas=replicas
+        Path("unused"), scheduler=policy, lanes=(16,), max_batch_size=8, warmup=False, first_lane_replicas=replicas
     )
     scheduler = Scheduler([engine], config, Metrics())
     scheduler.start()
@@ -189,7 +189,7 @@ def test_every_request_gets_its_own_answer_once(policy: str, replicas: int):
 
 
 def test_a_request_joins_the_least_loaded_replica_of_its_lane():
-    config = server_config(Path("unused"), scheduler="continuous", lanes=(16,), short_lane_replicas=2)
+    config = server_config(Path("unused"), scheduler="continuous", lanes=(16,), first_lane_replicas=2)
     engine, scheduler = _unstarted(config)
     assert [lane.name for lane in scheduler.lanes] == ["1-16/0", "1-16/1", "17+"]
     assert all(lane.engine is engine for lane in scheduler.lanes[:2])  # the first size shares the sessions
@@ -297,7 +297,7 @@ def test_an_encoder_error_apart_fails_the_batch_and_the_lane_goes_on():
 def test_continuous_admission_by_lane():
     """Unit test of admission (no inference threads): requests go to a lane by their whole size, each lane
     admits its own arrivals first come first served, up to max_batch_size per lane."""
-    config = server_config(Path("unused"), scheduler="continuous", lanes=(16,), max_batch_size=4, short_lane_replicas=1)
+    config = server_config(Path("unused"), scheduler="continuous", lanes=(16,), max_batch_size=4, first_lane_replicas=1)
     engine, scheduler = _unstarted(config)
     short_lane, long_lane = scheduler.lanes
     document = _job(engine, own_sentences(20))  # 20 short sentences, well over 16 tokens in all: the long lane
@@ -321,7 +321,7 @@ def test_continuous_admission_by_lane():
 def test_a_segment_starving_for_room_stops_other_lanes():
     """A long segment that has waited STARVATION_SECONDS for memory that short requests keep taking makes
     every other lane wait until it fits."""
-    config = server_config(Path("unused"), scheduler="continuous", lanes=(16,), short_lane_replicas=1)
+    config = server_config(Path("unused"), scheduler="continuous", lanes=(16,), first_lane_replicas=1)
     engine, scheduler = _unstarted(config)
     short_lane, long_lane = scheduler.lanes
     document = _job(engine, [" ".join(own_sentences(4))])  # one long sentence
@@ -349,7 +349,7 @@ def test_longer_lanes_run_at_lower_os_priority(tiny_export: Path):
     lane's are not, so the kernel runs short work first."""
     server = RunningServer(
         server_config(
-            tiny_export, scheduler="continuous", lanes=(16,), lane_niceness=7, intra_op_threads=2, short_lane_replicas=1
+            tiny_export, scheduler="continuous", lanes=(16,), lane_niceness=7, intra_op_threads=2, first_lane_replicas=1
         )
     )
     try:
@@ -365,8 +365,8 @@ def test_longer_lanes_run_at_lower_os_priority(tiny_export: Path):
         assert len(niced) >= 2, "the long lane's ONNX Runtime threads inherit its priority"
         assert server.translate([LONG_TEXT]).translations[0].text  # and the lane works
 
-        # The first lane runs small batches on short_lane_threads (1) and larger ones on intra_op_threads less
-        # its encoder thread (it encodes apart: 2 - 1); the long lane runs on intra_op_threads.
+        # The first lane runs small batches on first_lane_small_batch_threads (1) and larger ones on
+        # intra_op_threads less its encoder thread (it encodes apart: 2 - 1); the long lane runs on intra_op_threads.
         def threads(session) -> int:
             return session.get_session_options().intra_op_num_threads
 
@@ -380,7 +380,7 @@ def test_longer_lanes_run_at_lower_os_priority(tiny_export: Path):
 def test_a_busy_lane_takes_arrivals_in_batches():
     """Arrivals join at once while waiting costs less than the join would cost the running rows; a lone
     arrival to a busy lane waits until its wait reaches rows × the measured join duration."""
-    config = server_config(Path("unused"), scheduler="continuous", lanes=(64,), short_lane_replicas=1)
+    config = server_config(Path("unused"), scheduler="continuous", lanes=(64,), first_lane_replicas=1)
     engine, scheduler = _unstarted(config)
     lane = scheduler.lanes[0]
     lane.engine, lane.batch = engine, engine.new_batch()
@@ -414,7 +414,7 @@ def test_scheduler_and_service_import_no_inference_runtime():
 def test_replicas_sharing_the_models_sessions_translate_as_one_lane_does(tiny_export: Path):
     sentences = own_sentences(12)
     server = RunningServer(
-        server_config(tiny_export, short_lane_replicas=2, intra_op_threads=1, max_repeats=0, max_output_tokens=24)
+        server_config(tiny_export, first_lane_replicas=2, intra_op_threads=1, max_repeats=0, max_output_tokens=24)
     )
     try:
         with ThreadPoolExecutor(12) as pool:
