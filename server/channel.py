@@ -26,7 +26,7 @@ TCP_USER_TIMEOUT to the timeout, so unacknowledged data closes it as soon), its 
 are retried on another replica, and round robin skips it until it connects again: in
 tests/server/test_netns_faults.py no call took longer than 2.4 s in a blackhole, a link flap, a frozen
 process or a host restart. Every call stuck on a silent replica costs its caller up to time + timeout, so both
-are short; pings are 9 bytes each way per connection, and the server allows one a second
+are short; pings are 17 bytes each way per connection, and the server allows one a second
 (ServerConfig.min_client_ping_interval_s). Go and Java clients raise a keepalive time under 10 s to 10 s.
 gRPC's ping timeout (grpc.http2.ping_timeout_ms, 60 s by default) bounds the keepalive ping too, so it is
 set to the keepalive timeout.
