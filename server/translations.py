@@ -25,7 +25,7 @@ from server.interface import Engine
 from server.jobs import DecodeOptions, Job, Segment
 from server.metrics import Metrics, length_bucket
 from server.scheduler import Scheduler
-from server.text import SegmentSpec, TextLimits, check_texts, segment_texts
+from server.text import SegmentSpec, TextLimits, check_texts, check_words, segment_texts
 from server.tracing import child_span, record_sentences
 
 
@@ -262,6 +262,8 @@ class Translations:
         texts' markup; in both formats placeholders, URLs, e-mail addresses and numbers with units come
         back as sent (server/markup.py). With ``options.alternatives``, up to that many other translations
         of each text (``_variants``), laid out and with their markup placed as the translation is."""
+        if format == "text":  # (markup's words are counted once it is parsed: tags are not words)
+            check_texts(texts, self.limits, field, keep_empty)
         documents = [markup.parse(text, format) for text in texts]
         span = exchange.span if exchange else INVALID_SPAN
         if format == "text" and all(d.pieces[0].plain for d in documents if d.pieces):  # nothing to put back
@@ -275,6 +277,8 @@ class Translations:
                 for t, parts in enumerate(_by_text(segments, len(texts)))
             ]
         check_texts(texts, self.limits, field, keep_empty)
+        for t, document in enumerate(documents):
+            check_words(" ".join(piece.text for piece in document.pieces), self.limits, f"{field}[{t}]")
         pieces = [(t, piece) for t, document in enumerate(documents) for piece in document.pieces]
         runs = [piece.text for _, piece in pieces]
         tokenized = engine.tokenize(runs) if runs else []
