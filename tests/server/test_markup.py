@@ -180,13 +180,6 @@ def test_protected_patterns_take_linear_time(run: str):
     assert time.process_time() - start < 0.5
 
 
-def test_a_comment_left_open_at_the_end_comes_back_whole():
-    """It was cut at its first ">" (the fuzzer's find)."""
-    text = "<div>A.</div><!-- note <code>x</code> and <!-- >"
-    document = parse(text, "html")
-    assert document.render(["".join(p.source) for p in document.pieces]) == text
-
-
 def test_a_bare_angle_bracket_does_not_hide_a_placeholder():
     """html.parser hands text over in parts split at a bare "<": the placeholder was not found (the fuzzer's)."""
     (piece,) = parse("Total: ${a<b} now.", "html").pieces
