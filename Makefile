@@ -44,10 +44,11 @@ bench: $(STAMP) $(MODEL_DIR)/manifest.json
 	mv benchmarks/decode_speed.md.new benchmarks/decode_speed.md && cat benchmarks/decode_speed.md
 	$(PY) benchmarks/engine_report.py --model $(MODEL_DIR) --out benchmarks
 
-# Memory growth under steady load (not in CI): SOAK_SECONDS=3600 make soak
+# Memory growth under mixed load with a certificate rotation and a model-folder swap (not in CI):
+# SOAK_SECONDS=3600 make soak
 SOAK_SECONDS ?= 600
 soak: $(STAMP) $(MODEL_DIR)/manifest.json
-	$(PY) benchmarks/soak.py --model $(MODEL_DIR) --duration $(SOAK_SECONDS)
+	$(PY) benchmarks/soak.py --model $(MODEL_DIR) --duration $(SOAK_SECONDS) --out benchmarks/soak.md
 
 # The engine on a GPU, checked and timed in one report (benchmarks/gpu_check.py; under ten minutes): CUDA against
 # CPU, fp16, CTranslate2 float16 on the same weights, CUDA graphs, the server under load. It swaps onnxruntime for

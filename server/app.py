@@ -175,6 +175,14 @@ def create_server(config: ServerConfig, metrics: Metrics | None = None) -> Serve
         # Close connections after a while so clients that balance per connection find new replicas.
         ("grpc.max_connection_age_ms", int(config.max_connection_age_s * 1000)),
         ("grpc.max_connection_age_grace_ms", int(config.grace_seconds * 1000)),
+        # A client gone silent has its calls cancelled (their decoding stops) after keepalive time + timeout.
+        ("grpc.keepalive_time_ms", int(config.keepalive_time_s * 1000)),
+        ("grpc.keepalive_timeout_ms", int(config.keepalive_timeout_s * 1000)),
+        ("grpc.http2.ping_timeout_ms", int(config.keepalive_timeout_s * 1000)),
+        # Clients' keepalive pings are allowed, with calls or without (server/channel.py pings every 2 s);
+        # gRPC's default, one each 5 minutes, answers faster pings with GOAWAY too_many_pings.
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", int(config.min_client_ping_interval_s * 1000)),
     ]
     # RPCs over the limit are refused by gRPC itself (RESOURCE_EXHAUSTED) before they queue up unseen.
     server = grpc.aio.server(options=options, maximum_concurrent_rpcs=config.max_concurrent_rpcs)

@@ -97,6 +97,15 @@ class ServerConfig:
     max_connection_age_s: float = setting(
         300.0, "connections close after this, so clients balancing per connection find new replicas"
     )
+    keepalive_time_s: float = setting(
+        30.0, "the server pings each client this often, to find clients gone silent (their calls are cancelled)"
+    )
+    keepalive_timeout_s: float = setting(10.0, "a ping unanswered this long closes the client's connection")
+    min_client_ping_interval_s: float = setting(
+        1.0,
+        "the shortest interval between a client's pings the server allows (faster: GOAWAY too_many_pings); "
+        "server/channel.py pings every 2 s",
+    )
     api_keys: Path | None = setting(
         None,
         "the API keys file (server/keys.py: sha256 digests and per-key limits, reread when it changes); none: every "
@@ -144,6 +153,9 @@ class ServerConfig:
                 problems.append(f"{name}={getattr(self, name)} must be at least 1")
         if not 0 <= self.http_port <= 65535:
             problems.append(f"http_port={self.http_port} must be a port number, or 0 to disable the HTTP API")
+        for name in ("keepalive_time_s", "keepalive_timeout_s", "min_client_ping_interval_s"):
+            if getattr(self, name) <= 0:
+                problems.append(f"{name}={getattr(self, name)} must be positive")
         if self.http_timeout_s <= 0:
             problems.append(f"http_timeout_s={self.http_timeout_s} must be positive")
         if not 0.0 <= self.access_log_sample <= 1.0:

@@ -75,8 +75,8 @@ def _subtitles(text: str, name: str) -> Document:
     srt = _optional("srt")
     try:
         subtitles = list(srt.parse(text))
-    except srt.SRTParseError as e:
-        raise InvalidRequest(f"{name!r} is not a valid .srt file ({e})") from e
+    except (srt.SRTParseError, OverflowError) as e:  # a time too large for a timedelta: the fuzzer's find
+        raise InvalidRequest(f"{name!r} is not a valid .srt file ({type(e).__name__}: {e})") from e
     spoken = [i for i, s in enumerate(subtitles) if s.content.strip()]
 
     def write(out: list[str]) -> bytes:

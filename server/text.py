@@ -6,12 +6,18 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import islice
 
 import sentencex
 
 from server.errors import InvalidRequest
 
 LINE_BREAK = re.compile(r"(\s*\n\s*)")  # a line break with the whitespace around it
+# A word holding a letter or digit: at least one token, as SentencePiece's pieces never span whitespace. Matched
+# only from a word's start (linear in the text), and counted only up to the limit: a text with more such words
+# than max_source_tokens is refused before it is parsed or tokenized (4 MiB of "{a} " took 2.5 s of CPU to
+# refuse after both; now 0.01 s).
+COUNTED_WORD = re.compile(r"(?<!\S)[^\s\w]*\w")
 
 
 def split_sentences(text: str, language: str = "en") -> list[tuple[str, str]]:
@@ -74,7 +80,8 @@ def _chunks(ids: list[int], size: int) -> list[list[int]]:
 
 
 def check_texts(texts: Sequence[str], limits: TextLimits, field: str = "texts", keep_empty: bool = False) -> None:
-    """Raises InvalidRequest naming the field for no texts, too many, or an empty one (unless kept)."""
+    """Raises InvalidRequest naming the field for no texts, too many, an empty one (unless kept), or one with
+    more words than max_source_tokens."""
     if not texts:
         raise InvalidRequest(f"{field}: at least one text is required")
     if len(texts) > limits.max_texts:
@@ -84,6 +91,16 @@ def check_texts(texts: Sequence[str], limits: TextLimits, field: str = "texts", 
     for i, text in enumerate(texts):
         if not text.strip() and not keep_empty:
             raise InvalidRequest(f"{field}[{i}] is empty")
+        check_words(text, limits, f"{field}[{i}]")
+
+
+def check_words(text: str, limits: TextLimits, name: str) -> None:
+    """Raises InvalidRequest when the text has more words than max_source_tokens: it has more tokens."""
+    if next(islice(COUNTED_WORD.finditer(text), limits.max_source_tokens, None), None) is not None:
+        raise InvalidRequest(
+            f"{name} has more than {limits.max_source_tokens} words, so more tokens than the limit "
+            f"({limits.max_source_tokens}, max_source_tokens); send it in parts"
+        )
 
 
 def segment_texts(

@@ -25,7 +25,7 @@ from server.interface import Engine
 from server.jobs import DecodeOptions, Job, QueuedSentence
 from server.metrics import Metrics, length_bucket
 from server.scheduler import Scheduler
-from server.text import AfterSplit, SplitSentence, TextLimits, check_texts, segment_texts
+from server.text import AfterSplit, SplitSentence, TextLimits, check_texts, check_words, segment_texts
 from server.tracing import child_span, record_sentences
 
 
@@ -266,6 +266,8 @@ class Translations:
         texts' markup; in both formats placeholders, URLs, e-mail addresses and numbers with units come
         back as sent (server/markup.py). With ``options.decode.alternatives``, up to that many other
         translations of each text (``_variants``), laid out and with their markup placed as the translation is."""
+        if options.format == "text":  # (markup's words are counted once it is parsed: tags are not words)
+            check_texts(texts, self.limits, options.field, options.keep_empty)
         documents = [markup.parse(text, options.format) for text in texts]
         alternatives, min_confidence = options.decode.alternatives, options.min_confidence
         span = exchange.span if exchange else INVALID_SPAN
@@ -280,6 +282,8 @@ class Translations:
                 for t, parts in enumerate(_by_text(segments, len(texts)))
             ]
         check_texts(texts, self.limits, options.field, options.keep_empty)
+        for t, document in enumerate(documents):
+            check_words(" ".join(piece.text for piece in document.pieces), self.limits, f"{options.field}[{t}]")
         pieces = [(t, piece) for t, document in enumerate(documents) for piece in document.pieces]
         runs = [piece.text for _, piece in pieces]
         tokenized = engine.tokenize(runs) if runs else []

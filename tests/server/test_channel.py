@@ -10,8 +10,9 @@ import grpc
 import pytest
 
 from proto import translate_pb2, translate_pb2_grpc
-from server.channel import SERVICE_CONFIG, channel
-from tests.conftest import own_sentences
+from server.channel import CHANNEL_OPTIONS, KEEPALIVE_TIME_MS, KEEPALIVE_TIMEOUT_MS, SERVICE_CONFIG, channel
+from server.config import ServerConfig
+from tests.conftest import ROOT, own_sentences
 from tests.server.conftest import RunningServer, server_config
 
 
@@ -49,9 +50,19 @@ def test_without_the_service_config_a_draining_replica_fails_requests(tiny_expor
 
 
 def test_the_service_config_retries_only_what_is_safe_to():
-    (method,) = SERVICE_CONFIG["methodConfig"]
-    assert method["retryPolicy"]["retryableStatusCodes"] == ["UNAVAILABLE", "CANCELLED"]
+    for method in SERVICE_CONFIG["methodConfig"]:
+        assert method["retryPolicy"]["retryableStatusCodes"] == ["UNAVAILABLE", "CANCELLED"]
     assert json.loads(json.dumps(SERVICE_CONFIG)) == SERVICE_CONFIG
+
+
+def test_the_deployed_service_config_is_the_callers_one():
+    assert json.loads((ROOT / "deploy" / "grpc" / "service-config.json").read_text()) == SERVICE_CONFIG
+
+
+def test_the_server_allows_the_clients_keepalive_pings():
+    """A client pinging faster than the server allows gets GOAWAY too_many_pings and its pings slowed."""
+    assert ServerConfig().min_client_ping_interval_s * 1000 < KEEPALIVE_TIME_MS
+    assert ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS) in CHANNEL_OPTIONS
 
 
 def test_the_load_generator_counts_retries_and_losses(tiny_export: Path, tmp_path: Path):

@@ -165,6 +165,7 @@ def test_a_file_is_downloaded_once(site: RunningServer):
         ("notes.txt", b"\xff\xfe", 400, "is not UTF-8 text"),
         ("broken.docx", b"PK not a zip", 400, "not a valid .docx"),
         ("broken.srt", b"1\nnot a time\nA man.\n", 400, "not a valid .srt"),
+        ("huge.srt", b"1\n00:00:01" + b"0" * 90 + b",000 --> 00:00:02,000\nA man.\n", 400, "not a valid .srt"),
         ("broken.pptx", b"PK not a zip", 400, "not a valid .pptx"),
         ("broken.odt", b"PK not a zip", 400, "not a valid .odt"),
         ("big.txt", b"A man.\n" * 700_000, 413, ""),

@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -26,9 +27,13 @@ from tests.server.conftest import RunningServer, server_config
 from tests.server.fake_engine import FakeEngine
 
 
-def start_subprocess_server(model: Path, *flags: str, cwd: Path | None = None) -> tuple[subprocess.Popen, int, int]:
-    """``python -m server`` on free ports; ``cwd``: the checkout whose server runs (default this one)."""
+def start_subprocess_server(
+    model: Path, *flags: str, cwd: Path | None = None, wrapper: Sequence[str] = ()
+) -> tuple[subprocess.Popen, int, int]:
+    """``python -m server`` on free ports; ``cwd``: the checkout whose server runs (default this one);
+    ``wrapper``: a command that runs it (e.g. ``ip netns exec NAME``)."""
     cmd = [
+        *wrapper,
         sys.executable,
         "-m",
         "server",

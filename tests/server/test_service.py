@@ -81,7 +81,8 @@ def test_an_inference_thread_wakes_the_event_loop_once_per_segment(running: Runn
         (["a"] * 65, {}, r"65 texts, the limit is 64 \(max_texts\)"),
         (["A man."], {"beam_size": 9}, r"options.beam_size=9 is over the limit 8"),
         (["A man."], {"max_output_tokens": 1000}, r"options.max_output_tokens=1000 is over the limit 24"),
-        (["walking " * 1100], {}, r"texts\[0\] has \d+ tokens; the limit is 1024 \(max_source_tokens\)"),
+        (["walking" * 1100], {}, r"texts\[0\] has \d+ tokens; the limit is 1024 \(max_source_tokens\)"),
+        (["walking " * 1100], {}, r"texts\[0\] has more than 1024 words, so more tokens than the limit"),
     ],
 )
 def test_invalid_requests_name_the_field(running: RunningServer, texts, options, message):
