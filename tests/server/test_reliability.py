@@ -127,15 +127,21 @@ def test_overload_refuses_fast_and_answers_every_request(tiny_export: Path):
             busy = translate_pb2.TranslateRequest(
                 texts=["walking " * 60 + "."] * 8, options=translate_pb2.TranslateOptions(beam_size=8)
             )
-            running = [stub.Translate.future(busy, timeout=120) for _ in range(2)]
-            deadline = time.monotonic() + 30
-            while sampler.read().get("translate_queue_depth", 0) < 8 and time.monotonic() < deadline:
-                time.sleep(0.01)
-            probes = [call(stub, sentence) for _ in range(10)]
-            assert all(not f.done() for f in running), "the probes must run while the server is saturated"
+            # The tiny model decodes the busy work in a fraction of a second: a round whose busy work ended
+            # before its probes did proves nothing, so the round is tried again (up to five times).
+            for _ in range(5):
+                running = [stub.Translate.future(busy, timeout=120) for _ in range(2)]
+                deadline = time.monotonic() + 30
+                while sampler.read().get("translate_queue_depth", 0) < 8 and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                probes = [call(stub, sentence) for _ in range(10)]
+                saturated = all(not f.done() for f in running)
+                assert all(f.result().translations for f in running)
+                if saturated:
+                    break
+            assert saturated, "the probes must run while the server is saturated (five rounds)"
             assert [code for code, _, _ in probes] == [grpc.StatusCode.RESOURCE_EXHAUSTED] * 10
             assert sorted(t for _, t, _ in probes)[5] < 0.1, probes
-            assert all(f.result().translations for f in running)
     finally:
         process.terminate()
         process.wait(30)
