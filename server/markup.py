@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import html
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 
@@ -316,13 +316,34 @@ class _Tree(HTMLParser):
             children.append(data)
 
     def _raw(self, usual: str) -> _Raw:
-        """A comment or declaration as sent: its usual form, or a bogus one ("<!x>", which HTML reads as a
-        comment) up to its ">"."""
+        """A comment or declaration as sent. Those that html.parser reads through a parse_* method are replaced
+        by exactly what it consumed (``_exactly``); the others are what newer versions report at the end of the
+        input for a construct left open ("<!-- x > y"), which runs to the end of the text."""
         begin = self._offset()
-        if self.source.startswith(usual, begin):
-            return _Raw(usual)
-        end = self.source.find(">", begin)
-        return _Raw(self.source[begin : end + 1 if end >= 0 else len(self.source)])
+        return _Raw(usual if self.source.startswith(usual, begin) else self.source[begin:])
+
+    def _exactly(self, parse: Callable[..., int], i: int, *args: int) -> int:
+        """Runs one of html.parser's parse_* methods for a comment, declaration or processing instruction and
+        keeps what it consumed, byte for byte, as the raw part its handler added: the parser's own reading
+        decides where such a part ends ("<!-- x -- >" ends at "-- >" in some Python versions, not in others)."""
+        children = self.stack[-1].children
+        count = len(children)
+        end = parse(i, *args)
+        if end > i and len(children) == count + 1 and isinstance(children[-1], _Raw):
+            children[-1] = _Raw(self.rawdata[i:end])
+        return end
+
+    def parse_comment(self, i: int, report: int = 1) -> int:
+        return self._exactly(super().parse_comment, i, report)
+
+    def parse_html_declaration(self, i: int) -> int:
+        return self._exactly(super().parse_html_declaration, i)
+
+    def parse_bogus_comment(self, i: int, report: int = 1) -> int:
+        return self._exactly(super().parse_bogus_comment, i, report)
+
+    def parse_pi(self, i: int) -> int:
+        return self._exactly(super().parse_pi, i)
 
     def handle_comment(self, data: str) -> None:
         self.stack[-1].children.append(self._raw(f"<!--{data}-->"))

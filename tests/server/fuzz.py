@@ -58,8 +58,6 @@ def markup(data: bytes) -> None:
     MarkupError; what parses renders back to what it was read as; any translation placed back is well-formed markup (it
     parses again) holding every output word once, in order, and every atom (placeholders, URLs, <code>…)."""
     text, fdp = _split(data)
-    if "<!--" in text and "-->" not in text:  # open: a comment left open at the end is cut at its first ">"
-        return
     try:
         document = parse(text, "html")
     except MarkupError:
