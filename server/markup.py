@@ -57,6 +57,9 @@ PROTECTED = re.compile(
     """,
     re.VERBOSE,
 )
+# A character or pair every protected pattern starts with or holds; a text without one has nothing to protect,
+# and finding that out is 5x cheaper than trying every pattern at every position (4 MiB of letters: 0.06 s, not 0.33).
+MAY_PROTECT = re.compile(r"[@{%$€£¥\d]|://|www\.")
 PUNCTUATION = ".,;:!?)\\]}»“”\"'…"  # closing punctuation: a word of its own, as in "<b>Hund</b>."
 CLOSING_PUNCTUATION = re.compile(f"^[{PUNCTUATION}]+$")
 # Words as unit_spans makes them from tokens: runs of closing punctuation, and runs of anything else
@@ -111,7 +114,7 @@ class Piece:
     def add_text(self, text: str) -> None:
         self.source.append(html.escape(text, quote=False) if self.html else text)
         position = 0
-        for match in PROTECTED.finditer(text):
+        for match in PROTECTED.finditer(text) if MAY_PROTECT.search(text) else ():
             self._append(text[position : match.start()])
             self.add_atom(html.escape(match.group(), quote=False) if self.html else match.group(), record=False)
             position = match.end()

@@ -328,3 +328,12 @@ def test_random_markup_comes_back_well_formed_with_every_tag_and_atom(data):
     assert out.count("</") == text.count("</")
     for atom in ["{name}", "%s", "%1$d", "https://x.org/a?b=1", "a@b.de", "5 km"]:
         assert out.count(atom) == text.count(atom)
+
+
+@given(st.text(alphabet=st.sampled_from("ab1 .,:/@{}%$€wsh-+(")))
+@settings(max_examples=300, deadline=None)
+def test_texts_without_a_trigger_have_nothing_to_protect(text):
+    """The cheap scan that skips the protected patterns never skips a text that holds one."""
+    from server.markup import MAY_PROTECT, PROTECTED
+
+    assert PROTECTED.search(text) is None or MAY_PROTECT.search(text) is not None
