@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from common.corpus import corpus_path, read_lines
 from export.aligner import build_aligner
 from model.checkpoint import load_checkpoint
-from model.corpus import corpus_path, read_lines
 from runtime.cpu import describe_cpu
 from runtime.sessions import OrtModel, RuntimeOptions
 from server.placement import align_units, source_words, unit_spans

@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from model.corpus import corpus_path, read_lines  # noqa: E402
+from common.corpus import corpus_path, read_lines  # noqa: E402
 from runtime.cpu import describe_cpu  # noqa: E402
 from tests.server.test_http import http, start  # noqa: E402
 

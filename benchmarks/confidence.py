@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import sacrebleu
 
-from model.corpus import corpus_path, read_lines
+from common.corpus import corpus_path, read_lines
 from runtime.search import MAX_REPEATS
 from runtime.sessions import OrtModel, RuntimeOptions
 

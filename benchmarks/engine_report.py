@@ -96,7 +96,7 @@ def timing_rows(model_dir: Path, repeats: int) -> list[dict]:
 
 
 def batch_sweep(model_dir: Path, data: Path, repeats: int) -> list[dict]:
-    from model.corpus import corpus_path, read_lines
+    from common.corpus import corpus_path, read_lines
 
     ort_model = OrtModel(model_dir, RuntimeOptions(provider="cpu", spinning=False, small_batch_threads=1))
     texts = read_lines(corpus_path(data, "test_2016_flickr", "en"))[:SWEEP_SENTENCES]

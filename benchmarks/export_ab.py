@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from model.corpus import corpus_path, read_lines
+from common.corpus import corpus_path, read_lines
 from runtime.cpu import describe_cpu
 from runtime.sessions import OrtModel
 from runtime.translate_file import runtime_options

@@ -17,8 +17,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from client.channel import KEEPALIVE_TIME_MS, KEEPALIVE_TIMEOUT_MS  # noqa: E402
 from runtime.cpu import describe_cpu  # noqa: E402
-from server.channel import KEEPALIVE_TIME_MS, KEEPALIVE_TIMEOUT_MS  # noqa: E402
 from tests.server import netns  # noqa: E402
 from tests.server.test_netns_faults import STUCK_BOUND_S, TABLE_HEADER, Durations, run_faults  # noqa: E402
 
@@ -39,7 +39,7 @@ def main() -> int:
         "",
         f"`python {' '.join(sys.argv)}`, {time.strftime('%Y-%m-%d')}; "
         f"machine: {describe_cpu()}; three replicas (one intra-op thread each) and the client (8 closed-loop "
-        "callers through server/channel.py) share its cores. Keepalive: a ping every "
+        "callers through client/channel.py) share its cores. Keepalive: a ping every "
         f"{KEEPALIVE_TIME_MS / 1000:.0f} s, given up after {KEEPALIVE_TIMEOUT_MS / 1000:.0f} s; the bound on a "
         f"stuck call is {STUCK_BOUND_S:.0f} s. A phase runs from its fault's start to the next fault's; "
         "the last column is when the faulty replica's subchannel started its last call during the fault.",

@@ -28,8 +28,8 @@ import sentencepiece as spm
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from client import loadtest, loadtest_report  # noqa: E402
 from runtime.cpu import describe_cpu  # noqa: E402
-from server import loadtest, loadtest_report  # noqa: E402
 from server.config import DEFAULT_MODELS  # noqa: E402
 from tests.server.test_http import free_port  # noqa: E402
 from tests.server.test_lifecycle import start_subprocess_server  # noqa: E402

@@ -34,7 +34,7 @@ import onnxruntime as ort
 import sacrebleu
 import sentencepiece
 
-from model.corpus import corpus_path, read_lines
+from common.corpus import corpus_path, read_lines
 from runtime.cpu import describe_cpu
 from runtime.search import default_max_output, pad_sources, source_searches
 from runtime.sessions import NO_FUSIONS, PROVIDERS, OrtModel, RuntimeOptions, bind_step
@@ -131,7 +131,7 @@ def capture(model: OrtModel, provider: str) -> str:
 
 def serve_under_load(model_dir: Path, provider: str, variant: str, data: Path, seconds: float, clients: int) -> str:
     sys.path.insert(0, str(ROOT))  # the server helpers of the tests (tests/ is not installed)
-    from server import loadtest, loadtest_report
+    from client import loadtest, loadtest_report
     from tests.server.test_lifecycle import start_subprocess_server
 
     process, port, _ = start_subprocess_server(model_dir, "--provider", provider, "--variant", variant)

@@ -26,8 +26,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 from front_ends import resident_bytes  # noqa: E402
 
+from client import loadtest  # noqa: E402
 from runtime.cpu import describe_cpu  # noqa: E402
-from server import loadtest  # noqa: E402
 from server.config import DEFAULT_MODELS  # noqa: E402
 from tests.server.test_lifecycle import start_subprocess_server  # noqa: E402
 

@@ -40,12 +40,12 @@ import sentencepiece as spm
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from model.corpus import read_lines  # noqa: E402
+from client import loadtest, loadtest_report  # noqa: E402
+from common.corpus import read_lines  # noqa: E402
 from runtime.cpu import describe_cpu  # noqa: E402
 from runtime.search import translate_in_batches  # noqa: E402
 from runtime.sessions import OrtModel  # noqa: E402
 from runtime.translate_file import parallelism, runtime_options  # noqa: E402
-from server import loadtest, loadtest_report  # noqa: E402
 from server.app import serving_engines  # noqa: E402
 from server.config import DEFAULT_MODEL_DIR, parse_config  # noqa: E402
 from server.jobs import decode_options  # noqa: E402

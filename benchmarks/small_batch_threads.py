@@ -17,7 +17,7 @@ import time
 from datetime import date
 from pathlib import Path
 
-from model.corpus import corpus_path, read_lines
+from common.corpus import corpus_path, read_lines
 from runtime.cpu import describe_cpu
 from runtime.sessions import OrtModel, RuntimeOptions
 from server.config import DEFAULT_MODEL_DIR

@@ -24,8 +24,8 @@ sys.path.insert(0, str(ROOT))
 
 import sentencepiece as spm  # noqa: E402
 
+from client import loadtest  # noqa: E402
 from runtime.cpu import describe_cpu  # noqa: E402
-from server import loadtest  # noqa: E402
 from tests.server.test_http import free_port  # noqa: E402
 from tests.server.test_lifecycle import start_subprocess_server  # noqa: E402
 from tests.server.test_tls import make_certificates  # noqa: E402

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from model.corpus import corpus_path, read_lines
+from common.corpus import corpus_path, read_lines
 from runtime.cpu import describe_cpu
 from runtime.sessions import OrtModel
 from runtime.translate_file import runtime_options

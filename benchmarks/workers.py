@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from model.corpus import read_lines
+from common.corpus import read_lines
 from runtime.cpu import describe_cpu
 from runtime.search import translate_in_batches
 from runtime.sessions import OrtModel

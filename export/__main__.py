@@ -10,25 +10,18 @@ OPUS-MT's layout, which CTranslate2's converter accepts.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 
+from common import flags
+from common.corpus import read_lines
 from export.marian import export_marian
 from export.pipeline import CHECK_SENTENCES, ExportConfig, ExportError, export, validate
-from model import flags
-from model.corpus import read_lines
 from model.marian import MarianError
 
 
 def parse_args(argv: Sequence[str] | None) -> ExportConfig:
-    return flags.parse(
-        ExportConfig,
-        argv,
-        prog="python -m export",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    return flags.command(ExportConfig, argv, "python -m export", __doc__)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

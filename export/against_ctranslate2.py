@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from model.corpus import corpus_path, read_lines
+from common.corpus import corpus_path, read_lines
 from runtime.cpu import describe_cpu
 from runtime.manifest import sha256
 from runtime.search import default_max_output

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
+from common.corpus import corpus_path, read_lines
 from model.checkpoint import DEFAULT_CHECKPOINT, length_penalty, load_checkpoint
-from model.corpus import corpus_path, read_lines
 from model.translate import TorchTranslator
 from runtime.cpu import describe_cpu
 from runtime.sessions import OrtModel

@@ -6,18 +6,17 @@ with the PyTorch checkpoint it was exported from. Exits 1 if fp32 parity fails.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from common import flags
+from common.corpus import read_lines
+from common.flags import setting
 from export.pipeline import CHECK_SENTENCES, variant_parity
-from model import flags
 from model.checkpoint import WEIGHTS_FILE, load_checkpoint
-from model.corpus import read_lines
-from model.flags import setting
 from runtime.manifest import ModelFolderError, read_manifest, sha256
 
 
@@ -38,13 +37,7 @@ def check(model_dir: Path, checkpoint: Path | None = None) -> dict[str, dict]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = flags.parse(
-        ParityCheck,
-        argv,
-        prog="python -m export.check",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    args = flags.command(ParityCheck, argv, "python -m export.check", __doc__)
     try:
         results = check(args.model, args.checkpoint)
     except Exception as e:  # the export pipeline's own errors carry the message to show

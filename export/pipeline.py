@@ -20,6 +20,8 @@ import onnxruntime as ort
 import sacrebleu
 import torch
 
+from common.corpus import corpus_path, read_lines
+from common.flags import setting
 from export.aligner import ALIGNMENT_READINGS, build_aligner, check_aligner
 from export.builder import OPSET
 from export.graphs import ENCODER_AXES, ENCODER_INPUTS, ENCODER_OUTPUTS, export_graphs
@@ -33,8 +35,6 @@ from model.checkpoint import (
     read_config,
     tokenizer_spec,
 )
-from model.corpus import corpus_path, read_lines
-from model.flags import setting
 from model.folders import staged_folder
 from model.marian import DEFAULT_LAYOUT
 from model.transformer import Transformer

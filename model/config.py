@@ -6,8 +6,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from model import flags
-from model.flags import setting
+from common import flags
+from common.flags import setting
 
 Activation = Literal["relu", "swish", "gelu"]
 NormPlacement = Literal["post", "pre"]

@@ -11,7 +11,6 @@ nccl on CUDA).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -33,12 +32,12 @@ from safetensors.torch import load_file, save_file
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from model import flags
+from common import flags
+from common.corpus import corpus_path, read_parallel
+from common.flags import setting
 from model.checkpoint import SPM_FILE, WEIGHTS_FILE, average_weights, load_checkpoint, save_checkpoint
 from model.config import ModelConfig
-from model.corpus import corpus_path, read_parallel
 from model.data import Example, filter_by_length, iterate_batches
-from model.flags import setting
 from model.transformer import Transformer
 from model.translate import TorchTranslator
 from runtime.tokenizer import Tokenizer
@@ -79,13 +78,7 @@ class TrainConfig:
 
 
 def parse_args(argv: Sequence[str] | None) -> TrainConfig:
-    return flags.parse(
-        TrainConfig,
-        argv,
-        prog="python -m model.train",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    return flags.command(TrainConfig, argv, "python -m model.train", __doc__)
 
 
 def learning_rate(step: int, peak: float, warmup: int) -> float:

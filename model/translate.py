@@ -5,7 +5,6 @@ Reads source lines on stdin and writes one translation per line on stdout.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -14,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from model import flags
+from common import flags
+from common.flags import setting
 from model.checkpoint import DEFAULT_CHECKPOINT, length_penalty, load_checkpoint
-from model.flags import setting
 from model.transformer import Transformer
 from runtime.search import LENGTH_PENALTY, DecodeBatch, pad_sources, source_searches, translate_in_batches
 from runtime.tokenizer import Tokenizer
@@ -142,13 +141,7 @@ class ReferenceTranslation:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = flags.parse(
-        ReferenceTranslation,
-        argv,
-        prog="python -m model.translate",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    args = flags.command(ReferenceTranslation, argv, "python -m model.translate", __doc__)
     model, tokenizer = load_checkpoint(args.checkpoint, args.device)
     alpha = length_penalty(args.checkpoint) if args.length_penalty is None else args.length_penalty
     translator = TorchTranslator(model, tokenizer, args.max_output_tokens, alpha)

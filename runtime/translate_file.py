@@ -10,7 +10,6 @@ tokens per second.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -19,8 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from model import flags
-from model.flags import setting
+from common import flags
+from common.flags import setting
 from runtime.manifest import ModelFolderError, Provider, Variant
 from runtime.search import MAX_REPEATS, translate_in_batches
 from runtime.sessions import OrtModel, RuntimeOptions, resolve_provider
@@ -64,13 +63,7 @@ class FileTranslation:
 
 
 def parse_args(argv: Sequence[str] | None) -> FileTranslation:
-    return flags.parse(
-        FileTranslation,
-        argv,
-        prog="translate-file",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    return flags.command(FileTranslation, argv, "translate-file", __doc__)
 
 
 def parallelism(workers: int, threads: int, provider: str, cores: int) -> tuple[int, int]:

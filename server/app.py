@@ -179,7 +179,7 @@ def create_server(config: ServerConfig, metrics: Metrics | None = None) -> Serve
         ("grpc.keepalive_time_ms", int(config.keepalive_time_s * 1000)),
         ("grpc.keepalive_timeout_ms", int(config.keepalive_timeout_s * 1000)),
         ("grpc.http2.ping_timeout_ms", int(config.keepalive_timeout_s * 1000)),
-        # Clients' keepalive pings are allowed, with calls or without (server/channel.py pings every 2 s);
+        # Clients' keepalive pings are allowed, with calls or without (client/channel.py pings every 2 s);
         # gRPC's default, one each 5 minutes, answers faster pings with GOAWAY too_many_pings.
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.min_ping_interval_without_data_ms", int(config.min_client_ping_interval_s * 1000)),

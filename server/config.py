@@ -1,5 +1,5 @@
 """Server configuration: one frozen dataclass; every field is a flag and an
-environment variable (``TRANSLATE_<FIELD>``, a deploy-time override of the default), by model/flags.py."""
+environment variable (``TRANSLATE_<FIELD>``, a deploy-time override of the default), by common/flags.py."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from model import flags
-from model.flags import setting
+from common import flags
+from common.flags import setting
 from runtime.manifest import Provider, Variant
 from runtime.search import MAX_REPEATS
 
@@ -104,7 +104,7 @@ class ServerConfig:
     min_client_ping_interval_s: float = setting(
         1.0,
         "the shortest interval between a client's pings the server allows (faster: GOAWAY too_many_pings); "
-        "server/channel.py pings every 2 s",
+        "client/channel.py pings every 2 s",
     )
     api_keys: Path | None = setting(
         None,

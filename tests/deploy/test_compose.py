@@ -11,8 +11,8 @@ import pytest
 import yaml
 from compose_spec import PyCompose
 
+from client.loadtest import main as loadtest
 from server.config import parse_config
-from server.loadtest import main as loadtest
 from tests.deploy.conftest import DEPLOY, ROOT
 from tests.deploy.test_kubernetes import SCHEDULER_STOP_SECONDS
 

@@ -93,7 +93,7 @@ def test_server_imports_without_the_training_dependencies():
 
 
 def test_load_generator_imports_without_the_training_dependencies():
-    result = import_without_training_deps("server.loadtest")
+    result = import_without_training_deps("client.loadtest")
     assert result.returncode == 0, result.stderr
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import sacrebleu
 
+from common.corpus import corpus_path, read_lines
 from export.__main__ import main as export
 from model.checkpoint import DEFAULT_CHECKPOINT, DEFAULT_DE_EN_CHECKPOINT, length_penalty, load_checkpoint
-from model.corpus import corpus_path, read_lines
 from model.translate import TorchTranslator
 from runtime.cpu import describe_cpu, int8_products_saturate
 from runtime.manifest import read_manifest

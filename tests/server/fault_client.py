@@ -1,5 +1,5 @@
 """The fault tests' client, a process of its own (run inside the client's network namespace): closed-loop
-Translate calls through the callers' service config (server/channel.py) until SIGTERM, then a JSON report of
+Translate calls through the callers' service config (client/channel.py) until SIGTERM, then a JSON report of
 every call (start, latency, code, the attempt that answered) and, every SAMPLE_SECONDS, the calls each
 replica's subchannel had started (from channelz), so a test sees when a replica stopped receiving calls.
 
@@ -19,9 +19,9 @@ import grpc
 from grpc_channelz.v1 import channelz_pb2
 from grpc_channelz.v1.channelz import ChannelzServicer
 
+from client.channel import aio_channel
 from proto import translate_pb2, translate_pb2_grpc
 from server.access import ATTEMPT_HEADER
-from server.channel import aio_channel
 from tests.conftest import own_sentences
 
 SAMPLE_SECONDS = 0.1

@@ -8,7 +8,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from model.corpus import corpus_path, read_lines
+from common.corpus import corpus_path, read_lines
 from proto import translate_pb2
 from server.detect import LanguageDetector
 from server.errors import InvalidRequest

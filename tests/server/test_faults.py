@@ -13,10 +13,10 @@ from pathlib import Path
 
 import grpc
 
+from client.channel import aio_channel
+from client.loadtest_report import percentile
 from proto import translate_pb2, translate_pb2_grpc
 from server.access import ATTEMPT_HEADER
-from server.channel import aio_channel
-from server.loadtest_report import percentile
 from tests.conftest import own_sentences
 from tests.server.test_http import free_port
 from tests.server.test_lifecycle import start_subprocess_server

@@ -109,7 +109,7 @@ def test_the_client_translates_a_file_with_blank_lines_line_for_line(server: Run
     source = f"{lines[0]}\n\n{lines[1]}\n   \n{lines[2]}\n"
     expected = [t.text for t in server.translate(lines).translations]
     result = subprocess.run(
-        [sys.executable, "-m", "server.client", "--target", f"127.0.0.1:{server.server.port}"],
+        [sys.executable, "-m", "client.client", "--target", f"127.0.0.1:{server.server.port}"],
         input=source,
         capture_output=True,
         text=True,

@@ -102,7 +102,7 @@ def test_sigterm_drains_in_flight_requests(tiny_export: Path):
 def test_client_command_prints_translations_and_errors(running: RunningServer):
     target = f"127.0.0.1:{running.server.port}"
     ok = subprocess.run(
-        [sys.executable, "-m", "server.client", "--target", target],
+        [sys.executable, "-m", "client.client", "--target", target],
         input="A man is walking.\nA cat is sleeping.\n",
         capture_output=True,
         text=True,
@@ -111,7 +111,7 @@ def test_client_command_prints_translations_and_errors(running: RunningServer):
     assert ok.returncode == 0, ok.stderr
     assert len(ok.stdout.splitlines()) == 2
     bad = subprocess.run(
-        [sys.executable, "-m", "server.client", "--target", target, "--beam", "99"],
+        [sys.executable, "-m", "client.client", "--target", target, "--beam", "99"],
         input="A man.\n",
         capture_output=True,
         text=True,

@@ -1,6 +1,6 @@
 """Silent failures between hosts: three replicas and a client, each in its own network namespace on one bridge
 (tests/server/netns.py), the client under closed-loop load through the callers' service config
-(server/channel.py). One fault at a time, mid-load:
+(client/channel.py). One fault at a time, mid-load:
 
 1. blackhole: every packet to and from a replica dropped (iptables DROP), then let through again;
 2. link flap: a replica's link down, up, down again, and up;
@@ -30,8 +30,8 @@ from pathlib import Path
 
 import pytest
 
-from server.channel import KEEPALIVE_TIME_MS, KEEPALIVE_TIMEOUT_MS
-from server.loadtest_report import percentile
+from client.channel import KEEPALIVE_TIME_MS, KEEPALIVE_TIMEOUT_MS
+from client.loadtest_report import percentile
 from tests.server import netns
 from tests.server.test_faults import FLAGS as LOOPBACK_FLAGS
 from tests.server.test_lifecycle import start_subprocess_server

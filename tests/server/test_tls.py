@@ -205,7 +205,7 @@ def test_the_container_health_check_speaks_tls(tiny_export: Path, certificates: 
 
 @pytest.mark.parametrize("api", ["grpc", "http"])
 def test_the_load_generator_speaks_mutual_tls(tiny_export: Path, certificates: Path, tmp_path: Path, api: str):
-    from server import loadtest
+    from client import loadtest
     from tests.server.test_http import free_port
 
     d = certificates

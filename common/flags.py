@@ -213,6 +213,11 @@ def parse(
     raise AssertionError("parser.error exits")
 
 
+def command(cls: type[T], argv: Sequence[str] | None, prog: str, doc: str | None) -> T:
+    """``parse`` for a command whose module docstring ``doc`` is its help, kept as written."""
+    return parse(cls, argv, prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def _build(
     cls: type[T], values: dict[tuple[str, ...], dict[str, Any]], owner: tuple[str, ...] = (), base: Any = None
 ) -> T:

@@ -1,4 +1,4 @@
-"""The load generator's results and report (server/loadtest.py): latency percentiles overall and per
+"""The load generator's results and report (client/loadtest.py): latency percentiles overall and per
 length bucket, errors by status code, the server's metric deltas and peaks, as JSON, Markdown and plots."""
 
 from __future__ import annotations

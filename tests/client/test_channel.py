@@ -1,5 +1,5 @@
 """The callers' service config: round robin over a target's addresses and retries of UNAVAILABLE, so a
-replica that drains loses no request of a client that uses it (server.client, the load generator)."""
+replica that drains loses no request of a client that uses it (client.client, the load generator)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import grpc
 import pytest
 
+from client.channel import CHANNEL_OPTIONS, KEEPALIVE_TIME_MS, KEEPALIVE_TIMEOUT_MS, SERVICE_CONFIG, channel
 from proto import translate_pb2, translate_pb2_grpc
-from server.channel import CHANNEL_OPTIONS, KEEPALIVE_TIME_MS, KEEPALIVE_TIMEOUT_MS, SERVICE_CONFIG, channel
 from server.config import ServerConfig
 from tests.conftest import ROOT, own_sentences
 from tests.server.conftest import RunningServer, server_config
@@ -68,7 +68,7 @@ def test_the_server_allows_the_clients_keepalive_pings():
 def test_the_load_generator_counts_retries_and_losses(tiny_export: Path, tmp_path: Path):
     """A draining replica beside a serving one: its refusals are retried on the other, the report counts
     them (the server says which attempt answered), and nothing is lost."""
-    from server import loadtest
+    from client import loadtest
 
     replicas = [RunningServer(server_config(tiny_export, max_output_tokens=8)) for _ in range(2)]
     try:

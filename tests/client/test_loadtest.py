@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import sentencepiece as spm
 
+from client import loadtest
 from runtime.cpu import describe_cpu
-from server import loadtest
 from server.errors import ServiceError, grpc_code_of_http
 from server.text import split_sentences
 from tests.server.conftest import RunningServer
@@ -42,24 +42,17 @@ def test_run_on_profile_gives_one_sentence_texts(tokenizer):
     assert len(split_sentences(documents[0])) > 5  # without :run-on a long text is many sentences
 
 
-def test_bounded_load_is_counted_exactly(running: RunningServer, tiny_export: Path, tmp_path: Path):
-    args = [
-        "--target",
-        f"127.0.0.1:{running.server.port}",
-        "--metrics",
-        f"http://127.0.0.1:{running.server.metrics_port}/metrics",
-        "--tokenizer",
-        str(tiny_export / "sentencepiece.model"),
-        "--profile",
-        "uniform:4-40",
-        "--concurrency",
-        "1,4",
-        "--requests",
-        "12",
-        "--out",
-        str(tmp_path),
+def bounded_load(port: int, metrics_port: int, export: Path, out: Path) -> list[str]:
+    """Flags for 12 requests at concurrency 1, then 4, of 4-40 tokens each."""
+    return [
+        *("--target", f"127.0.0.1:{port}", "--metrics", f"http://127.0.0.1:{metrics_port}/metrics"),
+        *("--tokenizer", str(export / "sentencepiece.model"), "--profile", "uniform:4-40"),
+        *("--concurrency", "1,4", "--requests", "12", "--out", str(out)),
     ]
-    assert loadtest.main(args) == 0
+
+
+def test_bounded_load_is_counted_exactly(running: RunningServer, tiny_export: Path, tmp_path: Path):
+    assert loadtest.main(bounded_load(running.server.port, running.server.metrics_port, tiny_export, tmp_path)) == 0
     report = json.loads((tmp_path / "report.json").read_text())
     assert [run["requests"] for run in report["runs"]] == [12, 12]
     assert [len(results) for results in report["results"]] == [12, 12]
@@ -102,25 +95,8 @@ def test_http_api_is_driven_the_same_way(tiny_export: Path, tmp_path: Path):
 
     server = start(tiny_export)
     try:
-        args = [
-            "--api",
-            "http",
-            "--target",
-            f"127.0.0.1:{server.server.http_port}",
-            "--metrics",
-            f"http://127.0.0.1:{server.server.metrics_port}/metrics",
-            "--tokenizer",
-            str(tiny_export / "sentencepiece.model"),
-            "--profile",
-            "uniform:4-40",
-            "--concurrency",
-            "1,4",
-            "--requests",
-            "12",
-            "--out",
-            str(tmp_path),
-        ]
-        assert loadtest.main(args) == 0
+        args = bounded_load(server.server.http_port, server.server.metrics_port, tiny_export, tmp_path)
+        assert loadtest.main(["--api", "http", *args]) == 0
         report = json.loads((tmp_path / "report.json").read_text())
         assert all(run["codes"] == {"OK": 12} for run in report["runs"])
         assert report["runs"][1]["server"]["translate_requests_total_delta"] == 12

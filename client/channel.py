@@ -1,4 +1,4 @@
-"""How callers should reach the service: the gRPC service config and channel options that ``server.client``
+"""How callers should reach the service: the gRPC service config and channel options that ``client.client``
 and the load generator use, and that other languages' clients can take as they are
 (deploy/grpc/service-config.json is the same service config; docs/serving.md, "Silent failures", gives the
 reason for each number).

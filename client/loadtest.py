@@ -1,4 +1,4 @@
-"""Load generator for the translation API: ``translate-loadtest`` (or ``python -m server.loadtest``).
+"""Load generator for the translation API: ``translate-loadtest`` (or ``python -m client.loadtest``).
 
 Closed loop (``--concurrency N``, or a sweep ``--concurrency 1,8,64``) or open
 loop (``--rate R`` Poisson arrivals per second); bounded by ``--requests``
@@ -26,7 +26,6 @@ as JSON and Markdown, with PNG plots when ``--out`` is given.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import random
@@ -43,15 +42,15 @@ import aiohttp
 import grpc
 import sentencepiece as spm
 
-from model import flags
-from model.corpus import read_lines
-from model.flags import setting
+from client.channel import aio_channel
+from client.loadtest_report import Result, Run, markdown, plot, scrape, summarize
+from common import flags
+from common.corpus import read_lines
+from common.flags import setting
 from proto import translate_pb2, translate_pb2_grpc
 from server.access import ATTEMPT_HEADER
-from server.channel import aio_channel
 from server.config import DEFAULT_MODEL_DIR
 from server.errors import grpc_code_of_http
-from server.loadtest_report import Result, Run, markdown, plot, scrape, summarize
 
 FILLER = [
     "A man in a blue shirt is walking down the street with his dog.",
@@ -158,7 +157,7 @@ def http_sender(session: aiohttp.ClientSession, args, tokenizer: spm.SentencePie
 
 def grpc_channel(args) -> grpc.aio.Channel:
     """Plaintext, or TLS trusting --tls-ca (mutual with --tls-cert/--tls-key); with the service config
-    (server/channel.py: round robin over the target's addresses, retries of UNAVAILABLE)."""
+    (client/channel.py: round robin over the target's addresses, retries of UNAVAILABLE)."""
     if not args.tls_ca:
         return aio_channel(args.target)
     key, cert = (Path(p).read_bytes() if p else None for p in (args.tls_key, args.tls_cert))
@@ -287,13 +286,7 @@ class LoadTest:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> LoadTest:
-    return flags.parse(
-        LoadTest,
-        argv,
-        prog="translate-loadtest",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    return flags.command(LoadTest, argv, "translate-loadtest", __doc__)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

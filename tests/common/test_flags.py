@@ -1,4 +1,4 @@
-"""model/flags.py: one way from a frozen config dataclass to flags and environment variables, used by the
+"""common/flags.py: one way from a frozen config dataclass to flags and environment variables, used by the
 server, training and export."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from typing import Literal
 
 import pytest
 
+from common import flags
+from common.flags import setting
 from export.pipeline import ExportConfig, MarianLayout
-from model import flags
 from model.config import ModelConfig
-from model.flags import setting
 from model.marian import LAYOUTS
 from model.train import DEFAULT_MODEL, TrainConfig
 from model.train import parse_args as train_args

@@ -1,5 +1,6 @@
-"""A command-line client: ``python -m server.client [--target HOST:PORT] [--from LANG] [--to LANG]
-[--model NAME[@VERSION]] [--beam N] [--max-output-tokens N] [--timeout SECONDS] [--batch LINES]``.
+"""A command-line client: ``translate-client`` (or ``python -m client.client``) ``[--target HOST:PORT]
+[--from LANG] [--to LANG] [--model NAME[@VERSION]] [--beam N] [--max-output-tokens N] [--timeout SECONDS]
+[--batch LINES]``.
 
 Reads source lines on stdin and prints one translation per line (a blank line stays blank). On error it
 prints the gRPC status code and message and exits non-zero.
@@ -13,8 +14,8 @@ from collections.abc import Sequence
 
 import grpc
 
+from client.channel import channel
 from proto import translate_pb2, translate_pb2_grpc
-from server.channel import channel
 
 
 def main(argv: Sequence[str] | None = None) -> int:
