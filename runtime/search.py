@@ -22,6 +22,7 @@ from __future__ import annotations
 import concurrent.futures
 import itertools
 import math
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
@@ -61,8 +62,18 @@ class KVCache:
 
     moves_in_place = True  # reordered rows are copied within their buffers (a device cache gathers instead)
 
-    def __init__(self, layers: int, heads: int, d_cache: int, dtype=np.float32, chunk: int = 16) -> None:
+    def __init__(
+        self,
+        layers: int,
+        heads: int,
+        d_cache: int,
+        dtype=np.float32,
+        chunk: int = 16,
+        pool: CachePool | None = None,
+    ) -> None:
         self.layers, self.heads, self.d_cache, self.dtype, self.chunk = layers, heads, d_cache, dtype, chunk
+        self.pool = pool
+        self.keys: list = []
         self.version = 0
         self.generation = 0  # new buffers
         self.parity = 0  # which of the two buffer sets (live, spare) is live
@@ -75,7 +86,9 @@ class KVCache:
         return self.generation, self.parity
 
     def clear(self) -> None:
-        """No rows left: give the buffers back."""
+        """No rows left: give the buffers back (to the pool, when there is one)."""
+        if self.pool is not None and self.keys and self.rows_capacity and self.capacity:
+            self.pool.give(self.keys, self.values)
         self.keys = [self._buffer(0, 0) for _ in range(self.layers)]
         self.values = [self._buffer(0, 0) for _ in range(self.layers)]
         self.lengths, self.rows, self._spare = np.zeros(0, np.int32), 0, None
@@ -135,6 +148,13 @@ class KVCache:
         """Room for ``rows`` rows of ``length`` slots; live entries are kept."""
         if rows <= self.rows_capacity and length <= self.capacity:
             return
+        if not self.rows and self.pool is not None and (pooled := self.pool.take(rows, length)) is not None:
+            self.keys, self.values = pooled
+            self._sized()
+            self.lengths = np.zeros(self.rows_capacity, np.int32)
+            self.version += 1
+            self.generation, self.parity = self.generation + 1, 0
+            return
         new_rows = (
             max(rows, min(2 * self.rows_capacity, rows + 64)) if rows > self.rows_capacity else self.rows_capacity
         )
@@ -191,6 +211,30 @@ class KVCache:
         self.rows = count
         self.longest = int(self.live_lengths.max(initial=0))
         self.version += 1
+
+
+class CachePool:
+    """The buffers of the last self-attention cache that emptied, kept for the next one they fit: its steps
+    then write into memory already paged in, not into fresh pages the kernel must fault in and zero on first
+    touch (offline decoding makes a cache per batch). One set at most, so a model holds at most one idle
+    cache beside its live ones."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # translate-file's workers decode batches on threads
+        self._buffers: tuple[list, list] | None = None
+
+    def give(self, keys: list, values: list) -> None:
+        with self._lock:
+            self._buffers = (keys, values)  # the set it held before is freed
+
+    def take(self, rows: int, capacity: int) -> tuple[list, list] | None:
+        """The kept set, when its buffers hold ``rows`` rows of ``capacity`` slots (it is then no longer kept)."""
+        with self._lock:
+            buffers = self._buffers
+            if buffers is None or buffers[0][0].shape[0] < rows or buffers[0][0].shape[2] < capacity:
+                return None
+            self._buffers = None
+            return buffers
 
 
 class SourceCache:

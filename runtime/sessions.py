@@ -27,6 +27,7 @@ from runtime.cpu import describe_cpu, int8_products_saturate
 from runtime.manifest import ModelFolderError, Provider, Variant, read_manifest
 from runtime.search import (
     LENGTH_PENALTY,
+    CachePool,
     DecodeBatch,
     Hypothesis,
     KVCache,
@@ -98,6 +99,10 @@ class RuntimeOptions:
     # long input) for good, rounded up to powers of two; without it they go back to the allocator (see
     # bound_process_memory). No measurable speed difference (2-core x86-64, int8, batch 1 and 32).
     memory_arena: bool = False
+    # Offline decoding (``OrtModel.hypotheses``) makes a self-attention cache per batch; with this, each takes
+    # the buffers of the last one that emptied when they fit (CachePool) instead of fresh pages. The server
+    # leaves it off: its batches live on, and an idle cache would be memory its budget does not count.
+    reuse_cache_buffers: bool = False
 
 
 # Below this many rows a step is too small to share between threads: waking a second intra-op thread
@@ -278,6 +283,7 @@ class OrtModel:
         self._cache_ops = (
             CacheOps(PROVIDERS[self.provider], self.device, self.cache_dtype) if self.device_cache else None
         )
+        self.cache_pool: CachePool | None = CachePool() if options.reuse_cache_buffers else None
 
     def _warn_if_int8_saturates(self) -> None:
         """An int8 export from before 7-bit weights loses BLEU on CPUs without VNNI (export/optimize.py)."""
@@ -397,11 +403,14 @@ class OrtModel:
 
     # --- decoding ----------------------------------------------------------------
 
-    def new_batch(self) -> DecodeBatch:
-        """An empty running batch over this model's decoder step."""
+    def new_batch(self, pool: CachePool | None = None) -> DecodeBatch:
+        """An empty running batch over this model's decoder step; ``pool``: where its host cache takes its
+        buffers from and gives them back to (offline decoding's ``self.cache_pool``)."""
         c = self.config
         place = self._on_device if self.io_binding else None
-        cache_type = KVCache if self._cache_ops is None else partial(DeviceKVCache, ops=self._cache_ops)
+        cache_type = (
+            partial(KVCache, pool=pool) if self._cache_ops is None else partial(DeviceKVCache, ops=self._cache_ops)
+        )
         layout = (c.n_decoder_layers, c.n_heads, self.d_cache, c.decoder_start_id, self.cache_dtype)
         return DecodeBatch(self.step, *layout, place, cache_type)
 
@@ -430,7 +439,7 @@ class OrtModel:
         """Decode sources together to completion (``max_repeats``: the runaway-output guard, see
         runtime.search). They are encoded in groups of ENCODER_GROUP by length (padding is encoder work) and
         all decode in one batch."""
-        c, batch = self.config, self.new_batch()
+        c, batch = self.config, self.new_batch(self.cache_pool)
         order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
         for start in range(0, len(order), ENCODER_GROUP):
             group = order[start : start + ENCODER_GROUP]

@@ -32,8 +32,11 @@ SMALL_BATCH_THREADS = None
 
 def runtime_options(variant: Variant = "fp32", provider: str = "cpu", threads: int = 0) -> RuntimeOptions:
     """translate-file's engine settings, which the benchmarks time as ours: intra-op threads spin during a
-    run only (runtime/sessions.py), every batch steps on the same sessions."""
-    return RuntimeOptions(variant, provider, threads, spinning=True, small_batch_threads=SMALL_BATCH_THREADS)
+    run only (runtime/sessions.py), every batch steps on the same sessions, and each batch's cache takes the
+    last one's buffers."""
+    return RuntimeOptions(
+        variant, provider, threads, spinning=True, small_batch_threads=SMALL_BATCH_THREADS, reuse_cache_buffers=True
+    )
 
 
 @dataclass(frozen=True)

@@ -265,6 +265,24 @@ def test_batches_decoding_at_once_on_one_model_keep_their_own_bindings(tiny_expo
     assert together == [model.translate_ids(half, 2, 16) for half in halves * 2]
 
 
+def test_batches_that_reuse_the_last_caches_buffers_translate_the_same(tiny_export: Path):
+    """Offline decoding's cache pool: each batch takes the last one's buffers, slots full of the last
+    batch's entries, and translates as with fresh zeroed ones."""
+    fresh = OrtModel(tiny_export, RuntimeOptions(provider="cpu", intra_op_threads=1))
+    reusing = OrtModel(tiny_export, RuntimeOptions(provider="cpu", intra_op_threads=1, reuse_cache_buffers=True))
+    ids = fresh.tokenizer.encode_source(own_sentences(10))
+    chunks = [ids[4:], ids[:4], ids[2:5], ids]  # the largest first: the rest fit in its buffers
+    taken = []
+    original = reusing.cache_pool.take
+    reusing.cache_pool.take = lambda rows, capacity: taken.append(original(rows, capacity)) or taken[-1]
+    for beam in (1, 3):
+        assert [reusing.translate_ids(c, beam, 16) for c in chunks] == [
+            fresh.translate_ids(c, beam, 16) for c in chunks
+        ]
+    assert sum(found is not None for found in taken) >= 4
+    assert fresh.cache_pool is None
+
+
 def test_cache_op_graphs_are_the_ones_the_builder_writes():
     """The shipped one-node graphs (the server cannot build them: no onnx package) are current."""
     for op in OPS:

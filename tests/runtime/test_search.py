@@ -10,6 +10,7 @@ from model.transformer import Transformer
 from model.translate import TorchTranslator
 from runtime.search import (
     BeamSearch,
+    CachePool,
     DecodeBatch,
     GreedySearch,
     Hypothesis,
@@ -161,6 +162,28 @@ def test_cache_select_moves_only_changed_rows_in_place():
     assert cache.keys[0] is buffer and cache.keys[0][:3, 0, 0, 0].tolist() == [3, 3, 1]
     assert cache.live_lengths.tolist() == [4, 4, 2] and cache.version != version
     assert cache.nbytes == 2 * buffer.nbytes  # keys and values: no spare buffers
+
+
+def test_an_emptied_cache_gives_its_buffers_to_the_next_one_they_fit():
+    pool = CachePool()
+    first = KVCache(layers=2, heads=1, d_cache=2, chunk=4, pool=pool)
+    first.reserve(8, 12)
+    first.add_rows(3)
+    buffers = first.keys + first.values
+    first.clear()  # emptied: its buffers go to the pool
+    second = KVCache(layers=2, heads=1, d_cache=2, chunk=4, pool=pool)
+    second.reserve(6, 10)  # fits in 8 rows of 12 slots: taken as they are
+    assert all(a is b for a, b in zip(second.keys + second.values, buffers, strict=True))
+    assert (second.rows_capacity, second.capacity, second.rows) == (8, 12, 0)
+    second.add_rows(2)
+    assert second.live_lengths.tolist() == [0, 0]  # garbage slots, but nothing cached yet
+    third = KVCache(layers=2, heads=1, d_cache=2, chunk=4, pool=pool)
+    third.reserve(4, 4)  # the pool gave its one set away
+    assert not any(a is b for a, b in zip(third.keys + third.values, buffers, strict=True))
+    second.clear()
+    fourth = KVCache(layers=2, heads=1, d_cache=2, chunk=4, pool=pool)
+    fourth.reserve(9, 4)  # more rows than the kept set has: fresh buffers, the set stays kept
+    assert fourth.rows_capacity >= 9 and pool.take(8, 12) is not None
 
 
 def test_sources_join_and_leave_in_place_and_resize_only_when_out_of_room():
