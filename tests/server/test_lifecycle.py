@@ -27,13 +27,9 @@ from tests.server.conftest import RunningServer, server_config
 from tests.server.fake_engine import FakeEngine
 
 
-def start_subprocess_server(
-    model: Path, *flags: str, cwd: Path | None = None, wrapper: Sequence[str] = ()
-) -> tuple[subprocess.Popen, int, int]:
-    """``python -m server`` on free ports; ``cwd``: the checkout whose server runs (default this one);
-    ``wrapper``: a command that runs it (e.g. ``ip netns exec NAME``)."""
-    cmd = [
-        *wrapper,
+def server_command(model: Path) -> list[str]:
+    """``python -m server`` for this folder, every port chosen by the system."""
+    return [
         sys.executable,
         "-m",
         "server",
@@ -45,14 +41,15 @@ def start_subprocess_server(
         "0",
         "--http-port",
         "0",
-        "--host",
-        "127.0.0.1",
-        "--provider",
-        "cpu",
-        "--cache-mib",
-        "0",
-        *flags,
     ]
+
+
+def start_subprocess_server(
+    model: Path, *flags: str, cwd: Path | None = None, wrapper: Sequence[str] = ()
+) -> tuple[subprocess.Popen, int, int]:
+    """``python -m server`` on free ports; ``cwd``: the checkout whose server runs (default this one);
+    ``wrapper``: a command that runs it (e.g. ``ip netns exec NAME``)."""
+    cmd = [*wrapper, *server_command(model), "--host", "127.0.0.1", "--provider", "cpu", "--cache-mib", "0", *flags]
     process = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=cwd)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

@@ -7,7 +7,6 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -26,7 +25,7 @@ from tests.conftest import ROOT
 from tests.server.conftest import RunningServer, server_config
 from tests.server.test_http import http
 from tests.server.test_http import start as start_http
-from tests.server.test_lifecycle import start_subprocess_server
+from tests.server.test_lifecycle import server_command, start_subprocess_server
 
 DOCUMENTED_CODES = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED}
 
@@ -231,19 +230,7 @@ def test_broken_model_files_fail_startup_naming_the_file(tiny_export: Path, tmp_
         with open(folder / "encoder.onnx", "r+b") as f:
             f.truncate(100)
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "server",
-            "--model",
-            str(folder),
-            "--port",
-            "0",
-            "--metrics-port",
-            "0",
-            "--http-port",
-            "0",
-        ],
+        server_command(folder),
         capture_output=True,
         text=True,
         timeout=60,

@@ -8,7 +8,6 @@ import json
 import shutil
 import signal
 import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import pytest
 
 from proto import translate_pb2, translate_pb2_grpc
 from tests.conftest import make_tiny_checkpoint
-from tests.server.test_lifecycle import start_subprocess_server
+from tests.server.test_lifecycle import server_command, start_subprocess_server
 
 
 @pytest.fixture(scope="module")
@@ -65,19 +64,7 @@ def test_a_folder_that_fails_its_checksum_never_serves(versions: tuple[Path, Pat
     weights = broken / "decoder.onnx"
     weights.write_bytes(weights.read_bytes()[:-1] + b"\0")  # one byte changed, same size
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "server",
-            "--model",
-            str(broken),
-            "--port",
-            "0",
-            "--metrics-port",
-            "0",
-            "--http-port",
-            "0",
-        ],
+        server_command(broken),
         capture_output=True,
         text=True,
         timeout=120,
