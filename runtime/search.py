@@ -46,6 +46,12 @@ def default_max_output(source_len: int, cap: int) -> int:
     return min(cap, 2 * source_len + 10)
 
 
+# Up to this many rows, the arrays a step reads are updated through a memoryview, element by element: the
+# first numpy ufunc after ONNX Runtime's run costs 8-14 µs (its dispatch runs from caches the run evicted),
+# more than a few Python item writes (batch 1 greedy: 7 µs less per step, 1.1% faster).
+FEW_ROWS = 8
+
+
 class KVCache:
     """Self-attention keys/values of the live rows, written in place by the decoder step.
 
@@ -181,7 +187,12 @@ class KVCache:
     def advance(self) -> None:
         """The step wrote one entry per row; make room for the next step's."""
         if self.rows:
-            self.lengths[: self.rows] += 1
+            if self.rows <= FEW_ROWS:
+                lengths = memoryview(self.lengths)
+                for row in range(self.rows):
+                    lengths[row] += 1
+            else:
+                self.lengths[: self.rows] += 1
             self.longest += 1
         self.reserve(self.rows, self.longest + 1)
 
@@ -774,7 +785,12 @@ class DecodeBatch:
                 finished.append((key, search.result()))
                 del self.searches[key]
         if len(kept) == self.rows:  # nothing changes shape: the next step reuses its binding
-            self.tokens[:] = top_ids[:, 0]
+            if self.rows <= FEW_ROWS:
+                tokens = memoryview(self.tokens)
+                for row, token in enumerate(best):
+                    tokens[row] = token
+            else:
+                self.tokens[:] = top_ids[:, 0]
         else:
             self._keep([np.array([row]) for row in kept], [top_ids[row, :1] for row in kept], kept)
         return finished
