@@ -106,10 +106,11 @@ class Container:
         tmpfs, in a private mount namespace (what `podman run --read-only` would do, without a runtime)."""
         root = shlex.quote(str(self.root))
         environment = " ".join(shlex.quote(f"{k}={v}") for k, v in {**self.env, "HOME": "/tmp", **(env or {})}.items())
+        # The root is made read-only first: a non-recursive bind of it onto itself would hide the mounts below.
         script = (
+            f"mount --bind {root} {root} && mount -o remount,bind,ro {root} && "
             f"mount -t proc proc {root}/proc && mount --rbind /sys {root}/sys && mount --rbind /dev {root}/dev && "
             f"mount -t tmpfs tmpfs {root}/tmp && "
-            f"mount --bind {root} {root} && mount -o remount,bind,ro {root} && "
             f"exec chroot --userspec={self.user or '0:0'} {root} /usr/bin/env -i {environment} "
             f'/bin/sh -c \'cd {shlex.quote(self.workdir)} && exec "$@"\' sh "$@"'
         )
