@@ -71,24 +71,7 @@ def idle_memory(settle_s: float = 3.0) -> list[tuple[str, float]]:
 
 
 def drive(api: str, port: int, languages: str, profile: loadtest.Profile, clients: int, requests: int):
-    args = loadtest.parse_args(
-        [
-            "--api",
-            api,
-            "--target",
-            f"127.0.0.1:{port}",
-            "--languages",
-            languages,
-            "--metrics",
-            "",
-            "--requests",
-            str(requests),
-            "--duration",
-            "600",
-            "--deadline",
-            "120",
-        ]
-    )
+    args = loadtest.bounded(port, requests, 600, "--api", api, "--languages", languages, "--deadline", "120")
     return loadtest.drive(args, profile, clients, 0.0)
 
 

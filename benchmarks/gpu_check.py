@@ -136,9 +136,7 @@ def serve_under_load(model_dir: Path, provider: str, variant: str, data: Path, s
 
     process, port, _ = start_subprocess_server(model_dir, "--provider", provider, "--variant", variant)
     try:
-        args = loadtest.parse_args(
-            ["--target", f"127.0.0.1:{port}", "--metrics", "", "--requests", "1000000", "--duration", str(seconds)]
-        )
+        args = loadtest.bounded(port, 1_000_000, seconds)
         tokenizer = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / "sentencepiece.model"))
         profile = loadtest.Profile(f"file:{corpus_path(data, 'test_2016_flickr', 'en')}", tokenizer, 1)
         run = asyncio.run(loadtest.drive(args, profile, clients, 0.0))

@@ -34,20 +34,7 @@ PROFILES = ("mix:90:10-30:200-500:run-on", "mix:90:10-30:200-500")
 
 
 def run_load(port: int, tokenizer, profile_spec: str, concurrency: int, rate: float, requests: int, seed: int) -> dict:
-    args = loadtest.parse_args(
-        [
-            "--target",
-            f"127.0.0.1:{port}",
-            "--metrics",
-            "",
-            "--requests",
-            str(requests),
-            "--duration",
-            "600",
-            "--deadline",
-            "120",
-        ]
-    )
+    args = loadtest.bounded(port, requests, 600, "--deadline", "120")
     run = asyncio.run(loadtest.drive(args, loadtest.Profile(profile_spec, tokenizer, seed), concurrency, rate))
     short = [r.latency for r in run.results if r.code == "OK" and r.input_tokens <= SHORT_MAX]
     long = [r.latency for r in run.results if r.code == "OK" and r.input_tokens > SHORT_MAX]

@@ -78,9 +78,7 @@ def threads_cpu(pid: int) -> collections.Counter:
 
 def served(port: int, pid: int, source: Path, tokenizer, sentences: int, clients: int, seed: int) -> dict:
     """The server's CPU seconds per sentence, requests per second and p99 latency under the closed loop."""
-    args = loadtest.parse_args(
-        ["--target", f"127.0.0.1:{port}", "--metrics", "", "--requests", str(sentences), "--duration", "600"]
-    )
+    args = loadtest.bounded(port, sentences)
     before, threads_before = cpu_seconds(pid), threads_cpu(pid)
     run = asyncio.run(loadtest.drive(args, loadtest.Profile(f"file:{source}", tokenizer, seed), clients, 0.0))
     ok = [r for r in run.results if r.code == "OK"]

@@ -289,6 +289,24 @@ def parse_args(argv: Sequence[str] | None = None) -> LoadTest:
     return flags.command(LoadTest, argv, "translate-loadtest", __doc__)
 
 
+def bounded(port: int, requests: int, seconds: float = 600, *more: str) -> LoadTest:
+    """A benchmark's run against a server on 127.0.0.1:``port``: at most ``requests`` requests in at most
+    ``seconds``, no metrics scraped, and ``more`` flags (--api, --deadline, ...)."""
+    return parse_args(
+        [
+            "--target",
+            f"127.0.0.1:{port}",
+            "--metrics",
+            "",
+            "--requests",
+            str(requests),
+            "--duration",
+            str(seconds),
+            *more,
+        ]
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     tokenizer = spm.SentencePieceProcessor(model_file=str(args.tokenizer))

@@ -128,3 +128,10 @@ def test_http_statuses_are_reported_under_the_grpc_code_the_server_maps_them_fro
         sharing = {e.code.name for e in errors if e.http_status == error.http_status}  # 403: a missing or bad key
         assert grpc_code_of_http(error.http_status) in sharing | {"INTERNAL"}  # 500 is INTERNAL's
     assert grpc_code_of_http(200) == "OK" and grpc_code_of_http(418) == "HTTP_418"
+
+
+def test_a_benchmarks_bounded_run_targets_the_port_and_scrapes_nothing():
+    args = loadtest.bounded(5123, 7, 30, "--api", "http", "--deadline", "9")
+    assert (args.target, args.requests, args.duration, args.metrics) == ("127.0.0.1:5123", 7, 30.0, "")
+    assert (args.api, args.deadline) == ("http", 9.0)
+    assert loadtest.bounded(5123, 7).duration == 600.0
