@@ -9,6 +9,13 @@ from a profile:
   fixed:N               texts of N tokens
   uniform:A-B           lengths drawn uniformly from A..B tokens
   mix:P:A-B:C-D         P% short texts (A..B tokens), the rest long (C..D tokens)
+  corpus:PATH:P:doc:A-B:R
+  corpus:PATH:P:run-on:A-B:R
+                        P% one sentence of PATH, the rest documents of A..B
+                        of its sentences (doc) or one sentence of A..B tokens
+                        made of its sentences as clauses (run-on); R% of the
+                        sentences repeat one sent before (a translation cache
+                        can answer them), the others are new, in file order
 
 Generated texts are made of short filler sentences; append ``:run-on`` to a
 fixed/uniform/mix profile for texts that are one sentence each (no sentence
@@ -64,17 +71,34 @@ FILLER = [
 class Profile:
     """Texts with a requested number of source tokens, as the server's tokenizer counts them."""
 
+    KINDS = "use file:PATH, fixed:N, uniform:A-B, mix:P:A-B:C-D (+ :run-on) or corpus:PATH:P:doc|run-on:A-B:R"
+
     def __init__(self, spec: str, tokenizer: spm.SentencePieceProcessor, seed: int = 0) -> None:
         self.spec, self.tokenizer, self.rng = spec, tokenizer, random.Random(seed)
         kind, _, rest = spec.partition(":")
-        self.run_on = kind != "file" and rest.endswith(":run-on")
+        if kind not in ("file", "fixed", "uniform", "mix", "corpus"):
+            raise ValueError(f"unknown profile {spec!r}: {self.KINDS}")
+        self.run_on = kind not in ("file", "corpus") and rest.endswith(":run-on")
         rest = rest.removesuffix(":run-on") if self.run_on else rest
-        self.lines: list[str] = read_lines(rest) if kind == "file" else []
-        if kind not in ("file", "fixed", "uniform", "mix"):
-            raise ValueError(
-                f"unknown profile {spec!r}: use file:PATH, fixed:N, uniform:A-B or mix:P:A-B:C-D (+ :run-on)"
-            )
+        self.lines: list[str] = []
+        self.sent: list[str] = []  # corpus: the sentences sent so far, which repeats draw from
+        if kind == "file":
+            self.lines = read_lines(rest)
+        elif kind == "corpus":
+            self._corpus(spec, rest)
         self.kind, self.args = kind, rest
+
+    def _corpus(self, spec: str, rest: str) -> None:
+        try:
+            path, share, long, lengths, repeated = rest.rsplit(":", 4)
+            self.share, self.repeated, self.long_range = float(share), float(repeated), self._range(lengths)
+        except ValueError:
+            raise ValueError(f"bad profile {spec!r}: {self.KINDS}") from None
+        if long not in ("doc", "run-on"):
+            raise ValueError(f"bad profile {spec!r}: long texts are doc or run-on, not {long!r}")
+        self.run_on = long == "run-on"
+        self.lines = read_lines(path)
+        self.fresh = self.rng.randrange(len(self.lines))  # where new sentences are taken from, in file order
 
     @staticmethod
     def _range(text: str) -> tuple[int, int]:
@@ -89,14 +113,23 @@ class Profile:
         share, short, long = self.args.split(":")
         return self.rng.randint(*self._range(short if self.rng.random() * 100 < float(share) else long))
 
+    def sentence(self) -> str:
+        """corpus: one of the sentences sent before (R% of the time), or the file's next one."""
+        if self.sent and self.rng.random() * 100 < self.repeated:
+            return self.rng.choice(self.sent)
+        text = self.lines[self.fresh % len(self.lines)]
+        self.fresh += 1
+        self.sent.append(text)
+        return text
+
     def text_of_length(self, tokens: int) -> str:
-        """Filler sentences joined until the text has ``tokens`` tokens, then cut to exactly that.
-        Run-on texts join them as clauses (no sentence-ending punctuation)."""
+        """Sentences (filler, or the corpus's) joined until the text has ``tokens`` tokens, then cut to exactly
+        that. Run-on texts join them as clauses (no sentence-ending punctuation)."""
         pieces, count = [], 0
         while count < tokens:
-            sentence = self.rng.choice(FILLER)
+            sentence = self.sentence() if self.kind == "corpus" else self.rng.choice(FILLER)
             if self.run_on:
-                sentence = sentence.rstrip(".") + (" and" if pieces else "")
+                sentence = sentence.rstrip(". ") + (" and" if pieces else "")
             pieces.append(sentence)
             count += len(self.tokenizer.encode(sentence))
         ids, cut = self.tokenizer.encode(" ".join(pieces)), tokens
@@ -107,8 +140,19 @@ class Profile:
                 return text
             cut -= excess
 
+    def corpus_text(self) -> str:
+        if self.rng.random() * 100 < self.share:
+            return self.sentence()
+        size = self.rng.randint(*self.long_range)
+        return self.text_of_length(size) if self.run_on else " ".join(self.sentence() for _ in range(size))
+
     def next(self) -> tuple[str, int]:
-        text = self.rng.choice(self.lines) if self.kind == "file" else self.text_of_length(self.length())
+        if self.kind == "file":
+            text = self.rng.choice(self.lines)
+        elif self.kind == "corpus":
+            text = self.corpus_text()
+        else:
+            text = self.text_of_length(self.length())
         return text, len(self.tokenizer.encode(text))
 
 

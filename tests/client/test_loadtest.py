@@ -42,6 +42,57 @@ def test_run_on_profile_gives_one_sentence_texts(tokenizer):
     assert len(split_sentences(documents[0])) > 5  # without :run-on a long text is many sentences
 
 
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    """Forty made-up sentences, each naming its number."""
+    path = tmp_path / "corpus.en"
+    path.write_text("".join(f"The dog number {i} runs across the green field.\n" for i in range(40)))
+    return path
+
+
+def test_corpus_profile_mixes_sentences_and_documents_of_its_lines(tokenizer, corpus: Path):
+    lines = corpus.read_text().splitlines()
+    profile = loadtest.Profile(f"corpus:{corpus}:70:doc:3-5:0", tokenizer, seed=3)
+    texts = [profile.next()[0] for _ in range(300)]
+    singles = [t for t in texts if t in lines]
+    documents = [[s for s, _ in split_sentences(t)] for t in texts if t not in lines]
+    assert 150 < len(singles) < 250 and len(singles) + len(documents) == 300
+    assert all(3 <= len(d) <= 5 and all(s in lines for s in d) for d in documents)
+    # Nothing repeats until every line was sent once: new sentences come in file order.
+    assert len(set(profile.sent[:40])) == 40 and profile.sent[40:80] == profile.sent[:40]
+
+
+@pytest.mark.parametrize("repeated", [0, 50, 90])
+def test_corpus_profile_repeats_the_share_of_sentences_asked_for(tokenizer, corpus: Path, repeated: int):
+    big = corpus.parent / "big.en"
+    big.write_text("".join(f"A cat called number {i} sleeps.\n" for i in range(5000)))
+    profile = loadtest.Profile(f"corpus:{big}:100:doc:1-1:{repeated}", tokenizer, seed=4)
+    texts = [profile.next()[0] for _ in range(2000)]
+    assert abs((1 - len(set(texts)) / len(texts)) * 100 - repeated) < 4
+
+
+def test_corpus_run_on_texts_are_one_sentence_of_the_length_asked_for(tokenizer, corpus: Path):
+    profile = loadtest.Profile(f"corpus:{corpus}:0:run-on:100-120:0", tokenizer, seed=5)
+    for _ in range(5):
+        text, tokens = profile.next()
+        assert 100 - 3 <= tokens <= 120
+        assert len(split_sentences(text.replace("⁇", ""))) == 1
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("corpus:{path}:70:doc:3-5", "bad profile"),
+        ("corpus:{path}:x:doc:3-5:0", "bad profile"),
+        ("corpus:{path}:70:essay:3-5:0", "doc or run-on, not 'essay'"),
+        ("poem:3", "unknown profile"),
+    ],
+)
+def test_bad_profiles_say_what_is_accepted(tokenizer, corpus: Path, spec: str, message: str):
+    with pytest.raises(ValueError, match=message):
+        loadtest.Profile(spec.format(path=corpus), tokenizer)
+
+
 def bounded_load(port: int, metrics_port: int, export: Path, out: Path) -> list[str]:
     """Flags for 12 requests at concurrency 1, then 4, of 4-40 tokens each."""
     return [
