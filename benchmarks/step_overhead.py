@@ -54,8 +54,8 @@ def main() -> int:
         session.run_with_iobinding = timed
     new_batch = model.new_batch
 
-    def timed_batch():
-        batch = new_batch()
+    def timed_batch(pool=None):
+        batch = new_batch(pool)
         step = batch.step
 
         def timed_step():
