@@ -10,10 +10,11 @@ Each cell is one traffic mix, offered open loop (Poisson arrivals) at a share of
 - the translation cache off, or on with 0, 50 or 90% of the sentences repeating one sent before (--cache);
 - one model (en→de) or two served at once, half the traffic each (--models);
 - greedy or beam 4 (--beam).
-Sentences come from the corpus's train split (German for de→en), new ones in file order, so the cache hits only
-the repeats asked for. With the cache on, both servers start afresh before each run, so each run starts with
-an empty cache. Static and continuous alternate within each repeat; medians of --repeats. "Short" requests are
-the single sentences (up to SHORT_MAX tokens). The load generator runs in this process, on the same cores.
+Sentences come from the corpus's train split (--split; German for de→en), new ones in file order, so the cache
+hits only the repeats asked for (a split shorter than a run starts over, and repeats itself). With the cache on,
+both servers start afresh before each run, so each run starts with an empty cache. Static and continuous
+alternate within each repeat; medians of --repeats. "Short" requests are the single sentences (up to SHORT_MAX
+tokens). The load generator runs in this process, on the same cores.
 
 Writes scheduler_matrix.md (every cell, each scheduler: throughput, short p50/p99, long p99, errors) and
 scheduler_matrix.png: a heat map of continuous / static short p99 (below 1: continuous is better). The whole
@@ -61,11 +62,11 @@ class Cell:
     short: int  # % of requests that are one sentence
     load: float  # offered rate / capacity
 
-    def profiles(self, data: Path) -> list[tuple[str, str]]:
-        """(languages, profile spec) of each model's traffic."""
+    def profiles(self, corpus: Path) -> list[tuple[str, str]]:
+        """(languages, profile spec) of each model's traffic, from ``corpus``.LANG.gz (e.g. multi30k/train)."""
         repeated = 0 if self.cache == "off" else int(self.cache)
         return [
-            (languages, f"corpus:{data / f'train.{languages[:2]}.gz'}:{self.short}:{self.long}:{repeated}")
+            (languages, f"corpus:{corpus}.{languages[:2]}.gz:{self.short}:{self.long}:{repeated}")
             for languages in PAIRS[: self.models]
         ]
 
@@ -93,10 +94,10 @@ class Servers:
         self.running = {}
 
 
-def run_load(port: int, cell: Cell, data: Path, tokenizers: dict, rate: float, seconds: float, seed: int) -> dict:
+def run_load(port: int, cell: Cell, corpus: Path, tokenizers: dict, rate: float, seconds: float, seed: int) -> dict:
     """One run of the cell's traffic: open loop at ``rate`` requests/s in all (closed loop of
     CAPACITY_CLIENTS clients when 0), split evenly between the models."""
-    profiles = cell.profiles(data)
+    profiles = cell.profiles(corpus)
 
     async def both() -> list:
         runs = []
@@ -139,7 +140,7 @@ def measure(cells: list[Cell], args) -> dict[Cell, dict]:
                     if cache != "off":
                         ports = servers.start()
                     capacity[mix] = {
-                        name: run_load(ports[name], cell, args.data, tokenizers, 0, args.capacity_seconds, 0)[
+                        name: run_load(ports[name], cell, args.corpus, tokenizers, 0, args.capacity_seconds, 0)[
                             "requests_per_s"
                         ]
                         for name in SCHEDULERS
@@ -151,7 +152,7 @@ def measure(cells: list[Cell], args) -> dict[Cell, dict]:
                         if cache != "off":
                             ports = servers.start()
                         runs[name].append(
-                            run_load(ports[name], cell, args.data, tokenizers, rate, args.seconds, repeat + 1)
+                            run_load(ports[name], cell, args.corpus, tokenizers, rate, args.seconds, repeat + 1)
                         )
                 measured[cell] = {
                     "capacity": capacity[mix],
@@ -249,6 +250,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared/data/multi30k")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks")
+    parser.add_argument(
+        "--split",
+        default="train",
+        help="the corpus split the sentences come from (test_2016_flickr: a pool of 1,000 that repeats after its end)",
+    )
     parser.add_argument("--short", type=comma_list(int), default=[50, 80, 95])
     parser.add_argument("--long", type=comma_list(str), default=["doc:10-40", "run-on:100-1000"])
     parser.add_argument("--load", type=comma_list(float), default=[0.5, 0.7, 0.9])
@@ -259,8 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--capacity-seconds", type=float, default=15.0, help="one capacity run")
     parser.add_argument("--repeats", type=int, default=1)
     args = parser.parse_args(argv)
-    if not (args.data / "train.en.gz").exists():
-        parser.error(f"no corpus at {args.data} (train.en.gz and train.de.gz)")
+    args.corpus = args.data / args.split
+    if not all(Path(f"{args.corpus}.{lang}.gz").exists() for lang in ("en", "de")):
+        parser.error(f"no corpus at {args.data} ({args.split}.en.gz and {args.split}.de.gz)")
     cells = [
         Cell(models, cache, beam, long, short, load)
         for models, cache, beam, long, short, load in itertools.product(

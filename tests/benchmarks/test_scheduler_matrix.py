@@ -23,14 +23,14 @@ def matrix():
 
 
 def test_a_cells_traffic_is_each_models_corpus_with_the_repeats_of_its_cache_setting(matrix):
-    data = Path("/corpus")
+    corpus = Path("/corpus/train")
     two = matrix.Cell(models=2, cache="90", beam=4, long="doc:10-40", short=80, load=0.7)
-    assert two.profiles(data) == [
+    assert two.profiles(corpus) == [
         ("en:de", "corpus:/corpus/train.en.gz:80:doc:10-40:90"),
         ("de:en", "corpus:/corpus/train.de.gz:80:doc:10-40:90"),
     ]
     off = matrix.Cell(models=1, cache="off", beam=1, long="run-on:100-1000", short=50, load=0.5)
-    assert off.profiles(data) == [("en:de", "corpus:/corpus/train.en.gz:50:run-on:100-1000:0")]
+    assert off.profiles(corpus) == [("en:de", "corpus:/corpus/train.en.gz:50:run-on:100-1000:0")]
 
 
 def test_the_report_gives_each_cells_ratios_and_the_heat_map_is_drawn(matrix, tmp_path: Path):
