@@ -305,7 +305,10 @@ class LoadTest:
     languages: str = setting("en:de", "source:target of each request (the model it goes to)")
     metrics: str = setting("http://127.0.0.1:9464/metrics", "the server's metrics URL ('' to skip)")
     tokenizer: Path = setting(DEFAULT_MODEL_DIR / "sentencepiece.model", "counts the tokens of inputs and outputs")
-    profile: str = setting("uniform:8-40", "input lengths: file:PATH, fixed:N, uniform:A-B or mix:P:A-B:C-D")
+    profile: str = setting(
+        "uniform:8-40",
+        "input lengths: file:PATH, fixed:N, uniform:A-B, mix:P:A-B:C-D or corpus:PATH:P:doc|run-on:A-B:R",
+    )
     concurrency: tuple[int, ...] = setting((8,), "closed loop clients; a comma list sweeps them")
     rate: float = setting(0.0, "open loop: Poisson arrivals per second (overrides --concurrency)")
     requests: int = setting(200, "requests per run")
