@@ -78,20 +78,22 @@ class Servers:
         self.models, self.cache = models, cache
         self.running: dict[str, tuple] = {}
 
-    def start(self) -> dict[str, int]:
-        self.stop()
+    def start(self, names: tuple[str, ...] = SCHEDULERS) -> dict[str, int]:
+        """(Re)start the servers of ``names`` (an empty cache); every server's gRPC port."""
+        self.stop(names)
         first, *others = MODELS[: self.models]
         flags = [flag for model in others for flag in ("--model", str(model))]
         cache = ["--cache-mib", "0" if self.cache == "off" else str(CACHE_MIB)]
-        for name in SCHEDULERS:
+        for name in names:
             self.running[name] = start_subprocess_server(first, *flags, *cache, "--scheduler", name)
         return {name: port for name, (_, port, _) in self.running.items()}
 
-    def stop(self) -> None:
-        for process, _, _ in self.running.values():
-            process.terminate()
-            process.wait(30)
-        self.running = {}
+    def stop(self, names: tuple[str, ...] = SCHEDULERS) -> None:
+        for name in names:
+            if name in self.running:
+                process, _, _ = self.running.pop(name)
+                process.terminate()
+                process.wait(30)
 
 
 def run_load(port: int, cell: Cell, corpus: Path, tokenizers: dict, rate: float, seconds: float, seed: int) -> dict:
@@ -150,7 +152,7 @@ def measure(cells: list[Cell], args) -> dict[Cell, dict]:
                 for repeat in range(args.repeats):
                     for name in SCHEDULERS if repeat % 2 == 0 else SCHEDULERS[::-1]:
                         if cache != "off":
-                            ports = servers.start()
+                            ports = servers.start((name,))
                         runs[name].append(
                             run_load(ports[name], cell, args.corpus, tokenizers, rate, args.seconds, repeat + 1)
                         )
