@@ -12,7 +12,7 @@ Each cell is one traffic mix, offered open loop (Poisson arrivals) at a share of
 - greedy or beam 4 (--beam).
 Sentences come from the corpus's train split (--split; German for de→en), new ones in file order, so the cache
 hits only the repeats asked for (a split shorter than a run starts over, and repeats itself). With the cache on,
-both servers start afresh before each run, so each run starts with an empty cache. Static and continuous
+a server starts afresh before each of its runs, so each run starts with an empty cache. Static and continuous
 alternate within each repeat; medians of --repeats. "Short" requests are the single sentences (up to SHORT_MAX
 tokens). The load generator runs in this process, on the same cores.
 
@@ -133,7 +133,7 @@ def measure(cells: list[Cell], args) -> dict[Cell, dict]:
     by_servers = itertools.groupby(cells, key=lambda c: (c.models, c.cache))
     for (models, cache), group in by_servers:
         servers = Servers(models, cache)
-        ports = servers.start()
+        ports = servers.start() if cache == "off" else {}  # with the cache on, (re)started before each run
         try:
             capacity: dict[tuple, dict[str, float]] = {}
             for cell in group:
@@ -175,15 +175,16 @@ def report(measured: dict[Cell, dict], args, started: float) -> list[str]:
         f"short = one sentence (up to {SHORT_MAX} tokens); {time.monotonic() - started:.0f} s in all",
         "",
         "| models | cache (repeated %) | search | long | short % | load | capacity static / continuous req/s "
-        "| scheduler | throughput req/s | short p50 s | short p99 s | long p99 s | errors |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| offered req/s | scheduler | throughput req/s | short p50 s | short p99 s | long p99 s | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for cell, m in measured.items():
+        capacity = f"{m['capacity']['static']:.1f} / {m['capacity']['continuous']:.1f}"
         for name in SCHEDULERS:
             r = m[name]
             lines.append(
                 f"| {cell.models} | {cell.cache} | {search_name(cell.beam)} | {cell.long} | {cell.short} "
-                f"| {cell.load:.0%} | {m['capacity']['static']:.1f} / {m['capacity']['continuous']:.1f} | {name} "
+                f"| {cell.load:.0%} | {capacity} | {m['rate']:.1f} | {name} "
                 f"| {r['requests_per_s']:.2f} | {r['short_p50']:.3f} | {r['short_p99']:.3f} | {r['long_p99']:.3f} "
                 f"| {r['errors']:.0f} |"
             )

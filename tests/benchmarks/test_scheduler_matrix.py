@@ -42,12 +42,14 @@ def test_the_report_gives_each_cells_ratios_and_the_heat_map_is_drawn(matrix, tm
         cells[0]: {
             "capacity": {"static": 40.0, "continuous": 30.0},
             "rate": 28.0,
-            **dict(static=run(0.4, 28.0), continuous=run(0.1, 27.0)),
+            "static": run(0.4, 28.0),
+            "continuous": run(0.1, 27.0),
         },
         cells[1]: {
             "capacity": {"static": 100.0, "continuous": 100.0},
             "rate": 70.0,
-            **dict(static=run(0.1, 70.0), continuous=run(0.2, 70.0)),
+            "static": run(0.1, 70.0),
+            "continuous": run(0.2, 70.0),
         },
     }
     args = argparse.Namespace(seconds=30.0, repeats=3, capacity_seconds=15.0)
@@ -55,5 +57,6 @@ def test_the_report_gives_each_cells_ratios_and_the_heat_map_is_drawn(matrix, tm
     assert "| 1 model, cache off, greedy, doc:10-40, 80% short, 70% load | 0.25 | 0.96 | 0.75 |" in lines
     assert "| 1 model, cache 90% rep., greedy, doc:10-40, 80% short, 70% load | 2.00 | 1.00 | 1.00 |" in lines
     assert sum(line.startswith("| 1 | ") for line in lines) == 4  # each cell, each scheduler
+    assert "| 40.0 / 30.0 | 28.0 | continuous | 27.00 |" in lines[6]  # capacity, offered rate, throughput
     matrix.heat_map(measured, tmp_path / "map.png")
     assert (tmp_path / "map.png").read_bytes().startswith(b"\x89PNG")
