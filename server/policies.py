@@ -58,6 +58,17 @@ def admit_in_order(
     return admitted, starving
 
 
+def take_backlog(backlog: Sequence[QueuedSentence], fits: Fits, admitted: list[QueuedSentence]) -> list[QueuedSentence]:
+    """continuous: the sentences a lane takes from longer lanes' backlog (``Scheduler._backlog``) into the room
+    its own arrivals (``admitted``) left, oldest lane's first, while they fit; one that does not fit is passed
+    over (it is not this lane's to wait for)."""
+    taken: list[QueuedSentence] = []
+    for segment in backlog:
+        if fits(admitted + taken + [segment]):
+            taken.append(segment)
+    return taken
+
+
 def join_later(waiting: Sequence[QueuedSentence], rows: int, join_seconds: float, now: float) -> bool:
     """Whether a busy lane's arrivals should gather a little longer before they join. A join (an encoder
     call, the caches resized) holds up every running row for about its measured duration, for one arrival
@@ -86,6 +97,11 @@ class Policy(Protocol):
     def choose(self, waiting: Sequence[QueuedSentence], fits: Fits, lane: int, now: float) -> list[QueuedSentence]:
         """The waiting segments that join lane number ``lane``'s batch."""
 
+    def choose_backlog(
+        self, backlog: Sequence[QueuedSentence], fits: Fits, admitted: list[QueuedSentence]
+    ) -> list[QueuedSentence]:
+        """The sentences of longer lanes' backlog that join a lane whose own arrivals all joined (``admitted``)."""
+
     def forget(self, job: Job) -> None:
         """The job left (answered, failed or cancelled)."""
 
@@ -101,12 +117,18 @@ class Static:
     def choose(self, waiting: Sequence[QueuedSentence], fits: Fits, lane: int, now: float) -> list[QueuedSentence]:
         return admit_static(waiting, fits)
 
+    def choose_backlog(
+        self, backlog: Sequence[QueuedSentence], fits: Fits, admitted: list[QueuedSentence]
+    ) -> list[QueuedSentence]:
+        return []  # one lane
+
     def forget(self, job: Job) -> None:
         pass
 
 
 class Continuous:
-    """Sources join and leave a running batch at every step; a sentence that starves holds other lanes back."""
+    """Sources join and leave a running batch at every step; a sentence that starves holds other lanes back;
+    a lane with room takes the sentences longer lanes have no room for."""
 
     splits_lanes = True
 
@@ -119,6 +141,11 @@ class Continuous:
     def choose(self, waiting: Sequence[QueuedSentence], fits: Fits, lane: int, now: float) -> list[QueuedSentence]:
         admitted, self.starving = admit_in_order(waiting, fits, lane, self.starving, now)
         return admitted
+
+    def choose_backlog(
+        self, backlog: Sequence[QueuedSentence], fits: Fits, admitted: list[QueuedSentence]
+    ) -> list[QueuedSentence]:
+        return [] if self.starving is not None else take_backlog(backlog, fits, admitted)
 
     def forget(self, job: Job) -> None:
         if self.starving is not None and self.starving.job is job:

@@ -7,7 +7,9 @@ by the request's size, ``--lanes``; static: one), each lane a running batch, an 
 engine; a longer lane's thread runs at a lower OS priority (``lane_niceness``), so short work preempts long
 work. At every step of a lane, the policy says whether its arrivals join now (continuous: when the time they
 waited pays for what a join costs the running rows; static: only into an empty batch) and which of them
-(those that fit max_batch_size, max_batch_tokens and the memory budget shared by all lanes of all models); the
+(those that fit max_batch_size, max_batch_tokens and the memory budget shared by all lanes of all models;
+continuous: then, into the room left, the sentences short enough for the lane that longer lanes have no room
+for, so that a backlog of documents' sentences fills the first lane's batch instead of waiting); the
 chosen are encoded in length groups (apart, on the lane's encoder thread while its batch steps, when it has
 one) and join the batch; finished segments leave and are answered at once.
 No segment is evicted mid-way; cancelled or expired jobs leave at the next step. docs/serving.md has the
@@ -21,7 +23,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from runtime.search import Hypothesis
 from server.budget import MemoryBudget
@@ -144,7 +146,7 @@ class Scheduler:
         lane.open(functools.partial(engine.replica, self.threads.other_lanes), self.config.warmup, apart)
         while True:
             with self.lock:
-                while not (lane.waiting or lane.running or lane.encoding or self.stopped):
+                while not (lane.waiting or lane.running or lane.encoding or self.stopped or any(self._backlog(lane))):
                     self.lock.wait()
                 if self.stopped and not (lane.waiting or lane.running or lane.encoding):
                     lane.close()
@@ -178,19 +180,46 @@ class Scheduler:
             self.lock.wait(remaining)
 
     def _admit(self, lane: Lane) -> list[QueuedSentence]:
+        """The lane's arrivals that join its batch now, and when they all do, the longer lanes' backlog that
+        fits in the room left (a sentence taken moves to this lane)."""
         with self.lock:
-            if not lane.waiting:
-                return []
-            if not lane.running:
+            if lane.waiting and not lane.running:
                 self._wait_for_batch(lane)
-            elif not self.policy.joins_now(lane.waiting, lane.batch.rows, lane.join_seconds, time.monotonic()):
+            backlog = list(self._backlog(lane))
+            if not (lane.waiting or backlog):
+                return []
+            now = time.monotonic()
+            if lane.running and not self.policy.joins_now(
+                [*lane.waiting, *backlog], lane.batch.rows, lane.join_seconds, now
+            ):
                 return []
             fits = lambda group: self._fits(lane, group)  # noqa: E731
-            admitted = self.policy.choose(lane.waiting, fits, lane.index, time.monotonic())
+            admitted = self.policy.choose(lane.waiting, fits, lane.index, now) if lane.waiting else []
+            if backlog and len(admitted) == len(lane.waiting):
+                admitted += self.policy.choose_backlog(backlog, fits, admitted)
             for segment in admitted:
-                lane.waiting.remove(segment)
+                self.lanes[segment.lane].waiting.remove(segment)
+                segment.lane = lane.index
             self.memory.reserve(sum(s.reserved_bytes for s in admitted))
             return admitted
+
+    def _backlog(self, lane: Lane) -> Iterator[QueuedSentence]:
+        """(Under the lock.) The sentences waiting in the model's longer lanes beyond the room their batches
+        have (max_batch_size rows), that are short enough for this lane, shortest lane's first and oldest
+        first, at most the room this lane has: work that would otherwise wait while this lane steps few rows."""
+        if not self.policy.splits_lanes or lane.size_class >= len(self.bounds):
+            return iter(())
+        bound, room = self.bounds[lane.size_class], self.config.max_batch_size - len(lane.running)
+        backlog = (
+            segment
+            for other in self.lanes_of[lane.model]
+            if other.size_class > lane.size_class
+            for segment in itertools.islice(
+                other.waiting, max(0, self.config.max_batch_size - len(other.running)), None
+            )
+            if segment.source_tokens <= bound
+        )
+        return itertools.islice(backlog, max(0, room))
 
     def _fits(self, lane: Lane, group: list[QueuedSentence]) -> bool:
         """Room for the group: max_batch_size sentences in the lane, max_batch_tokens, the memory budget."""
@@ -259,7 +288,8 @@ class Scheduler:
             self.throughput.add(segment.source_tokens, time.monotonic())
         segment.result, segment.finished_at = hypothesis, time.monotonic()
         self.metrics.observe_sentence(segment.job.model, segment.source_tokens, hypothesis)
-        segment.job.answer(segment)
+        with self.lock:  # a job's segments may finish on two lanes' threads
+            segment.job.answer(segment)
 
     def _leave(self, segment: QueuedSentence) -> None:
         """The segment is out of its lane's batch: its reservation returns to the budget."""
@@ -272,33 +302,39 @@ class Scheduler:
             if len(self.lanes) > 1:
                 self.lock.notify_all()  # a lane waiting for room may now have it
 
-    def _end_job(self, job: Job, error: ServiceError) -> None:
-        """Answer a job with an error and take all its segments out of the queue and the batch
-        (on the thread of the job's lane: a request's segments all go to one lane)."""
-        if job.finished:
-            return
-        lane = self.lanes[job.segments[0].lane]
+    def _end_job(self, job: Job, error: ServiceError, lane: Lane) -> None:
+        """On ``lane``'s thread: answer a job with an error and take its segments out of every queue and of
+        this lane's batch (a lane that took some of them drops its own at its next step, ``_drop_abandoned``)."""
         with self.lock:
-            for segment in job.segments:
-                if segment in lane.waiting:
-                    lane.waiting.remove(segment)
+            if job.finished:
+                return
+            for other in self.lanes_of[job.model]:
+                for segment in job.segments:
+                    if segment in other.waiting:
+                        other.waiting.remove(segment)
             self.policy.forget(job)
+            job.fail(error)
+        self._drop_rows(lane, job)
+
+    def _drop_rows(self, lane: Lane, job: Job) -> None:
+        """On ``lane``'s thread: the job's segments leave its batch."""
         for segment in job.segments:
             if segment in lane.running:
                 if not lane.encodes(segment):  # one being encoded is taken out when its group joins
                     lane.batch.remove(segment)
                 self._leave(segment)
-        job.fail(error)
 
     def _drop_abandoned(self, lane: Lane) -> None:
         now = time.monotonic()
         with self.lock:
             jobs = {s.job for s in itertools.chain(lane.waiting, lane.running)}
         for job in jobs:
-            if job.cancelled:
-                self._end_job(job, Cancelled("the request was cancelled"))
+            if job.finished:  # ended with an error on another lane's thread
+                self._drop_rows(lane, job)
+            elif job.cancelled:
+                self._end_job(job, Cancelled("the request was cancelled"), lane)
             elif job.deadline is not None and now > job.deadline:
-                self._end_job(job, DeadlineExceeded("the deadline passed before the translation finished"))
+                self._end_job(job, DeadlineExceeded("the deadline passed before the translation finished"), lane)
 
     def _fail_batch(self, lane: Lane, error: ServiceError) -> None:
         """Answer every job in the lane's batch (admitted segments count from the start of their join) with
@@ -310,7 +346,7 @@ class Scheduler:
             self.memory.release(sum(s.reserved_bytes for s in lane.running))
             lane.running.clear()
         for job in jobs:
-            self._end_job(job, error)
+            self._end_job(job, error, lane)
 
     def _update_gauges(self, lane: Lane) -> None:
         """The queue and batch gauges after a step of ``lane``; the cache sizes, which cost a walk over every

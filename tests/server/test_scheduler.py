@@ -318,6 +318,77 @@ def test_continuous_admission_by_lane():
     )
 
 
+def test_a_first_lane_with_room_takes_the_sentences_the_long_lane_has_no_room_for():
+    """A document's sentences beyond the long lane's room (max_batch_size rows) join the first lane's spare rows
+    once its own arrivals have joined; the long lane keeps what it has room for, and a sentence too long for
+    the first lane stays where it is."""
+    config = server_config(Path("unused"), scheduler="continuous", lanes=(16,), max_batch_size=4, first_lane_replicas=1)
+    engine, scheduler = _unstarted(config)
+    short_lane, long_lane = scheduler.lanes
+    document = _job(engine, [*own_sentences(9), " ".join(own_sentences(3))])  # nine short sentences, one long
+    short = _job(engine, ["A dog runs."])
+    scheduler.submit(document)
+    scheduler.submit(short)
+    assert {s.lane for s in document.segments} == {1}
+    assert list(scheduler._backlog(short_lane)) == document.segments[4:8]  # at most the first lane's room
+    assert scheduler._admit(short_lane) == [short.segments[0], *document.segments[4:7]]
+    assert [s.lane for s in document.segments] == [1] * 4 + [0] * 3 + [1] * 3
+    assert scheduler._admit(long_lane) == document.segments[:4]
+    short_lane.batch, long_lane.batch = engine.new_batch(), engine.new_batch()
+    for segment in document.segments[:4]:
+        long_lane.running[segment] = None  # as _encode_and_join would
+    for segment in [short.segments[0], *document.segments[4:7]]:
+        short_lane.running[segment] = None
+    assert scheduler._admit(short_lane) == []  # full
+    del short_lane.running[short.segments[0]]
+    assert scheduler._admit(short_lane) == [document.segments[7]]  # the long one is not the first lane's
+    assert list(long_lane.waiting) == [document.segments[8], document.segments[9]]
+    del short_lane.running[document.segments[4]]
+    assert scheduler._admit(short_lane) == [document.segments[8]]
+    assert list(long_lane.waiting) == [document.segments[9]] and not list(scheduler._backlog(short_lane))
+
+
+def test_static_never_moves_work_between_lanes():
+    config = server_config(Path("unused"), scheduler="static", lanes=(16,), max_batch_size=4)
+    engine, scheduler = _unstarted(config)
+    (lane,) = scheduler.lanes
+    assert list(scheduler._backlog(lane)) == []
+
+
+def test_a_job_decoding_in_two_lanes_is_answered_once_or_cancelled_from_both():
+    """A document whose sentences decode in both lanes (the first took the long lane's backlog) gets every
+    sentence once; one cancelled meanwhile leaves both batches, and nothing stays reserved."""
+    engine = FakeEngine(step_seconds=0.002)
+    config = server_config(
+        Path("unused"), scheduler="continuous", lanes=(16,), max_batch_size=4, warmup=False, first_lane_replicas=1
+    )
+    scheduler = Scheduler([engine], config, Metrics())
+    scheduler.start()
+    done, cancelled = _Answers(), _Answers()
+    try:
+        whole = done.job(engine, own_sentences(12))
+        scheduler.submit(whole)
+        assert done.done.wait(30)
+        job = cancelled.job(engine, own_sentences(12))
+        scheduler.submit(job)
+        deadline = time.monotonic() + 10
+        while not all(lane.running for lane in scheduler.lanes) and time.monotonic() < deadline:
+            time.sleep(0.0005)
+        scheduler.cancel(job)
+        assert cancelled.done.wait(10)
+        while scheduler.running and time.monotonic() < deadline:
+            time.sleep(0.001)
+    finally:
+        scheduler.stop(timeout=10)
+    assert done.error is None and sorted(s.spec.segment_index for s in done.segments) == list(range(12))
+    assert {s.lane for s in whole.segments} == {0, 1}  # both lanes decoded it
+    for segment in done.segments:
+        assert segment.result.tokens == list(reversed(segment.spec.ids))[: segment.max_length - 1]
+    assert type(cancelled.error).__name__ == "Cancelled"
+    assert scheduler.running == 0 and scheduler.waiting == 0 and scheduler.memory.reserved_bytes == 0
+    assert all(lane.batch.rows == 0 for lane in scheduler.lanes)
+
+
 def test_a_segment_starving_for_room_stops_other_lanes():
     """A long segment that has waited STARVATION_SECONDS for memory that short requests keep taking makes
     every other lane wait until it fits."""

@@ -1,0 +1,49 @@
+"""The scheduler variants benchmark's variant syntax and report, on made-up measurements (the benchmark itself
+runs servers: benchmarks/scheduler_variants.py)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def variants():
+    spec = importlib.util.spec_from_file_location("scheduler_variants", ROOT / "benchmarks" / "scheduler_variants.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks itself up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_variant_names_its_flags_and_optionally_another_checkout(variants, tmp_path: Path):
+    here = variants.Variant.parse("one-lane=--scheduler,continuous,--lanes,")
+    assert (here.name, here.checkout, here.flags) == ("one-lane", None, ("--scheduler", "continuous", "--lanes", ""))
+    there = variants.Variant.parse(f"before=@{tmp_path}:--scheduler,static")
+    assert (there.checkout, there.flags) == (tmp_path.resolve(), ("--scheduler", "static"))
+    for bad in ("no-flags", "=--scheduler,static"):
+        with pytest.raises(argparse.ArgumentTypeError, match="NAME="):
+            variants.Variant.parse(bad)
+
+
+def test_the_report_gives_each_variants_capacity_and_latency_against_the_first(variants):
+    def run(p99: float, rps: float) -> dict:
+        return {"requests_per_s": rps, "short_p50": p99 / 4, "short_p99": p99, "long_p99": 1.0, "errors": 1, "rate": 70}
+
+    chosen = [variants.Variant.parse("static=--scheduler,static"), variants.Variant.parse("continuous=")]
+    measured = {
+        "static": {"capacity": 100.0, "capacities": [99.0, 100.0, 101.0], 0.7: run(0.4, 70.0)},
+        "continuous": {"capacity": 110.0, "capacities": [110.0, 108.0, 111.0], 0.7: run(0.1, 69.0)},
+    }
+    cell = variants.Cell(1, "off", 1, "doc:10-40", 80, 0.0)
+    args = argparse.Namespace(seconds=20.0, repeats=3, capacity_seconds=12.0)
+    lines = variants.report(measured, chosen, cell, [0.7], args)
+    assert "| continuous | `` | 110.0 (110.0, 108.0, 111.0) | 1.10 |" in lines
+    assert "| 70% | 70.0 | continuous | 69.00 | 0.025 | 0.100 | 1.000 | 1 | 0.25 | 0.99 |" in lines
+    assert lines[1].startswith("machine: ") and "80% single sentences, the rest doc:10-40" in lines[2]
