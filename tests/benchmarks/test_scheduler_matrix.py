@@ -4,22 +4,16 @@ runs servers for hours: benchmarks/scheduler_matrix.py)."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmarks.conftest import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def matrix():
-    spec = importlib.util.spec_from_file_location("scheduler_matrix", ROOT / "benchmarks" / "scheduler_matrix.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks itself up there
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("scheduler_matrix")
 
 
 def test_a_cells_traffic_is_each_models_corpus_with_the_repeats_of_its_cache_setting(matrix):

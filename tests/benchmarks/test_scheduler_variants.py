@@ -4,22 +4,16 @@ runs servers: benchmarks/scheduler_variants.py)."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmarks.conftest import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def variants():
-    spec = importlib.util.spec_from_file_location("scheduler_variants", ROOT / "benchmarks" / "scheduler_variants.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks itself up there
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("scheduler_variants")
 
 
 def test_a_variant_names_its_flags_and_optionally_another_checkout(variants, tmp_path: Path):
