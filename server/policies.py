@@ -17,6 +17,9 @@ LENGTH_CLASSES = (16, 32, 64, 128, 256, 512, 1024)  # source tokens: the classes
 
 # continuous: a sentence that waited this long for room other lanes hold stops them from admitting.
 STARVATION_SECONDS = 1.0
+# continuous: a lane fills at most this share of max_batch_size with longer lanes' backlog, keeping the rest
+# for its own arrivals, which then join at once.
+BACKLOG_SHARE = 0.75
 
 Fits = Callable[[list["QueuedSentence"]], bool]
 

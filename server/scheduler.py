@@ -33,7 +33,7 @@ from server.interface import Encoded, Engine
 from server.jobs import Job, QueuedSentence, Throughput
 from server.lanes import Lane, choose_lane, model_lanes, plan_threads
 from server.metrics import Metrics
-from server.policies import POLICIES, length_groups
+from server.policies import BACKLOG_SHARE, POLICIES, length_groups
 
 log = logging.getLogger(__name__)
 GAUGE_INTERVAL_S = 0.05  # the memory and batch gauges are set at most this often while lanes are busy
@@ -181,7 +181,8 @@ class Scheduler:
 
     def _admit(self, lane: Lane) -> list[QueuedSentence]:
         """The lane's arrivals that join its batch now, and when they all do, the longer lanes' backlog that
-        fits in the room left (a sentence taken moves to this lane)."""
+        fits in the room left (a sentence taken moves to this lane). Whether arrivals join now counts only the
+        lane's own rows: the backlog it took is long work, which may wait a step for a join."""
         with self.lock:
             if lane.waiting and not lane.running:
                 self._wait_for_batch(lane)
@@ -189,14 +190,18 @@ class Scheduler:
             if not (lane.waiting or backlog):
                 return []
             now = time.monotonic()
-            if lane.running and not self.policy.joins_now(
-                [*lane.waiting, *backlog], lane.batch.rows, lane.join_seconds, now
-            ):
-                return []
+            if lane.running:
+                own = lane.batch.rows - sum(s.job.options.beam for s in lane.running if s.moved)
+                if not self.policy.joins_now([*lane.waiting, *backlog], max(0, own), lane.join_seconds, now):
+                    return []
             fits = lambda group: self._fits(lane, group)  # noqa: E731
             admitted = self.policy.choose(lane.waiting, fits, lane.index, now) if lane.waiting else []
             if backlog and len(admitted) == len(lane.waiting):
-                admitted += self.policy.choose_backlog(backlog, fits, admitted)
+                room = int(BACKLOG_SHARE * self.config.max_batch_size) - len(lane.running) - len(admitted)
+                taken = self.policy.choose_backlog(backlog[: max(0, room)], fits, admitted)
+                for segment in taken:
+                    segment.moved = True
+                admitted += taken
             for segment in admitted:
                 self.lanes[segment.lane].waiting.remove(segment)
                 segment.lane = lane.index
@@ -206,20 +211,19 @@ class Scheduler:
     def _backlog(self, lane: Lane) -> Iterator[QueuedSentence]:
         """(Under the lock.) The sentences waiting in the model's longer lanes beyond the room their batches
         have (max_batch_size rows), that are short enough for this lane, shortest lane's first and oldest
-        first, at most the room this lane has: work that would otherwise wait while this lane steps few rows."""
+        first, at most the room this lane gives them (BACKLOG_SHARE of max_batch_size): work that would
+        otherwise wait while this lane steps few rows."""
         if not self.policy.splits_lanes or lane.size_class >= len(self.bounds):
             return iter(())
-        bound, room = self.bounds[lane.size_class], self.config.max_batch_size - len(lane.running)
+        bound, size = self.bounds[lane.size_class], self.config.max_batch_size
         backlog = (
             segment
             for other in self.lanes_of[lane.model]
             if other.size_class > lane.size_class
-            for segment in itertools.islice(
-                other.waiting, max(0, self.config.max_batch_size - len(other.running)), None
-            )
+            for segment in itertools.islice(other.waiting, max(0, size - len(other.running)), None)
             if segment.source_tokens <= bound
         )
-        return itertools.islice(backlog, max(0, room))
+        return itertools.islice(backlog, max(0, int(BACKLOG_SHARE * size) - len(lane.running)))
 
     def _fits(self, lane: Lane, group: list[QueuedSentence]) -> bool:
         """Room for the group: max_batch_size sentences in the lane, max_batch_tokens, the memory budget."""

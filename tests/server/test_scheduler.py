@@ -15,7 +15,7 @@ import pytest
 from runtime.sessions import OrtModel, RuntimeOptions
 from server.jobs import DecodeOptions, Job
 from server.metrics import Metrics
-from server.policies import STARVATION_SECONDS
+from server.policies import BACKLOG_SHARE, STARVATION_SECONDS
 from server.scheduler import Scheduler
 from server.text import SplitSentence
 from tests.conftest import own_sentences
@@ -320,32 +320,42 @@ def test_continuous_admission_by_lane():
 
 def test_a_first_lane_with_room_takes_the_sentences_the_long_lane_has_no_room_for():
     """A document's sentences beyond the long lane's room (max_batch_size rows) join the first lane's spare rows
-    once its own arrivals have joined; the long lane keeps what it has room for, and a sentence too long for
-    the first lane stays where it is."""
-    config = server_config(Path("unused"), scheduler="continuous", lanes=(16,), max_batch_size=4, first_lane_replicas=1)
+    once its own arrivals have joined, up to BACKLOG_SHARE of its rows (the rest stays free for its own
+    arrivals, which join at once whatever the rows it took); a sentence too long for the first lane stays."""
+    config = server_config(Path("unused"), scheduler="continuous", lanes=(16,), max_batch_size=8, first_lane_replicas=1)
     engine, scheduler = _unstarted(config)
     short_lane, long_lane = scheduler.lanes
-    document = _job(engine, [*own_sentences(9), " ".join(own_sentences(3))])  # nine short sentences, one long
+    share = int(BACKLOG_SHARE * 8)
+    document = _job(engine, [*own_sentences(17), " ".join(own_sentences(3))])  # 17 short sentences, one long
     short = _job(engine, ["A dog runs."])
     scheduler.submit(document)
     scheduler.submit(short)
     assert {s.lane for s in document.segments} == {1}
-    assert list(scheduler._backlog(short_lane)) == document.segments[4:8]  # at most the first lane's room
-    assert scheduler._admit(short_lane) == [short.segments[0], *document.segments[4:7]]
-    assert [s.lane for s in document.segments] == [1] * 4 + [0] * 3 + [1] * 3
-    assert scheduler._admit(long_lane) == document.segments[:4]
+    assert list(scheduler._backlog(short_lane)) == document.segments[8 : 8 + share]  # beyond the long lane's 8
+    taken = document.segments[8 : 8 + share - 1]
+    assert scheduler._admit(short_lane) == [short.segments[0], *taken]
+    assert [s.lane for s in document.segments] == [1] * 8 + [0] * len(taken) + [1] * (18 - 8 - len(taken))
+    assert [s.moved for s in document.segments] == [s in taken for s in document.segments]
+    assert scheduler._admit(long_lane) == document.segments[:8]
     short_lane.batch, long_lane.batch = engine.new_batch(), engine.new_batch()
-    for segment in document.segments[:4]:
+    for segment in document.segments[:8]:
         long_lane.running[segment] = None  # as _encode_and_join would
-    for segment in [short.segments[0], *document.segments[4:7]]:
+    for segment in [short.segments[0], *taken]:
         short_lane.running[segment] = None
-    assert scheduler._admit(short_lane) == []  # full
+    short_lane.batch.add(
+        taken, short_lane.batch.encode([s.spec.ids for s in taken]), [1] * len(taken), [16] * len(taken)
+    )
+    assert scheduler._admit(short_lane) == []  # it has all the backlog it takes
+    short_lane.join_seconds = 1.0  # a join would hold up its own rows for long: it has none, so arrivals join at once
+    late = _job(engine, ["A cat sleeps."])
+    scheduler.submit(late)
+    assert scheduler._admit(short_lane) == late.segments
+    short_lane.running[late.segments[0]] = None
     del short_lane.running[short.segments[0]]
-    assert scheduler._admit(short_lane) == [document.segments[7]]  # the long one is not the first lane's
-    assert list(long_lane.waiting) == [document.segments[8], document.segments[9]]
-    del short_lane.running[document.segments[4]]
-    assert scheduler._admit(short_lane) == [document.segments[8]]
-    assert list(long_lane.waiting) == [document.segments[9]] and not list(scheduler._backlog(short_lane))
+    del short_lane.running[late.segments[0]]
+    assert scheduler._admit(short_lane) == [document.segments[8 + share - 1]]
+    long_one = document.segments[-1]
+    assert long_one.lane == 1 and long_one in long_lane.waiting  # not the first lane's, however long it waits
 
 
 def test_static_never_moves_work_between_lanes():
