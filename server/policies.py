@@ -17,9 +17,11 @@ LENGTH_CLASSES = (16, 32, 64, 128, 256, 512, 1024)  # source tokens: the classes
 
 # continuous: a sentence that waited this long for room other lanes hold stops them from admitting.
 STARVATION_SECONDS = 1.0
-# continuous: a lane fills at most this share of max_batch_size with longer lanes' backlog, keeping the rest
-# for its own arrivals, which then join at once.
-BACKLOG_SHARE = 0.75
+# continuous: a sentence that has waited this long in a longer lane's queue, beyond the room its batch has, is
+# backlog, which a shorter lane with room takes (a longer lane that keeps up has none) ...
+BACKLOG_AFTER_SECONDS = 0.2
+# ... into at most half of max_batch_size, keeping the rest for its own arrivals, which join at once.
+BACKLOG_SHARE = 0.5
 
 Fits = Callable[[list["QueuedSentence"]], bool]
 

@@ -33,7 +33,7 @@ from server.interface import Encoded, Engine
 from server.jobs import Job, QueuedSentence, Throughput
 from server.lanes import Lane, choose_lane, model_lanes, plan_threads
 from server.metrics import Metrics
-from server.policies import BACKLOG_SHARE, POLICIES, length_groups
+from server.policies import BACKLOG_AFTER_SECONDS, BACKLOG_SHARE, POLICIES, length_groups
 
 log = logging.getLogger(__name__)
 GAUGE_INTERVAL_S = 0.05  # the memory and batch gauges are set at most this often while lanes are busy
@@ -147,7 +147,7 @@ class Scheduler:
         while True:
             with self.lock:
                 while not (lane.waiting or lane.running or lane.encoding or self.stopped or any(self._backlog(lane))):
-                    self.lock.wait()
+                    self.lock.wait(self._backlog_wait(lane))
                 if self.stopped and not (lane.waiting or lane.running or lane.encoding):
                     lane.close()
                     return
@@ -210,20 +210,27 @@ class Scheduler:
 
     def _backlog(self, lane: Lane) -> Iterator[QueuedSentence]:
         """(Under the lock.) The sentences waiting in the model's longer lanes beyond the room their batches
-        have (max_batch_size rows), that are short enough for this lane, shortest lane's first and oldest
-        first, at most the room this lane gives them (BACKLOG_SHARE of max_batch_size): work that would
-        otherwise wait while this lane steps few rows."""
+        have (max_batch_size rows) for BACKLOG_AFTER_SECONDS or more, that are short enough for this lane,
+        shortest lane's first and oldest first, at most the room this lane gives them (BACKLOG_SHARE of
+        max_batch_size): work that would otherwise wait while this lane steps few rows."""
         if not self.policy.splits_lanes or lane.size_class >= len(self.bounds):
             return iter(())
         bound, size = self.bounds[lane.size_class], self.config.max_batch_size
+        aged = time.monotonic() - BACKLOG_AFTER_SECONDS
         backlog = (
             segment
             for other in self.lanes_of[lane.model]
             if other.size_class > lane.size_class
             for segment in itertools.islice(other.waiting, max(0, size - len(other.running)), None)
-            if segment.source_tokens <= bound
+            if segment.source_tokens <= bound and segment.enqueued_at <= aged
         )
         return itertools.islice(backlog, max(0, int(BACKLOG_SHARE * size) - len(lane.running)))
+
+    def _backlog_wait(self, lane: Lane) -> float | None:
+        """(Under the lock.) How long an idle lane may sleep: until a longer lane's waiting sentences may have
+        become backlog, when it has any; else until notified."""
+        longer = (other for other in self.lanes_of[lane.model] if other.size_class > lane.size_class)
+        return BACKLOG_AFTER_SECONDS if self.policy.splits_lanes and any(o.waiting for o in longer) else None
 
     def _fits(self, lane: Lane, group: list[QueuedSentence]) -> bool:
         """Room for the group: max_batch_size sentences in the lane, max_batch_tokens, the memory budget."""

@@ -15,7 +15,7 @@ import pytest
 from runtime.sessions import OrtModel, RuntimeOptions
 from server.jobs import DecodeOptions, Job
 from server.metrics import Metrics
-from server.policies import BACKLOG_SHARE, STARVATION_SECONDS
+from server.policies import BACKLOG_AFTER_SECONDS, BACKLOG_SHARE, STARVATION_SECONDS
 from server.scheduler import Scheduler
 from server.text import SplitSentence
 from tests.conftest import own_sentences
@@ -319,8 +319,9 @@ def test_continuous_admission_by_lane():
 
 
 def test_a_first_lane_with_room_takes_the_sentences_the_long_lane_has_no_room_for():
-    """A document's sentences beyond the long lane's room (max_batch_size rows) join the first lane's spare rows
-    once its own arrivals have joined, up to BACKLOG_SHARE of its rows (the rest stays free for its own
+    """A document's sentences beyond the long lane's room (max_batch_size rows), once they have waited
+    BACKLOG_AFTER_SECONDS, join the first lane's spare rows when its own arrivals have joined, up to
+    BACKLOG_SHARE of its rows (the rest stays free for its own
     arrivals, which join at once whatever the rows it took); a sentence too long for the first lane stays."""
     config = server_config(Path("unused"), scheduler="continuous", lanes=(16,), max_batch_size=8, first_lane_replicas=1)
     engine, scheduler = _unstarted(config)
@@ -331,6 +332,9 @@ def test_a_first_lane_with_room_takes_the_sentences_the_long_lane_has_no_room_fo
     scheduler.submit(document)
     scheduler.submit(short)
     assert {s.lane for s in document.segments} == {1}
+    assert list(scheduler._backlog(short_lane)) == []  # the long lane may yet keep up
+    for segment in document.segments:
+        segment.enqueued_at -= BACKLOG_AFTER_SECONDS
     assert list(scheduler._backlog(short_lane)) == document.segments[8 : 8 + share]  # beyond the long lane's 8
     taken = document.segments[8 : 8 + share - 1]
     assert scheduler._admit(short_lane) == [short.segments[0], *taken]
@@ -368,7 +372,7 @@ def test_static_never_moves_work_between_lanes():
 def test_a_job_decoding_in_two_lanes_is_answered_once_or_cancelled_from_both():
     """A document whose sentences decode in both lanes (the first took the long lane's backlog) gets every
     sentence once; one cancelled meanwhile leaves both batches, and nothing stays reserved."""
-    engine = FakeEngine(step_seconds=0.002)
+    engine = FakeEngine(step_seconds=0.02)  # the long lane's third batch of 4 waits over BACKLOG_AFTER_SECONDS
     config = server_config(
         Path("unused"), scheduler="continuous", lanes=(16,), max_batch_size=4, warmup=False, first_lane_replicas=1
     )
