@@ -8,10 +8,10 @@ engine; a longer lane's thread runs at a lower OS priority (``lane_niceness``), 
 work. At every step of a lane, the policy says whether its arrivals join now (continuous: when the time they
 waited pays for what a join costs the running rows; static: only into an empty batch) and which of them
 (those that fit max_batch_size, max_batch_tokens and the memory budget shared by all lanes of all models;
-continuous: then, into the room left, the sentences short enough for the lane that longer lanes have no room
-for, so that a backlog of documents' sentences fills the first lane's batch instead of waiting); the
-chosen are encoded in length groups (apart, on the lane's encoder thread while its batch steps, when it has
-one) and join the batch; finished segments leave and are answered at once.
+continuous: then, into at most half of its rows, the sentences short enough for the lane that have waited
+0.2 s beyond the room longer lanes have, so that a backlog of documents' sentences uses the first lane's
+steps instead of waiting); the chosen are encoded in length groups (apart, on the lane's encoder thread
+while its batch steps, when it has one) and join the batch; finished segments leave and are answered at once.
 No segment is evicted mid-way; cancelled or expired jobs leave at the next step. docs/serving.md has the
 design and its measurements.
 """
