@@ -116,6 +116,12 @@ class Metrics:
             ["model", "lane"],
             registry=r,
         )
+        self.backlog_moved = Counter(
+            "translate_backlog_moved_total",
+            "Sentences that moved from a longer lane's backlog into a shorter lane's batch, by model and that lane.",
+            ["model", "lane"],
+            registry=r,
+        )
         self.kv_cache_bytes = Gauge(
             "translate_kv_cache_bytes", "Bytes of the live self-attention KV cache.", registry=r
         )

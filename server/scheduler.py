@@ -55,6 +55,9 @@ class Scheduler:
         replicas = config.first_lane_replicas if self.policy.splits_lanes else 1
         self.lanes_of = model_lanes(self.engines, self.bounds, config.lane_niceness, replicas)  # shortest first
         self.lanes = [lane for lanes in self.lanes_of.values() for lane in lanes]
+        for lane in self.lanes:  # every lane that can take backlog shows 0 until it does
+            if self.policy.splits_lanes and lane.size_class < len(self.bounds):
+                metrics.backlog_moved.labels(lane.model, lane.name)
         self.lock = threading.Condition()
         self.accepting = True
         self.stopped = False
@@ -201,6 +204,8 @@ class Scheduler:
                 taken = self.policy.choose_backlog(backlog[: max(0, room)], fits, admitted)
                 for segment in taken:
                     segment.moved = True
+                if taken:
+                    self.metrics.backlog_moved.labels(lane.model, lane.name).inc(len(taken))
                 admitted += taken
             for segment in admitted:
                 self.lanes[segment.lane].waiting.remove(segment)

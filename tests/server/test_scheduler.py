@@ -340,6 +340,8 @@ def test_a_first_lane_with_room_takes_the_sentences_the_long_lane_has_no_room_fo
     assert scheduler._admit(short_lane) == [short.segments[0], *taken]
     assert [s.lane for s in document.segments] == [1] * 8 + [0] * len(taken) + [1] * (18 - 8 - len(taken))
     assert [s.moved for s in document.segments] == [s in taken for s in document.segments]
+    moved = scheduler.metrics.backlog_moved.labels(engine.name, short_lane.name)._value.get()
+    assert moved == len(taken)
     assert scheduler._admit(long_lane) == document.segments[:8]
     short_lane.batch, long_lane.batch = engine.new_batch(), engine.new_batch()
     for segment in document.segments[:8]:

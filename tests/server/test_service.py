@@ -132,6 +132,7 @@ DOCUMENTED_METRICS = [
     "process_resident_memory_bytes",
     "translate_cross_attention_cache_bytes",
     "translate_decode_batch_rows_bucket",
+    "translate_backlog_moved_total",
 ]
 
 
