@@ -200,8 +200,7 @@ class Scheduler:
             fits = lambda group: self._fits(lane, group)  # noqa: E731
             admitted = self.policy.choose(lane.waiting, fits, lane.index, now) if lane.waiting else []
             if backlog and len(admitted) == len(lane.waiting):
-                room = int(BACKLOG_SHARE * self.config.max_batch_size) - len(lane.running) - len(admitted)
-                taken = self.policy.choose_backlog(backlog[: max(0, room)], fits, admitted)
+                taken = self.policy.choose_backlog(backlog[: self._backlog_room(lane, admitted)], fits, admitted)
                 for segment in taken:
                     segment.moved = True
                 if taken:
@@ -229,7 +228,12 @@ class Scheduler:
             for segment in itertools.islice(other.waiting, max(0, size - len(other.running)), None)
             if segment.source_tokens <= bound and segment.enqueued_at <= aged
         )
-        return itertools.islice(backlog, max(0, int(BACKLOG_SHARE * size) - len(lane.running)))
+        return itertools.islice(backlog, self._backlog_room(lane))
+
+    def _backlog_room(self, lane: Lane, admitted: Sequence[QueuedSentence] = ()) -> int:
+        """The rows of the lane that moved backlog may still take (BACKLOG_SHARE of max_batch_size), besides
+        those running and ``admitted``."""
+        return max(0, int(BACKLOG_SHARE * self.config.max_batch_size) - len(lane.running) - len(admitted))
 
     def _backlog_wait(self, lane: Lane) -> float | None:
         """(Under the lock.) How long an idle lane may sleep: until a longer lane's waiting sentences may have
