@@ -223,8 +223,7 @@ class Scheduler:
         aged = time.monotonic() - BACKLOG_AFTER_SECONDS
         backlog = (
             segment
-            for other in self.lanes_of[lane.model]
-            if other.size_class > lane.size_class
+            for other in self._longer_lanes(lane)
             for segment in itertools.islice(other.waiting, max(0, size - len(other.running)), None)
             if segment.source_tokens <= bound and segment.enqueued_at <= aged
         )
@@ -238,8 +237,12 @@ class Scheduler:
     def _backlog_wait(self, lane: Lane) -> float | None:
         """(Under the lock.) How long an idle lane may sleep: until a longer lane's waiting sentences may have
         become backlog, when it has any; else until notified."""
-        longer = (other for other in self.lanes_of[lane.model] if other.size_class > lane.size_class)
-        return BACKLOG_AFTER_SECONDS if self.policy.splits_lanes and any(o.waiting for o in longer) else None
+        waiting = any(other.waiting for other in self._longer_lanes(lane))
+        return BACKLOG_AFTER_SECONDS if self.policy.splits_lanes and waiting else None
+
+    def _longer_lanes(self, lane: Lane) -> Iterator[Lane]:
+        """The lanes of the lane's model that take longer requests than it does."""
+        return (other for other in self.lanes_of[lane.model] if other.size_class > lane.size_class)
 
     def _fits(self, lane: Lane, group: list[QueuedSentence]) -> bool:
         """Room for the group: max_batch_size sentences in the lane, max_batch_tokens, the memory budget."""
@@ -328,10 +331,10 @@ class Scheduler:
         with self.lock:
             if job.finished:
                 return
-            for other in self.lanes_of[job.model]:
-                for segment in job.segments:
-                    if segment in other.waiting:
-                        other.waiting.remove(segment)
+            for segment in job.segments:  # a queued segment waits in the lane it names
+                queue = self.lanes[segment.lane].waiting
+                if segment in queue:
+                    queue.remove(segment)
             self.policy.forget(job)
             job.fail(error)
         self._drop_rows(lane, job)
