@@ -122,10 +122,9 @@ def test_overload_refuses_fast_and_answers_every_request(tiny_export: Path):
             assert call(stub, sentence)[0] == grpc.StatusCode.OK
 
             # While long work fills the batch and the queue, a new request is refused at once,
-            # without waiting for any decoding. (Its sentences are longer than the first lane's 64 tokens, so
-            # they wait for the long lane's batch rather than join the first lane's spare rows.)
+            # without waiting for any decoding.
             busy = translate_pb2.TranslateRequest(
-                texts=["walking " * 80 + "."] * 8, options=translate_pb2.TranslateOptions(beam_size=8)
+                texts=["walking " * 60 + "."] * 8, options=translate_pb2.TranslateOptions(beam_size=8)
             )
             # The tiny model decodes the busy work in a fraction of a second: a round whose busy work ended
             # before its probes did proves nothing, so the round is tried again (up to five times).
