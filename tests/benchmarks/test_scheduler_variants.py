@@ -28,7 +28,16 @@ def test_a_variant_names_its_flags_and_optionally_another_checkout(variants, tmp
 
 def test_the_report_gives_each_variants_capacity_and_latency_against_the_first(variants):
     def run(p99: float, rps: float) -> dict:
-        return {"requests_per_s": rps, "short_p50": p99 / 4, "short_p99": p99, "long_p99": 1.0, "errors": 1, "rate": 70}
+        window = rps - 1.0  # a few long requests answered after the last was sent
+        return {
+            "requests_per_s": rps,
+            "window_per_s": window,
+            "short_p50": p99 / 4,
+            "short_p99": p99,
+            "long_p99": 1.0,
+            "errors": 1,
+            "rate": 70,
+        }
 
     chosen = [variants.Variant.parse("static=--scheduler,static"), variants.Variant.parse("continuous=")]
     measured = {
@@ -39,5 +48,5 @@ def test_the_report_gives_each_variants_capacity_and_latency_against_the_first(v
     args = argparse.Namespace(seconds=20.0, repeats=3, capacity_seconds=12.0)
     lines = variants.report(measured, chosen, cell, [0.7], args)
     assert "| continuous | `` | 110.0 (110.0, 108.0, 111.0) | 1.10 |" in lines
-    assert "| 70% | 70.0 | continuous | 69.00 | 0.025 | 0.100 | 1.000 | 1 | 0.25 | 0.99 |" in lines
+    assert "| 70% | 70.0 | continuous | 69.00 | 68.00 | 0.025 | 0.100 | 1.000 | 1 | 0.25 | 0.99 | 0.99 |" in lines
     assert lines[1].startswith("machine: ") and "80% single sentences, the rest doc:10-40" in lines[2]
