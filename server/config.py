@@ -22,6 +22,11 @@ DEFAULT_MODELS = {
 DEFAULT_MODEL_DIR = next(iter(DEFAULT_MODELS))
 ENV_PREFIX = "TRANSLATE_"
 MIB = 1 << 20
+# continuous: what longer lanes keep of a saturated shorter lane's core (--long-lane-share). On a 2-core AMD EPYC,
+# run-on inputs with beam 4 at 90% of static's capacity (benchmarks/scheduler_variants_runon.md): 0.5 raised
+# continuous' throughput from 0.90x static's to 0.96x and cut long p99 from 10.2 to 8.9 s, doubling the single
+# sentences' p99 (still 0.08x static's); 0.3 changed nothing measurable and 0.7 pushed that p99 past static's.
+LONG_LANE_SHARE = 0.5
 
 
 Scheduling = Literal["continuous", "static"]
@@ -71,6 +76,11 @@ class ServerConfig:
         (64,), "continuous: source-token bounds splitting the running batch into lanes, e.g. 32,128 ('': one lane)"
     )
     lane_niceness: int = setting(10, "continuous: OS niceness added per lane above the first, to its threads (0..19)")
+    long_lane_share: float = setting(
+        LONG_LANE_SHARE,
+        "continuous: the share of a busy shorter lane's core that longer lanes keep while they decode sentences "
+        "too long for it (it pauses; their lower OS priority alone would starve them); 0: none",
+    )
     max_batch_size: int = setting(64, "sentences decoding at once (continuous: per lane)")
     max_batch_tokens: int = setting(4096, "padded source tokens per encoder batch")
     max_batch_delay_ms: float = setting(5.0, "how long an idle server waits for more arrivals")
@@ -168,6 +178,8 @@ class ServerConfig:
             problems.append(f"first_lane_small_batch_threads={small} must be 0 (as intra_op_threads) or more")
         if self.first_lane_replicas < 1:
             problems.append(f"first_lane_replicas={self.first_lane_replicas} must be at least 1")
+        if not 0.0 <= self.long_lane_share < 1.0:
+            problems.append(f"long_lane_share={self.long_lane_share} must be within 0..1 (1 excluded)")
         if not 0 <= self.lane_niceness <= 19:
             problems.append(f"lane_niceness={self.lane_niceness} must be within 0..19")
         if not 1 <= self.default_beam_size <= self.max_beam_size:

@@ -122,6 +122,12 @@ class Metrics:
             ["model", "lane"],
             registry=r,
         )
+        self.lane_paused = Counter(
+            "translate_lane_paused_seconds_total",
+            "Time a shorter lane paused so that longer lanes with rows keep their share of its core, by model, lane.",
+            ["model", "lane"],
+            registry=r,
+        )
         self.kv_cache_bytes = Gauge(
             "translate_kv_cache_bytes", "Bytes of the live self-attention KV cache.", registry=r
         )

@@ -23,12 +23,25 @@ BACKLOG_AFTER_SECONDS = 0.2
 # ... into at most half of max_batch_size, keeping the rest for its own arrivals, which join at once.
 BACKLOG_SHARE = 0.5
 
+# continuous: a lane pays the pause it owes longer lanes (``pause_owed``) once the debt reaches this, so that it
+# sleeps in pieces of a few steps rather than after every step.
+PAUSE_AT_LEAST_SECONDS = 0.005
+
 Fits = Callable[[list["QueuedSentence"]], bool]
 
 
 def length_class(tokens: int) -> int:
     """The length class (LENGTH_CLASSES) of a source of this many tokens."""
     return next((i for i, high in enumerate(LENGTH_CLASSES) if tokens <= high), len(LENGTH_CLASSES))
+
+
+def pause_owed(owed: float, idle: float, busy: float, share: float) -> float:
+    """continuous: the pause a lane owes longer lanes decoding what it cannot take, after a step of ``busy`` s
+    that came ``idle`` seconds after its last one (or its last pause) ended. Longer lanes run at a lower OS
+    priority, so a shorter lane that never leaves the CPU starves them; each busy second of it owes them
+    share / (1 - share) seconds, which time it spent off the CPU anyway pays back. So when it is saturated,
+    longer lanes keep ``share`` of its core, and when it idles, nothing changes."""
+    return max(0.0, owed - idle) + busy * share / (1.0 - share)
 
 
 def admit_static(waiting: Sequence[QueuedSentence], fits: Fits) -> list[QueuedSentence]:

@@ -12,6 +12,8 @@ continuous: then, into at most half of its rows, the sentences short enough for 
 0.2 s beyond the room longer lanes have, so that a backlog of documents' sentences uses the first lane's
 steps instead of waiting); the chosen are encoded in length groups (apart, on the lane's encoder thread
 while its batch steps, when it has one) and join the batch; finished segments leave and are answered at once.
+While a longer lane decodes a sentence too long for a shorter one, the shorter lane pauses after its steps so
+that the longer lane keeps ``long_lane_share`` of its core (its lower priority would starve it).
 No segment is evicted mid-way; cancelled or expired jobs leave at the next step. docs/serving.md has the
 design and its measurements.
 """
@@ -33,7 +35,14 @@ from server.interface import Encoded, Engine
 from server.jobs import Job, QueuedSentence, Throughput
 from server.lanes import Lane, choose_lane, model_lanes, plan_threads
 from server.metrics import Metrics
-from server.policies import BACKLOG_AFTER_SECONDS, BACKLOG_SHARE, POLICIES, length_groups
+from server.policies import (
+    BACKLOG_AFTER_SECONDS,
+    BACKLOG_SHARE,
+    PAUSE_AT_LEAST_SECONDS,
+    POLICIES,
+    length_groups,
+    pause_owed,
+)
 
 log = logging.getLogger(__name__)
 GAUGE_INTERVAL_S = 0.05  # the memory and batch gauges are set at most this often while lanes are busy
@@ -58,6 +67,7 @@ class Scheduler:
         for lane in self.lanes:  # every lane that can take backlog shows 0 until it does
             if self.policy.splits_lanes and lane.size_class < len(self.bounds):
                 metrics.backlog_moved.labels(lane.model, lane.name)
+                metrics.lane_paused.labels(lane.model, lane.name)
         self.lock = threading.Condition()
         self.accepting = True
         self.stopped = False
@@ -163,6 +173,7 @@ class Scheduler:
                     self._join_encoded(lane, wait=not lane.batch.rows)
                 if lane.batch.rows:
                     self._step(lane)
+                    self._pause_for_longer_lanes(lane)
                 else:  # nothing fit: waiting for room other lanes hold; they notify when they free some
                     with self.lock:
                         self.lock.wait(IDLE_WAIT_S)
@@ -299,10 +310,37 @@ class Scheduler:
         start = time.perf_counter()
         rows = lane.batch.rows
         finished = lane.batch.step()
-        self.metrics.decoder_step.labels(lane.model).observe(time.perf_counter() - start)
+        lane.step_seconds = time.perf_counter() - start
+        self.metrics.decoder_step.labels(lane.model).observe(lane.step_seconds)
         self.metrics.decode_rows.observe(rows)
         for segment, hypothesis in finished:
             self._finish(segment, hypothesis)
+
+    def _pause_for_longer_lanes(self, lane: Lane) -> None:
+        """After a step: while a longer lane (lower OS priority) decodes sentences too long to move into this
+        lane, pause for what this lane owes it (policies.pause_owed, ``--long-lane-share``); otherwise it owes
+        nothing (a longer lane's short sentences that fall behind move down instead: ``_backlog``)."""
+        now = time.perf_counter()
+        share, seconds = self.config.long_lane_share, lane.step_seconds
+        idle, lane.off_cpu_since = max(0.0, now - seconds - lane.off_cpu_since), now
+        if not share or not self._decoding_long_work(lane):
+            lane.owed_seconds = 0.0
+            return
+        lane.owed_seconds = pause_owed(lane.owed_seconds, idle, seconds, share)
+        if lane.owed_seconds >= PAUSE_AT_LEAST_SECONDS:
+            time.sleep(lane.owed_seconds)
+            self.metrics.lane_paused.labels(lane.model, lane.name).inc(lane.owed_seconds)
+            lane.owed_seconds, lane.off_cpu_since = 0.0, time.perf_counter()
+
+    def _decoding_long_work(self, lane: Lane) -> bool:
+        """Whether a lane at lower priority than ``lane`` decodes a sentence longer than ``lane`` takes."""
+        bound = self.bounds[lane.size_class] if lane.size_class < len(self.bounds) else None
+        return bound is not None and any(
+            segment.source_tokens > bound
+            for other in self.lanes
+            if other.niceness > lane.niceness
+            for segment in list(other.running)  # a copy: other lanes' threads change theirs
+        )
 
     def _finish(self, segment: QueuedSentence, hypothesis: Hypothesis) -> None:
         self._leave(segment)

@@ -55,6 +55,7 @@ def test_one_lane_when_no_bounds_are_given():
         ("lanes", (128, 64), "lanes=128,64: bounds must be positive and increasing"),
         ("max_batch_size", 0, "max_batch_size=0 must be at least 1"),
         ("lane_niceness", 20, "lane_niceness=20 must be within 0..19"),
+        ("long_lane_share", 1.0, "long_lane_share=1.0 must be within 0..1"),
         ("first_lane_small_batch_threads", -1, "first_lane_small_batch_threads=-1 must be 0"),
     ],
 )

@@ -15,7 +15,13 @@ import pytest
 from runtime.sessions import OrtModel, RuntimeOptions
 from server.jobs import DecodeOptions, Job
 from server.metrics import Metrics
-from server.policies import BACKLOG_AFTER_SECONDS, BACKLOG_SHARE, STARVATION_SECONDS
+from server.policies import (
+    BACKLOG_AFTER_SECONDS,
+    BACKLOG_SHARE,
+    PAUSE_AT_LEAST_SECONDS,
+    STARVATION_SECONDS,
+    pause_owed,
+)
 from server.scheduler import Scheduler
 from server.text import SplitSentence
 from tests.conftest import own_sentences
@@ -403,6 +409,52 @@ def test_a_job_decoding_in_two_lanes_is_answered_once_or_cancelled_from_both():
     assert type(cancelled.error).__name__ == "Cancelled"
     assert scheduler.running == 0 and scheduler.waiting == 0 and scheduler.memory.reserved_bytes == 0
     assert all(lane.batch.rows == 0 for lane in scheduler.lanes)
+
+
+def test_a_saturated_lane_owes_longer_lanes_their_share_and_time_off_the_cpu_pays_it():
+    share, step = 0.3, 0.002
+    owed, paused, busy = 0.0, 0.0, 0.0
+    for _ in range(1000):  # never idle: it pauses whenever it owes PAUSE_AT_LEAST_SECONDS
+        owed = pause_owed(owed, 0.0, step, share)
+        busy += step
+        if owed >= PAUSE_AT_LEAST_SECONDS:
+            paused, owed = paused + owed, 0.0
+    assert paused / (paused + busy) == pytest.approx(share, abs=0.01)
+    assert pause_owed(0.004, 0.010, step, share) == pytest.approx(step * share / (1 - share))  # idle paid it
+    assert pause_owed(0.004, 0.0, step, 0.0) == 0.004
+
+
+def _paused_while(long_work: list[str], share: float) -> float:
+    """Seconds the first lane paused while a short sentence decoded, with the long lane decoding
+    ``long_work`` (one request) meanwhile."""
+    engine = FakeEngine(step_seconds=0.005)
+    config = server_config(
+        Path("unused"), scheduler="continuous", lanes=(16,), warmup=False, long_lane_share=share, encode_apart=False
+    )
+    scheduler = Scheduler([engine], config, Metrics())
+    scheduler.start()
+    long, short = _Answers(), _Answers()
+    try:
+        if long_work:
+            scheduler.submit(long.job(engine, long_work))
+            while not scheduler.lanes[1].running:
+                time.sleep(0.001)
+        scheduler.submit(short.job(engine, ["A man is walking near the water and a dog follows him"]))
+        assert short.done.wait(10) and short.error is None
+        assert not long_work or long.done.wait(10) and long.error is None
+    finally:
+        scheduler.stop(timeout=10)
+    return scheduler.metrics.lane_paused.labels(engine.name, scheduler.lanes[0].name)._value.get()
+
+
+def test_the_first_lane_pauses_only_while_a_longer_lane_decodes_what_it_cannot_take():
+    """Longer lanes run at a lower OS priority: while one decodes a sentence too long for the first lane, a
+    busy first lane pauses for their share (--long-lane-share). Alone, beside a document of short sentences
+    (which move down when they fall behind), or with no share set, it never pauses."""
+    assert _paused_while([LONG_TEXT], share=0.5) >= PAUSE_AT_LEAST_SECONDS
+    assert _paused_while([], share=0.5) == 0.0
+    assert _paused_while(own_sentences(6), share=0.5) == 0.0
+    assert _paused_while([LONG_TEXT], share=0.0) == 0.0
 
 
 def test_a_segment_starving_for_room_stops_other_lanes():

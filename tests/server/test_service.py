@@ -133,6 +133,7 @@ DOCUMENTED_METRICS = [
     "translate_cross_attention_cache_bytes",
     "translate_decode_batch_rows_bucket",
     "translate_backlog_moved_total",
+    "translate_lane_paused_seconds_total",
 ]
 
 
