@@ -11,11 +11,25 @@ import asyncio
 import logging
 import subprocess
 import sys
+from collections.abc import Callable
 
 from runtime.manifest import MANIFEST_FILE, ModelFolderError
 from server.app import serve
 from server.config import DEFAULT_MODELS, parse_config
 from server.tracing import configure_from_environment
+
+
+def event_loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """How the server's event loop is made (``--event-loop``); None: asyncio's own."""
+    if name == "asyncio":
+        return None
+    try:
+        import uvloop  # noqa: PLC0415 -- not on every platform
+    except ImportError as error:
+        if name == "auto":
+            return None
+        raise ImportError("--event-loop uvloop: uvloop is not installed (pip install uvloop)") from error
+    return uvloop.new_event_loop
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,7 +43,13 @@ def main(argv: list[str] | None = None) -> int:
             export = [sys.executable, "-m", "export", "--checkpoint", str(DEFAULT_MODELS[folder]), "--out", str(folder)]
             subprocess.run([*export, "--int8"], check=True)
     try:
-        asyncio.run(serve(config))
+        loop_factory = event_loop_factory(config.event_loop)
+    except ImportError as error:
+        print(f"server: cannot start: {error}", file=sys.stderr)
+        return 1
+    try:
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            runner.run(serve(config))
     except (ModelFolderError, OSError) as error:
         print(f"server: cannot start: {error}", file=sys.stderr)
         return 1

@@ -77,11 +77,12 @@ class Server:
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info(
-            "serving %s: gRPC on %s, HTTP API on %s, metrics on %s",
+            "serving %s: gRPC on %s, HTTP API on %s, metrics on %s; event loop: %s",
             self.models.describe(),
             grpc_address(self.config.host, self.port),
             " ".join(self.http_addresses) or "off",
             " ".join(self.metrics_http.addresses),
+            type(asyncio.get_running_loop()).__module__.split(".")[0],
         )
 
     async def _reload_certificates(self) -> None:

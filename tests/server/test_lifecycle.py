@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import signal
 import subprocess
@@ -17,6 +18,7 @@ import grpc
 import pytest
 
 from proto import translate_pb2, translate_pb2_grpc
+from server import __main__ as server_main
 from server.errors import Overloaded
 from server.jobs import DecodeOptions, Job
 from server.metrics import Metrics
@@ -71,9 +73,10 @@ def in_flight(metrics_port: int) -> float:
     return sum(float(v) for v in values.values())
 
 
-def test_sigterm_drains_in_flight_requests(tiny_export: Path):
+@pytest.mark.parametrize("event_loop", ["uvloop", "asyncio"])
+def test_sigterm_drains_in_flight_requests(tiny_export: Path, event_loop: str):
     process, port, metrics_port = start_subprocess_server(
-        tiny_export, "--grace-seconds", "30", "--max-output-tokens", "32"
+        tiny_export, "--grace-seconds", "30", "--max-output-tokens", "32", "--event-loop", event_loop
     )
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     stub = translate_pb2_grpc.TranslatorStub(channel)
@@ -94,6 +97,15 @@ def test_sigterm_drains_in_flight_requests(tiny_export: Path):
         stub.Translate(request, timeout=5)
     assert error.value.code() == grpc.StatusCode.UNAVAILABLE
     channel.close()
+
+
+def test_an_event_loop_that_is_not_installed_is_a_clear_start_up_error(tiny_export: Path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # import uvloop raises ImportError
+    monkeypatch.setattr(logging.getLogger(), "level", logging.getLogger().level)  # main() sets it
+    assert server_main.event_loop_factory("auto") is None  # asyncio's own
+    assert server_main.event_loop_factory("asyncio") is None
+    assert server_main.main(["--model", str(tiny_export), "--event-loop", "uvloop"]) == 1
+    assert "uvloop is not installed (pip install uvloop)" in capsys.readouterr().err
 
 
 def test_client_command_prints_translations_and_errors(running: RunningServer):

@@ -127,3 +127,4 @@ def test_the_startup_line_names_the_bound_addresses(tiny_export: Path, caplog):
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("serving "))
     expected = f"gRPC on 127.0.0.1:{port}, HTTP API on 127.0.0.1:{http_port}, metrics on 127.0.0.1:{metrics_port}"
     assert expected in line, line
+    assert line.endswith("; event loop: asyncio"), line  # RunningServer's own loop (python -m server: uvloop)
