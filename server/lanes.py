@@ -41,7 +41,6 @@ class Lane:
     ready: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
     join_seconds: float = 0.0  # a join's duration, a running average
-    step_seconds: float = 0.0  # its last step's duration
     owed_seconds: float = 0.0  # the pause it owes longer lanes (policies.pause_owed)
     off_cpu_since: float = 0.0  # when its last step or pause ended (time.perf_counter())
     encoder: concurrent.futures.ThreadPoolExecutor | None = None  # the lane's encoder thread, if it encodes apart

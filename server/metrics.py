@@ -124,7 +124,8 @@ class Metrics:
         )
         self.lane_paused = Counter(
             "translate_lane_paused_seconds_total",
-            "Time a shorter lane paused so that longer lanes with rows keep their share of its core, by model, lane.",
+            "Time a shorter lane paused so that longer lanes decoding sentences too long for it keep their share "
+            "of its core, by model, lane.",
             ["model", "lane"],
             registry=r,
         )

@@ -172,8 +172,7 @@ class Scheduler:
                 if lane.encoding:  # an empty batch has nothing to do but wait for them
                     self._join_encoded(lane, wait=not lane.batch.rows)
                 if lane.batch.rows:
-                    self._step(lane)
-                    self._pause_for_longer_lanes(lane)
+                    self._pause_for_longer_lanes(lane, self._step(lane))
                 else:  # nothing fit: waiting for room other lanes hold; they notify when they free some
                     with self.lock:
                         self.lock.wait(IDLE_WAIT_S)
@@ -305,23 +304,24 @@ class Scheduler:
             len(group), longest, joined.seconds, joined.padded_tokens, joined.real_tokens, scores
         )
 
-    def _step(self, lane: Lane) -> None:
+    def _step(self, lane: Lane) -> float:
         """One decoder step of the lane's batch; finished segments are answered at once."""
         start = time.perf_counter()
         rows = lane.batch.rows
         finished = lane.batch.step()
-        lane.step_seconds = time.perf_counter() - start
-        self.metrics.decoder_step.labels(lane.model).observe(lane.step_seconds)
+        seconds = time.perf_counter() - start
+        self.metrics.decoder_step.labels(lane.model).observe(seconds)
         self.metrics.decode_rows.observe(rows)
         for segment, hypothesis in finished:
             self._finish(segment, hypothesis)
+        return seconds
 
-    def _pause_for_longer_lanes(self, lane: Lane) -> None:
-        """After a step: while a longer lane (lower OS priority) decodes sentences too long to move into this
-        lane, pause for what this lane owes it (policies.pause_owed, ``--long-lane-share``); otherwise it owes
-        nothing (a longer lane's short sentences that fall behind move down instead: ``_backlog``)."""
+    def _pause_for_longer_lanes(self, lane: Lane, seconds: float) -> None:
+        """After a step of ``seconds``: while a longer lane (lower OS priority) decodes sentences too long to move
+        into this lane, pause for what this lane owes it (policies.pause_owed, ``--long-lane-share``); otherwise
+        it owes nothing (a longer lane's short sentences that fall behind move down instead: ``_backlog``)."""
         now = time.perf_counter()
-        share, seconds = self.config.long_lane_share, lane.step_seconds
+        share = self.config.long_lane_share
         idle, lane.off_cpu_since = max(0.0, now - seconds - lane.off_cpu_since), now
         if not share or not self._decoding_long_work(lane):
             lane.owed_seconds = 0.0
