@@ -333,7 +333,9 @@ class Scheduler:
             lane.owed_seconds, lane.off_cpu_since = 0.0, time.perf_counter()
 
     def _decoding_long_work(self, lane: Lane) -> bool:
-        """Whether a lane at lower priority than ``lane`` decodes a sentence longer than ``lane`` takes."""
+        """Whether a lane at lower OS priority than ``lane`` decodes a sentence longer than ``lane`` takes. Any
+        model's lane, not only ``_longer_lanes`` (this model's): the OS starves a long lane for every busier
+        lane of higher priority, whichever model it serves."""
         bound = self.bounds[lane.size_class] if lane.size_class < len(self.bounds) else None
         return bound is not None and any(
             segment.source_tokens > bound
