@@ -125,10 +125,19 @@ class KVCache:
         np.take into the strided slots, 149 against 304 µs for 128 rows of 20 slots)."""
         new[: len(rows), :, :longest] = old[rows, :, :longest]
 
-    def _move(self, origins: np.ndarray, targets: np.ndarray, longest: int) -> None:
+    def _move(self, origins: Sequence[int], targets: Sequence[int], longest: int) -> None:
         """Row targets[i] takes row origins[i]'s first ``longest`` slots, in place: the origins are all read
-        (into a temporary) before any target is written, so rows may swap or repeat."""
-        for buffer in self.keys + self.values:
+        before any target is written, so rows may swap or repeat. A few rows none of which is both an origin
+        and a target (beam search's usual step) are copied one by one, without the temporary that fancy
+        indexing gathers them into first."""
+        buffers = self.keys + self.values
+        if len(targets) <= FEW_ROWS and set(targets).isdisjoint(origins):
+            for buffer in buffers:
+                for origin, target in zip(origins, targets, strict=True):
+                    buffer[target, :, :longest] = buffer[origin, :, :longest]
+            return
+        origins, targets = np.asarray(origins, np.int64), np.asarray(targets, np.int64)
+        for buffer in buffers:
             buffer[targets, :, :longest] = buffer[origins, :, :longest]
 
     def view(self, buffer):
@@ -196,9 +205,13 @@ class KVCache:
             self.longest += 1
         self.reserve(self.rows, self.longest + 1)
 
-    def select(self, rows: np.ndarray) -> None:
+    def select(self, rows: Sequence[int]) -> None:
         """Keep these rows, in this order (indices may repeat)."""
         count = len(rows)
+        if 0 < count <= FEW_ROWS and self.moves_in_place:
+            self._select_few(rows)
+            return
+        rows = np.asarray(rows, np.int64)
         longest = self.longest  # only live slots: the rest may not even be paged in
         if count and self.moves_in_place:  # only the rows that change are copied, through a temporary
             self.reserve(count, self.capacity)  # a beam's first step turns one row into several
@@ -221,6 +234,20 @@ class KVCache:
         self.lengths[:count] = self.lengths[rows]
         self.rows = count
         self.longest = int(self.live_lengths.max(initial=0))
+        self.version += 1
+
+    def _select_few(self, rows: Sequence[int]) -> None:
+        """``select`` for a few rows, in Python: no numpy call (see FEW_ROWS)."""
+        count, longest = len(rows), self.longest
+        self.reserve(count, self.capacity)  # a beam's first step turns one row into several
+        changed = [target for target, origin in enumerate(rows) if origin != target]
+        if changed:
+            self._move([rows[target] for target in changed], changed, longest)
+        lengths = memoryview(self.lengths)
+        kept = [lengths[row] for row in rows]
+        for row, length in enumerate(kept):
+            lengths[row] = length
+        self.rows, self.longest = count, max(kept)
         self.version += 1
 
 
@@ -683,6 +710,7 @@ class DecodeBatch:
         self.top_k = np.ones(1, np.int64)
         self.row_scores = np.zeros((0, 1))  # each row's running score (float64), for the step's search head
         self._counts = np.zeros(0, np.int64)
+        self._count_list: list[int] = []  # the same, to compare without numpy
         self._set_groups()
         self.step_state: dict[Any, Any] = {}  # what step_fn keeps with this batch (its bindings)
         self._version = 0
@@ -836,31 +864,44 @@ class DecodeBatch:
             items = list(self.searches.items())
             self.searches = dict(items[i] for i in order)
             self._keep_sources(np.array(sources, np.int64))
+        if self.rows <= FEW_ROWS and sum(map(len, rows)) <= FEW_ROWS:  # in Python: no numpy call (FEW_ROWS)
+            kept_rows, next_tokens = list(itertools.chain(*rows)), list(itertools.chain(*tokens))
+            if kept_rows != list(range(self.rows)):
+                self._select_rows(kept_rows)
+            self._changed(next_tokens)
+            return
         kept_rows = np.fromiter(itertools.chain.from_iterable(rows), np.int64)
         if len(kept_rows) != self.rows or not np.array_equal(kept_rows, np.arange(self.rows)):
             self._select_rows(kept_rows)
         self._changed(np.fromiter(itertools.chain.from_iterable(tokens), np.int64))
 
-    def _changed(self, tokens: np.ndarray | None = None) -> None:
+    def _changed(self, tokens: Sequence[int] | None = None) -> None:
         """Rows or sources changed: feeds are rebound, and each row gets the candidates it needs; or, when
-        every source kept its number of rows (beam search's usual step), only the tokens change, in place."""
-        counts = np.fromiter((search.rows for search in self.searches.values()), np.int64, len(self.searches))
-        beam_search = any(search.width > 1 for search in self.searches.values())  # greedy rows keep score 0
-        scores = (
-            np.fromiter(itertools.chain.from_iterable(search.scores for search in self.searches.values()), np.float64)
-            if beam_search
-            else None
-        )
-        if tokens is not None and len(tokens) == len(self.tokens) and np.array_equal(counts, self._counts):
-            self.tokens[:] = tokens
-            if scores is not None:
-                self.row_scores[:, 0] = scores
+        every source kept its number of rows (beam search's usual step), only the tokens change, in place
+        (through a memoryview for a few rows, see FEW_ROWS)."""
+        searches = self.searches.values()
+        counts = [search.rows for search in searches]
+        beam_search = any(search.width > 1 for search in searches)  # greedy rows keep score 0
+        scores = list(itertools.chain.from_iterable(search.scores for search in searches)) if beam_search else None
+        if tokens is not None and len(tokens) == len(self.tokens) and counts == self._count_list:
+            if len(tokens) <= FEW_ROWS:
+                token_view = memoryview(self.tokens)
+                for row, token in enumerate(tokens):
+                    token_view[row] = token
+                if scores is not None:
+                    score_view = memoryview(self.row_scores)
+                    for row, score in enumerate(scores):
+                        score_view[row, 0] = score
+            else:
+                self.tokens[:] = tokens
+                if scores is not None:
+                    self.row_scores[:, 0] = scores
             return
         if tokens is not None:
-            self.tokens = tokens
-        self._counts = counts
+            self.tokens = np.asarray(tokens, np.int64)
+        self._count_list, self._counts = counts, np.array(counts, np.int64)
         self._set_groups()
-        self.row_scores = (np.zeros(int(counts.sum())) if scores is None else scores)[:, None].copy()
+        self.row_scores = (np.zeros(sum(counts)) if scores is None else np.array(scores, np.float64))[:, None].copy()
         self._version += 1
 
     def _set_groups(self) -> None:

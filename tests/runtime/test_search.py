@@ -9,6 +9,7 @@ import torch
 from model.transformer import Transformer
 from model.translate import TorchTranslator
 from runtime.search import (
+    FEW_ROWS,
     BeamSearch,
     CachePool,
     DecodeBatch,
@@ -99,9 +100,8 @@ def test_a_leaving_source_takes_one_source_from_the_end_into_its_place(tiny_mode
     batch = DecodeBatch(translator._step, c.n_decoder_layers, c.n_heads, c.d_head, c.decoder_start_id)
     moves = []
     move = KVCache._move
-    monkeypatch.setattr(
-        KVCache, "_move", lambda self, o, t, n: moves.append((o.tolist(), t.tolist())) or move(self, o, t, n)
-    )
+    record = lambda self, o, t, n: moves.append((list(map(int, o)), list(map(int, t)))) or move(self, o, t, n)  # noqa: E731
+    monkeypatch.setattr(KVCache, "_move", record)
     with torch.inference_mode():
         batch.add([0, 1, 2, 3], [new_search(2, 12, c.eos_id) for _ in range(4)], *encode(tiny_model, SOURCES[:4]))
         batch.step()  # each source's one row becomes two
@@ -162,6 +162,31 @@ def test_cache_select_moves_only_changed_rows_in_place():
     assert cache.keys[0] is buffer and cache.keys[0][:3, 0, 0, 0].tolist() == [3, 3, 1]
     assert cache.live_lengths.tolist() == [4, 4, 2] and cache.version != version
     assert cache.nbytes == 2 * buffer.nbytes  # keys and values: no spare buffers
+
+
+@pytest.mark.parametrize("rows", [4, FEW_ROWS, 3 * FEW_ROWS])
+def test_cache_select_is_a_gather_of_the_live_slots_in_python_or_numpy(rows: int):
+    """Few rows are selected in Python, more with numpy: both keep exactly the chosen rows' live slots."""
+    rng = np.random.default_rng(rows)
+    cache = KVCache(layers=2, heads=2, d_cache=3, chunk=4)
+    cache.add_rows(rows)
+    for buffer in cache.keys + cache.values:
+        buffer[:] = rng.standard_normal(buffer.shape)
+    cache.lengths[:rows], cache.longest = 5, 5
+    before = [buffer[:, :, :5].copy() for buffer in cache.keys + cache.values]
+    # Beams' usual step (origins and targets apart), a rotation, a draw with repeats, departures.
+    selections = (
+        np.arange(rows) // 2 * 2,
+        np.roll(np.arange(rows), 1),
+        rng.integers(0, rows, rows),
+        np.arange(rows)[::2],
+    )
+    for selection in selections:
+        cache.select(selection.tolist())
+        for buffer, old in zip(cache.keys + cache.values, before, strict=True):
+            np.testing.assert_array_equal(buffer[: len(selection), :, :5], old[selection])
+        assert cache.rows == len(selection) and cache.live_lengths.tolist() == [5] * len(selection)
+        before = [buffer[:, :, :5].copy() for buffer in cache.keys + cache.values]
 
 
 def test_an_emptied_cache_gives_its_buffers_to_the_next_one_they_fit():
