@@ -46,7 +46,7 @@ class PrefixDecodeBatch(DecodeBatch):
     @staticmethod
     def _prefix_step(batch: PrefixDecodeBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         batch.prefix = np.concatenate([batch.prefix, batch.tokens[:, None]], axis=1)
-        index = torch.from_numpy(batch.source_index)
+        index = torch.tensor(batch.source_index)
         mask = torch.from_numpy(batch.src_mask[:, : batch.memory.shape[1]])[index]  # the slots' mask is padded
         logits = batch.model.decode(torch.from_numpy(batch.prefix), batch.memory[index], mask)
         log_probs = torch.log_softmax(logits[:, -1].float(), dim=-1).numpy()
@@ -95,7 +95,7 @@ class TorchTranslator:
             "cross_k": torch.from_numpy(batch.sources.k),
             "cross_v": torch.from_numpy(batch.sources.v),
             "src_mask": torch.from_numpy(batch.src_mask),
-            "source_index": torch.from_numpy(batch.source_index),
+            "source_index": torch.tensor(batch.source_index),
         }
         log_probs, new_k, new_v = self.model.decode_step(**{k: v.to(self.device) for k, v in inputs.items()})
         every_row = np.arange(rows)

@@ -20,6 +20,7 @@ backends differ only in how one decoder step is computed.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import itertools
 import math
 import threading
@@ -709,8 +710,7 @@ class DecodeBatch:
         self.total_length = np.zeros((), np.int32)
         self.top_k = np.ones(1, np.int64)
         self.row_scores = np.zeros((0, 1))  # each row's running score (float64), for the step's search head
-        self._counts = np.zeros(0, np.int64)
-        self._count_list: list[int] = []  # the same, to compare without numpy
+        self._count_list: list[int] = []  # each source's rows
         self._set_groups()
         self.step_state: dict[Any, Any] = {}  # what step_fn keeps with this batch (its bindings)
         self._version = 0
@@ -899,22 +899,34 @@ class DecodeBatch:
             return
         if tokens is not None:
             self.tokens = np.asarray(tokens, np.int64)
-        self._count_list, self._counts = counts, np.array(counts, np.int64)
+        self._count_list = counts
         self._set_groups()
         self.row_scores = (np.zeros(sum(counts)) if scores is None else np.array(scores, np.float64))[:, None].copy()
         self._version += 1
 
     def _set_groups(self) -> None:
-        """The step's view of which rows are whose (``row_groups``), how many candidates it keeps per row and
-        per source (``top_k``: the most any source takes), and which of them each source takes
-        (``candidate_bias``)."""
-        counts = self._counts
-        self.groups, self.row_position, self.source_index = row_groups(counts)
-        wanted = np.fromiter((search.top_k for search in self.searches.values()), np.int64, len(counts))
-        self.top_k[0] = k = int(wanted.max(initial=1))
-        real_row = np.arange(self.groups.shape[1])[None, :, None] < counts[:, None, None]
-        under_limit = np.arange(k)[None, None, :] < wanted[:, None, None]
-        self.candidate_bias = np.where(real_row & under_limit, 0.0, -np.inf)  # (N, G, K)
+        """The step's view of which rows are whose, how many candidates it keeps per row and per source, and
+        which of them each source takes (``step_layout``)."""
+        wanted = tuple(search.top_k for search in self.searches.values())
+        layout = step_layout(tuple(self._count_list), wanted)
+        self.groups, self.row_position, self.source_index, self.candidate_bias, self.top_k[0] = layout
+
+
+@functools.lru_cache(maxsize=256)
+def step_layout(counts: tuple[int, ...], wanted: tuple[int, ...]) -> tuple[np.ndarray, ...]:
+    """For sources with ``counts`` rows each, taking ``wanted`` candidates each: ``row_groups``, then
+    ``candidate_bias`` (N, G, K), 0 on each real row's candidates its source takes and -inf elsewhere, and
+    ``top_k``, the most any source takes (K). Kept for the shapes that come back (every batch of one beam
+    source, a greedy batch of n), read-only: batches bind the same arrays."""
+    count_array, wanted_array = np.array(counts, np.int64), np.array(wanted, np.int64)
+    groups, row_position, source_index = row_groups(count_array)
+    k = int(wanted_array.max(initial=1))
+    real_row = np.arange(groups.shape[1])[None, :, None] < count_array[:, None, None]
+    under_limit = np.arange(k)[None, None, :] < wanted_array[:, None, None]
+    candidate_bias = np.where(real_row & under_limit, 0.0, -np.inf)
+    for array in (groups, row_position, source_index, candidate_bias):
+        array.flags.writeable = False
+    return groups, row_position, source_index, candidate_bias, k
 
 
 def source_searches(

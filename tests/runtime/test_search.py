@@ -23,6 +23,7 @@ from runtime.search import (
     new_search,
     pad_sources,
     row_groups,
+    step_layout,
 )
 
 SOURCES = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14], [15], [16, 17, 18, 19], [20, 21]]
@@ -254,6 +255,18 @@ def test_placed_buffers_are_refreshed_only_when_sources_change():
     assert steps[0][1].dtype == np.int32 and steps[0][1][:2, :4].tolist() == [[1, 1, 1, 0]] * 2
     cache.add(k, k, np.ones((2, 3), bool))
     assert cache.step_inputs()[0][0] is not steps[0][0][0] and len(placed) == 4
+
+
+def test_a_step_layout_is_kept_for_its_shape_and_read_only():
+    """Greedy and beam sources in one batch: each takes its own number of candidates; the layout of a shape that
+    comes back is the same arrays, which nobody may write (batches bind them)."""
+    groups, row_position, source_index, bias, k = step_layout((2, 1), (4, 1))  # a beam of 2 and a greedy source
+    assert k == 4 and groups.tolist() == [[0, 1], [2, 2]] and source_index.tolist() == [0, 0, 1]
+    assert (bias[0] == 0).all()  # both rows of the beam, all four candidates
+    assert (bias[1, 0] == [0, -np.inf, -np.inf, -np.inf]).all() and (bias[1, 1] == -np.inf).all()  # one, once
+    assert step_layout((2, 1), (4, 1))[0] is groups
+    with pytest.raises(ValueError, match="read-only"):
+        groups[0, 0] = 1
 
 
 def test_row_groups_put_each_sources_rows_in_one_block():
