@@ -907,17 +907,18 @@ class DecodeBatch:
     def _set_groups(self) -> None:
         """The step's view of which rows are whose, how many candidates it keeps per row and per source, and
         which of them each source takes (``step_layout``)."""
-        wanted = tuple(search.top_k for search in self.searches.values())
-        layout = step_layout(tuple(self._count_list), wanted)
-        self.groups, self.row_position, self.source_index, self.candidate_bias, self.top_k[0] = layout
+        counts, wanted = tuple(self._count_list), tuple(search.top_k for search in self.searches.values())
+        make = step_layout if sum(counts) <= FEW_ROWS else step_layout.__wrapped__  # kept only while small
+        self.groups, self.row_position, self.source_index, self.candidate_bias, self.top_k[0] = make(counts, wanted)
 
 
 @functools.lru_cache(maxsize=256)
 def step_layout(counts: tuple[int, ...], wanted: tuple[int, ...]) -> tuple[np.ndarray, ...]:
     """For sources with ``counts`` rows each, taking ``wanted`` candidates each: ``row_groups``, then
     ``candidate_bias`` (N, G, K), 0 on each real row's candidates its source takes and -inf elsewhere, and
-    ``top_k``, the most any source takes (K). Kept for the shapes that come back (every batch of one beam
-    source, a greedy batch of n), read-only: batches bind the same arrays."""
+    ``top_k``, the most any source takes (K). Read-only, so that batches can bind the same arrays: those of up
+    to FEW_ROWS rows are kept for the shapes that come back (every batch of one beam source, a greedy batch of
+    n), where building them costs more than the step's other host work; the cache stays under a few MiB."""
     count_array, wanted_array = np.array(counts, np.int64), np.array(wanted, np.int64)
     groups, row_position, source_index = row_groups(count_array)
     k = int(wanted_array.max(initial=1))

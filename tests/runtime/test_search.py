@@ -269,6 +269,18 @@ def test_a_step_layout_is_kept_for_its_shape_and_read_only():
         groups[0, 0] = 1
 
 
+def test_only_small_step_layouts_are_kept(tiny_model: Transformer):
+    """A batch of a few rows takes the kept layout; a larger one builds its own, so the cache stays small."""
+    c = tiny_model.config
+    translator = TorchTranslator(tiny_model, tokenizer=None, max_output_tokens=12)
+    for sources, kept in ((2, True), (FEW_ROWS + 1, False)):
+        batch = DecodeBatch(translator._step, c.n_decoder_layers, c.n_heads, c.d_head, c.decoder_start_id)
+        searches = [new_search(1, 12, c.eos_id) for _ in range(sources)]
+        with torch.inference_mode():
+            batch.add(list(range(sources)), searches, *encode(tiny_model, (SOURCES * 4)[:sources]))
+        assert (batch.groups is step_layout((1,) * sources, (1,) * sources)[0]) is kept
+
+
 def test_row_groups_put_each_sources_rows_in_one_block():
     groups, row_position, source_index = row_groups(np.array([2, 1, 3]))  # rows 0-1, 2, 3-5
     assert groups.tolist() == [[0, 1, 1], [2, 2, 2], [3, 4, 5]]  # a source with fewer rows repeats its last
