@@ -123,7 +123,7 @@ def run_in_place(session: ort.InferenceSession, feeds: dict[str, np.ndarray]) ->
     types = {i.name: ORT_DTYPES.get(i.type) for i in session.get_inputs()}
     device = "cuda" if "CUDAExecutionProvider" in session.get_providers() else "cpu"
     feeds = {name: value.astype(types[name]) if types[name] else value for name, value in feeds.items()}
-    bound = bind_step(session, feeds, device=device)
+    bound = bind_step(session, feeds, device=device, feeds_on=device)
     session.run_with_iobinding(bound.binding)
     inputs = zip(feeds, bound.values[: len(feeds)], strict=True)  # the bound feeds, then the outputs
     caches = {name.replace("past_", "present_"): value for name, value in inputs if name.startswith("past_")}

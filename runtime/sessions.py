@@ -13,7 +13,7 @@ import ctypes
 import logging
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -90,7 +90,8 @@ class RuntimeOptions:
     spinning: bool = True
     io_binding: bool | None = None  # None: on for CUDA, off for CPU
     # The self-attention cache on the step's device for the whole decode (DeviceKVCache; implies
-    # io_binding). None: on for CUDA; on the CPU provider it runs the same code, for tests.
+    # io_binding). None: on for CUDA with an fp16 variant (device_cache_for says why not fp32); on the CPU
+    # provider it runs the same code, for tests.
     device_cache: bool | None = None
     verify_files: bool = True
     # CPU: batches under SMALL_BATCH_ROWS rows run on sessions with this many threads (None: the same ones).
@@ -210,16 +211,31 @@ class _Binding:
     binding: ort.IOBinding
     outputs: tuple[np.ndarray, ...]  # STEP_OUTPUTS, then CANDIDATE_OUTPUTS
     values: list[ort.OrtValue]
+    # The inputs bound from host memory the caller updates between steps. For a session on another device,
+    # ONNX Runtime copies a host input when it is bound, not when it runs: these are bound again before each run.
+    host_inputs: list[tuple[str, ort.OrtValue]] = field(default_factory=list)
+
+    def run(self, session: ort.InferenceSession, device: str) -> None:
+        if device != "cpu":
+            for name, value in self.host_inputs:
+                self.binding.bind_ortvalue_input(name, value)
+        session.run_with_iobinding(self.binding)
 
 
 def bind_step(
-    decoder: ort.InferenceSession, feeds: dict[str, Any], version: Any = None, device: str = "cpu"
+    decoder: ort.InferenceSession,
+    feeds: dict[str, Any],
+    version: Any = None,
+    device: str = "cpu",
+    feeds_on: str = "cpu",
 ) -> _Binding:
     """Bind a decoder step's feeds by reference, each past buffer as its present output too, so the step
-    writes the new entries in place (numpy feeds become values on ``device``: on the CPU, the same memory,
-    which the caller may update between steps). A binding does not keep what it binds alive, so the values
-    are kept with it."""
-    binding, values = decoder.io_binding(), []
+    writes the new entries in place. A device cache's buffers (``BufferView``) are bound on ``device``, where
+    they live. Numpy feeds become values on ``feeds_on``: on the host (the default), the same memory, which the
+    caller may update between steps (for a session on another device, ``_Binding.run`` binds them again before
+    each run); on the device, a copy made once, for a single step or a replay of fixed feeds. A binding does
+    not keep what it binds alive, so the values are kept with it."""
+    binding, values, host_inputs = decoder.io_binding(), [], []
     for name, value in feeds.items():
         if isinstance(value, BufferView):  # a device cache buffer's live rows, in place
             args = (device, 0, ORT_DTYPES[value.value.data_type()], list(value.shape), value.value.data_ptr())
@@ -229,7 +245,9 @@ def bind_step(
             continue
         if not isinstance(value, ort.OrtValue):
             assert value.flags.c_contiguous, name  # a copy would not see the caller's updates
-            value = ort.OrtValue.ortvalue_from_numpy(value, device)
+            value = ort.OrtValue.ortvalue_from_numpy(value, feeds_on)
+            if feeds_on == "cpu":
+                host_inputs.append((name, value))
         values.append(value)
         binding.bind_ortvalue_input(name, value)
         if name.startswith("past_"):
@@ -238,7 +256,26 @@ def bind_step(
     for name, array in zip(STEP_OUTPUTS + CANDIDATE_OUTPUTS, outputs, strict=True):
         values.append(ort.OrtValue.ortvalue_from_numpy(array))
         binding.bind_ortvalue_output(name, values[-1])
-    return _Binding(version, binding, outputs, values)
+    return _Binding(version, binding, outputs, values, host_inputs)
+
+
+def device_cache_for(provider: str, cache_dtype: type, requested: bool | None) -> bool:
+    """Whether the self-attention cache lives on the step's device (``RuntimeOptions.device_cache``; None: the
+    default). ONNX Runtime's CUDA ``GroupQueryAttention`` has float16 and bfloat16 kernels only, so an fp32 step
+    on CUDA runs its self-attention on the CPU and copies the cache across at every step. With the cache bound
+    on the device that decoded wrongly (13.7-21.7% of test_2016_flickr identical to the CPU provider, against
+    100% with the cache on the host; NVIDIA H200, ONNX Runtime 1.30, benchmarks/gpu_check.md): on CUDA only
+    an fp16 cache lives on the device, and asking for an fp32 one there is refused. The CPU provider runs the
+    device cache's code for tests."""
+    if requested is None:
+        return provider == "cuda" and cache_dtype == np.float16
+    if requested and provider == "cuda" and cache_dtype != np.float16:
+        raise ValueError(
+            "device_cache: an fp32 cache cannot live on CUDA (ONNX Runtime's CUDA GroupQueryAttention has no "
+            "float32 kernel, so the step's self-attention runs on the CPU): use the fp16 variant, or leave "
+            "device_cache unset for a host cache"
+        )
+    return requested
 
 
 class OrtModel:
@@ -261,9 +298,6 @@ class OrtModel:
         if self.variant == "int8" and not variants["int8"].get("quantization", {}).get("reduce_range"):
             self._warn_if_int8_saturates()
         self.device = "cuda" if self.provider == "cuda" else "cpu"
-        self.device_cache = self.provider == "cuda" if options.device_cache is None else options.device_cache
-        self.io_binding = self.provider == "cuda" if options.io_binding is None else options.io_binding
-        self.io_binding = self.io_binding or self.device_cache
         self.encoder, self.decoder = self._sessions(options, options.intra_op_threads)
         self.small_encoder, self.small_decoder = self.encoder, self.decoder
         small = options.small_batch_threads
@@ -278,6 +312,9 @@ class OrtModel:
         past = next(i for i in self.decoder.get_inputs() if i.name == "past_key_0")
         self.cache_dtype = ORT_DTYPES[past.type]
         self.d_cache = past.shape[3]
+        self.device_cache = device_cache_for(self.provider, self.cache_dtype, options.device_cache)
+        self.io_binding = self.provider == "cuda" if options.io_binding is None else options.io_binding
+        self.io_binding = self.io_binding or self.device_cache
         self._aligner: tuple[ort.InferenceSession, list[tuple[int, int]]] | None = None  # made on first use
         self._aligner_lock = threading.Lock()
         self._cache_ops = (
@@ -338,8 +375,8 @@ class OrtModel:
         bound = kept.get(version)
         if bound is None:  # keep the bindings that differ only in which cache buffer set is live
             kept = batch.step_state[id(decoder)] = {v: b for v, b in kept.items() if v[:-1] == version[:-1]}
-            bound = kept[version] = bind_step(decoder, batch.step_feeds(), version)
-        decoder.run_with_iobinding(bound.binding)
+            bound = kept[version] = bind_step(decoder, batch.step_feeds(), version, self.device)
+        bound.run(decoder, self.device)
         return bound.outputs
 
     # --- alignment -----------------------------------------------------------------

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import inspect
 import json
 import os
 import shutil
@@ -24,7 +25,7 @@ from runtime import search as search_module
 from runtime.contract import CANDIDATE_OUTPUTS
 from runtime.manifest import ModelFolderError, read_manifest
 from runtime.search import default_max_output, new_search, pad_sources
-from runtime.sessions import OrtModel, RuntimeOptions, cache_op_path
+from runtime.sessions import OrtModel, RuntimeOptions, cache_op_path, device_cache_for
 from tests.conftest import own_sentences
 
 
@@ -151,6 +152,51 @@ def test_sources_join_a_running_batch_with_io_binding(tiny_export: Path, beam: i
             results.update(batch.step())
         step += 1
     assert [results[k].tokens for k in range(len(ids))] == alone
+
+
+def test_the_step_binds_a_device_cache_where_it_lives_and_host_feeds_on_the_host(tiny_export: Path, monkeypatch):
+    """On CUDA, a device cache's buffers bound as host memory crash the step (ONNX Runtime copies from a device
+    address on the host), and host feeds copied to the device once would hide the tokens the host writes between
+    steps: the step names its device for the buffers and leaves numpy feeds on the host."""
+    from runtime import sessions
+
+    bound = []
+    signature = inspect.signature(sessions.bind_step)
+
+    def spy(*args, **kwargs):
+        bound.append(signature.bind(*args, **kwargs).arguments)
+        return bind_step(*args, **kwargs)
+
+    bind_step = sessions.bind_step
+    monkeypatch.setattr(sessions, "bind_step", spy)
+    runtime = OrtModel(tiny_export, RuntimeOptions(provider="cpu", device_cache=True))
+    runtime.translate(["A man is walking.", "Two dogs play in the snow."], 2)
+    assert bound and all(b.get("device") == runtime.device and b.get("feeds_on", "cpu") == "cpu" for b in bound)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_kept_binding_binds_host_feeds_again_before_each_run_on_a_device(device: str):
+    """ONNX Runtime copies a host input to another device when it is bound: a binding kept across steps must bind
+    the host feeds again before each run there, or the step never sees the tokens written since (on an H200 no
+    output matched the CPU's). On the CPU the bound memory is the feed itself, and nothing is bound again."""
+    from runtime.sessions import _Binding
+
+    calls = []
+
+    class Recorder:
+        def bind_ortvalue_input(self, name, value):
+            calls.append(("bind", name))
+
+        def run_with_iobinding(self, binding):
+            calls.append(("run",))
+
+    recorder = Recorder()
+    tokens, lengths = (ort.OrtValue.ortvalue_from_numpy(np.zeros(2, np.int64)) for _ in range(2))
+    bound = _Binding(None, recorder, (), [], [("tokens", tokens), ("lengths", lengths)])
+    bound.run(recorder, device)
+    bound.run(recorder, device)
+    again = [("bind", "tokens"), ("bind", "lengths")] if device != "cpu" else []
+    assert calls == [*again, ("run",), *again, ("run",)]
 
 
 @pytest.mark.parametrize("spinning", [False, True])
@@ -357,3 +403,15 @@ def test_the_encoder_multiplies_real_tokens_only(tiny_checkpoint: Path):
         real = int(alone_mask.sum())
         np.testing.assert_allclose(memory[row, :real], memory_alone[0], atol=1e-5)
         np.testing.assert_allclose(cross_k[:, row, :, :real], k_alone[:, 0], atol=1e-5)
+
+
+def test_only_an_fp16_cache_lives_on_cuda():
+    """ONNX Runtime's CUDA GroupQueryAttention has no float32 kernel: an fp32 step on CUDA attends on the CPU, and
+    its cache bound on the device decoded wrongly on an H200, so fp32 keeps its cache on the host there."""
+    assert device_cache_for("cuda", np.float16, None) is True
+    assert device_cache_for("cuda", np.float32, None) is False
+    assert device_cache_for("cpu", np.float16, None) is False
+    assert device_cache_for("cpu", np.float32, True) is True  # the device cache's code, tested on the CPU
+    assert device_cache_for("cuda", np.float16, False) is False
+    with pytest.raises(ValueError, match="use the fp16 variant"):
+        device_cache_for("cuda", np.float32, True)
