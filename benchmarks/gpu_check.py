@@ -30,11 +30,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import sacrebleu
 import sentencepiece
+from onnx import TensorProto, helper
 
 from common.corpus import corpus_path, read_lines
+from runtime.contract import CANDIDATE_OUTPUTS, STEP_OUTPUTS
 from runtime.cpu import describe_cpu
 from runtime.search import default_max_output, pad_sources, source_searches
 from runtime.sessions import NO_FUSIONS, PROVIDERS, OrtModel, RuntimeOptions, bind_step
@@ -44,6 +47,26 @@ SMOKE = {"sentences": 8, "batches": (1, 4), "repeats": 1, "load_seconds": 2.0, "
 BATCH_1_SENTENCES = 150  # batch 1 is a latency case: fewer sentences keep the check under ten minutes
 CAPTURE_ROWS, CAPTURE_STEPS = 32, 50
 Translate = Callable[[list[list[int]], int], list[list[int]]]
+
+
+class Report(list):
+    """The report's lines, printed and written as each is added, so that a check cut short by its time limit
+    still leaves what it measured."""
+
+    def __init__(self, path: Path | None) -> None:
+        super().__init__()
+        self.path = path
+
+    def append(self, line: str) -> None:
+        super().append(line)
+        print(line, flush=True)
+        if self.path:
+            self.path.write_text("\n".join(self) + "\n")
+
+    def __iadd__(self, lines):  # noqa: ANN001 (list's own signature)
+        for line in lines:
+            self.append(line)
+        return self
 
 
 def gpu_name() -> str:
@@ -90,7 +113,107 @@ def ct2_translator(work: Path, device: str) -> tuple[Translate | None, str]:
         )
         return [[to_id(p) for p in r.hypotheses[0]] for r in results]
 
+    try:  # CTranslate2 loads its CUDA libraries on the first translation (its wheels need CUDA 12's cuBLAS)
+        translate([[4, 5, 6]], 1)
+    except RuntimeError as error:
+        return None, f"not run: ctranslate2 {ctranslate2.__version__} on {device}: {str(error).splitlines()[0][:200]}"
     return translate, f"CT2 {compute}"
+
+
+def every_output(path: Path) -> bytes:
+    """The graph at ``path`` with every node's outputs as graph outputs, so that two providers can be compared
+    node by node (types from ONNX's shape inference; a contrib operator's, which it does not know, are taken to
+    be its first input's)."""
+    model = onnx.load(str(path))
+    graph = model.graph
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model).graph
+    except Exception:  # noqa: BLE001 (then every type comes from the node's first input)
+        inferred = graph
+    types = {v.name: v.type.tensor_type.elem_type for v in [*inferred.value_info, *graph.input, *graph.output]}
+    types.update((t.name, t.data_type) for t in graph.initializer)
+    known = {o.name for o in graph.output}
+    for node in graph.node:
+        for name in node.output:
+            types.setdefault(name, types.get(node.input[0], TensorProto.FLOAT) if node.input else TensorProto.FLOAT)
+            if name and name not in known:
+                graph.output.append(helper.make_tensor_value_info(name, types[name], None))
+                known.add(name)
+    return model.SerializeToString()
+
+
+def divergence(model_dir: Path, variant: str, provider: str, sentences: list[str]) -> list[str]:
+    """Each graph's every node output on ``provider`` against the CPU provider on the same feeds (the encoder
+    over a few test sentences; the decoder step three steps into their beam-2 search, fed as the host decodes
+    it): the nodes that differ by more than a relative tolerance, the first few named, in graph order."""
+    host = OrtModel(model_dir, RuntimeOptions(variant, "cpu", io_binding=False, device_cache=False, spinning=False))
+    c = host.config
+    sources = host.tokenizer.encode_source(sentences[:4])
+    src_tokens, src_mask = pad_sources(sources, c.pad_id, c.eos_id)
+    batch = host.new_batch()
+    batch.add(
+        list(range(len(sources))),
+        source_searches(sources, 2, c.eos_id, 64),
+        *host.encode(src_tokens, src_mask),
+        src_mask,
+    )
+    for _ in range(3):
+        batch.step()
+    files = host.manifest["variants"][variant]
+    feeds = {
+        "encoder": {"src_tokens": src_tokens, "src_mask": src_mask},
+        "decoder": {name: np.array(value) for name, value in batch.step_feeds().items()},
+    }
+    tolerance = 1e-2 if variant == "fp16" else 1e-3
+    lines = []
+    for part in ("encoder", "decoder"):
+        graph = every_output(model_dir / files[part])
+        runs = []
+        for where in (PROVIDERS[provider], PROVIDERS["cpu"]):
+            session = ort.InferenceSession(graph, providers=[where], disabled_optimizers=NO_FUSIONS)
+            wanted = {i.name for i in session.get_inputs()}
+            outputs = session.run(None, {k: v for k, v in feeds[part].items() if k in wanted})
+            runs.append(dict(zip([o.name for o in session.get_outputs()], outputs, strict=True)))
+        ops = {
+            name: node.op_type for node in onnx.load(str(model_dir / files[part])).graph.node for name in node.output
+        }
+        differing = []
+        for name, expected in runs[1].items():
+            got = runs[0][name]
+            if got.shape != expected.shape:
+                differing.append(f"{name} ({ops.get(name)}): shape {got.shape} against {expected.shape}")
+                continue
+            a, b = np.asarray(got, np.float64), np.asarray(expected, np.float64)
+            finite = np.isfinite(b)
+            if not np.array_equal(np.isfinite(a), finite):
+                differing.append(f"{name} ({ops.get(name)}): infinities differ")
+                continue
+            scale = max(float(np.abs(b[finite]).max(initial=0.0)), 1e-6)
+            error = float(np.abs(a - b)[finite].max(initial=0.0)) / scale
+            if error > tolerance:
+                differing.append(f"{name} ({ops.get(name)}): relative {error:.2g}")
+        first = "; ".join(differing[:8]) if differing else "none"
+        lines.append(
+            f"| {provider} {variant} {part} against CPU, node by node: {len(differing)} of {len(runs[1])} "
+            f"outputs differ | {first} |"
+        )
+    # The step as the engine binds it (each cache in place, on the provider's device): the largest absolute
+    # difference of each output against the CPU provider's.
+    bound = []
+    for where in (provider, "cpu"):
+        session = ort.InferenceSession(str(model_dir / files["decoder"]), providers=[PROVIDERS[where]])
+        device = "cuda" if where == "cuda" else "cpu"
+        step = bind_step(session, {k: v.copy() for k, v in feeds["decoder"].items()}, device=device, feeds_on=device)
+        session.run_with_iobinding(step.binding)
+        bound.append(step.outputs)
+    errors = [
+        f"{name} {np.abs(np.nan_to_num(a.astype(np.float64) - b, posinf=0, neginf=0)).max(initial=0):.2g}"
+        for name, a, b in zip(STEP_OUTPUTS + CANDIDATE_OUTPUTS, *bound, strict=True)
+    ]
+    lines.append(
+        f"| {provider} {variant} decoder step bound in place against CPU: largest difference | {', '.join(errors)} |"
+    )
+    return lines
 
 
 def capture(model: OrtModel, provider: str) -> str:
@@ -105,6 +228,7 @@ def capture(model: OrtModel, provider: str) -> str:
     batch = model.new_batch()
     searches = source_searches(sources, 1, -1, 2 * CAPTURE_STEPS + 10)
     batch.add(list(range(len(sources))), searches, *model.encode(src_tokens, src_mask), src_mask)
+    batch.step()  # the feeds of a running decode (a fresh batch's total length is 0, which CUDA's kernel refuses)
     path = str(model.folder / model.manifest["variants"][model.variant]["decoder"])
     times = {}
     for graphs in (False, True):
@@ -114,7 +238,7 @@ def capture(model: OrtModel, provider: str) -> str:
             session = ort.InferenceSession(
                 path, options, [(PROVIDERS["cuda"], provider_options)], disabled_optimizers=NO_FUSIONS
             )
-            bound = bind_step(session, batch.step_feeds(), device=model.device)
+            bound = bind_step(session, batch.step_feeds(), device=model.device, feeds_on=model.device)
             for _ in range(3):  # ONNX Runtime captures after its warm-up runs
                 session.run_with_iobinding(bound.binding)
             start = time.perf_counter()
@@ -134,7 +258,12 @@ def serve_under_load(model_dir: Path, provider: str, variant: str, data: Path, s
     from client import loadtest, loadtest_report
     from tests.server.test_lifecycle import start_subprocess_server
 
-    process, port, _ = start_subprocess_server(model_dir, "--provider", provider, "--variant", variant)
+    # Language detection is off: its model is not what this part measures, and one source language needs none.
+    flags = ("--provider", provider, "--variant", variant, "--language-detection", "off")
+    try:
+        process, port, _ = start_subprocess_server(model_dir, *flags)
+    except AssertionError as error:
+        return f"not run: {error}"
     try:
         args = loadtest.bounded(port, 1_000_000, seconds)
         tokenizer = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / "sentencepiece.model"))
@@ -165,6 +294,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--smoke", action="store_true", help="the smallest form: 8 sentences, one repeat")
     parser.add_argument("--report", type=Path, help="also write the report here (Markdown)")
+    parser.add_argument(
+        "--divergence-only", action="store_true", help="only compare each graph node by node with the CPU provider"
+    )
     args = parser.parse_args(argv)
     args.batches = tuple(int(b) for b in args.batches.split(","))
     if args.smoke:
@@ -181,13 +313,14 @@ def main(argv: list[str] | None = None) -> int:
     texts = read_lines(corpus_path(args.data, "test_2016_flickr", "en"))[: args.sentences]
     references = read_lines(corpus_path(args.data, "test_2016_flickr", "de"))[: args.sentences]
     options = {"spinning": False} if args.provider == "cpu" else {}
+    # fp32 keeps its cache on the host on CUDA (runtime.sessions.device_cache_for); fp16 is timed both ways.
     models = {
-        "fp32": OrtModel(args.model, RuntimeOptions("fp32", args.provider, device_cache=True, **options)),
+        "fp32": OrtModel(args.model, RuntimeOptions("fp32", args.provider, **options)),
         "fp16": OrtModel(args.model, RuntimeOptions("fp16", args.provider, device_cache=True, **options)),
-        "fp32, cache on host": OrtModel(args.model, RuntimeOptions("fp32", args.provider, device_cache=False)),
+        "fp16, cache on host": OrtModel(args.model, RuntimeOptions("fp16", args.provider, device_cache=False)),
     }
-    cpu = OrtModel(args.model, RuntimeOptions("fp32", "cpu", spinning=False))
-    tokenizer = cpu.tokenizer
+    on_cpu = {v: OrtModel(args.model, RuntimeOptions(v, "cpu", spinning=False)) for v in ("fp32", "fp16")}
+    tokenizer = on_cpu["fp32"].tokenizer
     sources = tokenizer.encode_source(texts)
     engines: dict[str, Translate] = {
         f"ours {name}": (lambda chunk, beam, model=model: model.translate_ids(chunk, beam))
@@ -197,7 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     if ct2 is not None:
         engines[ct2_name] = ct2
 
-    lines = [
+    lines = Report(args.report)
+    lines += [
         f"command: python benchmarks/gpu_check.py {shlex.join(sys.argv[1:] if argv is None else argv)}",
         f"machine: {gpu_name()}; {describe_cpu()}; onnxruntime {ort.__version__}; provider {args.provider}; "
         f"{len(sources)} test_2016_flickr sentences; medians of {args.repeats}",
@@ -205,23 +339,25 @@ def main(argv: list[str] | None = None) -> int:
         "| check | result |",
         "|---|---|",
     ]
+    for variant in ("fp32", "fp16"):
+        lines += divergence(args.model, variant, args.provider, texts)
+    if args.divergence_only:
+        return 0
     for beam in (1, 4):
-        _, on_cpu = rate(lambda chunk, b: cpu.translate_ids(chunk, b), sources, 32, beam)
-        for name in ("fp32", "fp32, cache on host"):
+        expected = {v: rate(model.translate_ids, sources, 32, beam)[1] for v, model in on_cpu.items()}
+        for name in models:
+            variant = name.split(",")[0]
             _, outputs = rate(engines[f"ours {name}"], sources, 32, beam)
-            same = np.mean([a == b for a, b in zip(on_cpu, outputs, strict=True)])
-            lines.append(f"| {args.provider} {name} against CPU fp32, beam {beam}: identical outputs | {same:.1%} |")
+            same = np.mean([a == b for a, b in zip(expected[variant], outputs, strict=True)])
+            lines.append(
+                f"| {args.provider} {name} against CPU {variant}, beam {beam}: identical outputs | {same:.1%} |"
+            )
     for name in ("fp32", "fp16"):
         _, outputs = rate(engines[f"ours {name}"], sources, 32, 1)
         bleu = sacrebleu.corpus_bleu(tokenizer.decode(outputs), [references]).score
         lines.append(f"| {args.provider} {name}: BLEU, greedy | {bleu:.2f} |")
     lines.append(f"| CTranslate2 | {ct2_name if ct2 is None else f'{ct2_name} on {args.provider}'} |")
     lines.append(f"| CUDA graphs (decoder step, fp16) | {capture(models['fp16'], args.provider)} |")
-    if args.load_seconds > 0:
-        variant = "fp16" if args.provider == "cuda" else "fp32"
-        served = serve_under_load(args.model, args.provider, variant, args.data, args.load_seconds, args.clients)
-        lines.append(f"| server under load | {served} |")
-
     lines += ["", "| case (output tokens/s) | " + " | ".join(engines) + " |", "|---" * (len(engines) + 1) + "|"]
     for batch in args.batches:
         for beam in (1, 4):
@@ -232,10 +368,10 @@ def main(argv: list[str] | None = None) -> int:
                     rates[name].append(rate(translate, subset, batch, beam)[0])
             cells = " | ".join(f"{statistics.median(values):,.0f}" for values in rates.values())
             lines.append(f"| batch {batch}, {'greedy' if beam == 1 else f'beam {beam}'} | {cells} |")
-    report = "\n".join(lines) + "\n"
-    print(report, end="")
-    if args.report:
-        args.report.write_text(report)
+    if args.load_seconds > 0:
+        variant = "fp16" if args.provider == "cuda" else "fp32"
+        served = serve_under_load(args.model, args.provider, variant, args.data, args.load_seconds, args.clients)
+        lines += ["", f"Server under load: {served}"]
     return 0
 
 

@@ -23,10 +23,18 @@ def test_the_gpu_check_runs_on_the_cpu_provider(tiny_export: Path, multi30k: Pat
     # The CPU provider agrees with itself exactly: a CUDA run that disagrees shows up as less than 100%.
     for beam in (1, 4):
         assert f"| cpu fp32 against CPU fp32, beam {beam}: identical outputs | 100.0% |" in text
-        assert f"| cpu fp32, cache on host against CPU fp32, beam {beam}: identical outputs | 100.0% |" in text
+        assert f"| cpu fp16 against CPU fp16, beam {beam}: identical outputs | 100.0% |" in text
+        assert f"| cpu fp16, cache on host against CPU fp16, beam {beam}: identical outputs | 100.0% |" in text
+    # Node by node, the provider against itself: nothing differs, and the step bound in place agrees exactly.
+    for variant in ("fp32", "fp16"):
+        for part in ("encoder", "decoder"):
+            assert re.search(
+                rf"\| cpu {variant} {part} against CPU, node by node: 0 of \d+ outputs differ \| none \|", text
+            )
+        assert re.search(rf"\| cpu {variant} decoder step bound in place .*\| top_log_probs 0, top_ids 0,", text)
     assert re.search(r"\| cpu fp16: BLEU, greedy \| \d+\.\d\d \|", text)
     assert "| CUDA graphs (decoder step, fp16) | not run: CUDA graphs need the CUDA provider |" in text
-    served = re.search(r"\| server under load \| 2 closed-loop clients, fp32, .* errors (\d+) \|", text)
+    served = re.search(r"\nServer under load: 2 closed-loop clients, fp32, .* errors (\d+)\n", text)
     assert served and served.group(1) == "0", text
     for case in ("batch 1, greedy", "batch 1, beam 4", "batch 4, greedy", "batch 4, beam 4"):
         row = re.search(rf"\| {case} \| ([\d,]+) \| ([\d,]+) \| ([\d,]+) \|", text)
@@ -38,3 +46,14 @@ def test_the_gpu_check_says_when_the_provider_is_missing(tiny_export: Path, caps
         return  # a CUDA build: nothing missing to report
     assert gpu_check.main(["--model", str(tiny_export)]) == 2
     assert "has no cuda provider (make gpu-check installs onnxruntime-gpu)" in capsys.readouterr().out
+
+
+def test_a_server_that_cannot_start_is_a_finding_not_the_end_of_the_report(tiny_export: Path, monkeypatch):
+    from tests.server import test_lifecycle
+
+    def no_server(*args, **kwargs):
+        raise AssertionError("server did not start")
+
+    monkeypatch.setattr(test_lifecycle, "start_subprocess_server", no_server)
+    served = gpu_check.serve_under_load(tiny_export, "cpu", "fp32", Path("unused"), 1.0, 1)
+    assert served == "not run: server did not start"
