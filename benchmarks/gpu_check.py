@@ -142,6 +142,28 @@ def every_output(path: Path) -> bytes:
     return model.SerializeToString()
 
 
+def differences(got: dict[str, np.ndarray], expected: dict[str, np.ndarray], ops: dict[str, str], tolerance: float):
+    """The outputs of ``got`` that differ from ``expected``'s, in ``expected``'s order, each with its operator:
+    another shape, infinities elsewhere, or a largest difference over ``tolerance`` relative to the largest
+    finite value expected."""
+    differing = []
+    for name, wanted in expected.items():
+        value = got[name]
+        if value.shape != wanted.shape:
+            differing.append(f"{name} ({ops.get(name)}): shape {value.shape} against {wanted.shape}")
+            continue
+        a, b = np.asarray(value, np.float64), np.asarray(wanted, np.float64)
+        finite = np.isfinite(b)
+        if not np.array_equal(np.isfinite(a), finite):
+            differing.append(f"{name} ({ops.get(name)}): infinities differ")
+            continue
+        scale = max(float(np.abs(b[finite]).max(initial=0.0)), 1e-6)
+        error = float(np.abs(a[finite] - b[finite]).max(initial=0.0)) / scale
+        if error > tolerance:
+            differing.append(f"{name} ({ops.get(name)}): relative {error:.2g}")
+    return differing
+
+
 def divergence(model_dir: Path, variant: str, provider: str, sentences: list[str]) -> list[str]:
     """Each graph's every node output on ``provider`` against the CPU provider on the same feeds (the encoder
     over a few test sentences; the decoder step three steps into their beam-2 search, fed as the host decodes
@@ -177,21 +199,7 @@ def divergence(model_dir: Path, variant: str, provider: str, sentences: list[str
         ops = {
             name: node.op_type for node in onnx.load(str(model_dir / files[part])).graph.node for name in node.output
         }
-        differing = []
-        for name, expected in runs[1].items():
-            got = runs[0][name]
-            if got.shape != expected.shape:
-                differing.append(f"{name} ({ops.get(name)}): shape {got.shape} against {expected.shape}")
-                continue
-            a, b = np.asarray(got, np.float64), np.asarray(expected, np.float64)
-            finite = np.isfinite(b)
-            if not np.array_equal(np.isfinite(a), finite):
-                differing.append(f"{name} ({ops.get(name)}): infinities differ")
-                continue
-            scale = max(float(np.abs(b[finite]).max(initial=0.0)), 1e-6)
-            error = float(np.abs(a - b)[finite].max(initial=0.0)) / scale
-            if error > tolerance:
-                differing.append(f"{name} ({ops.get(name)}): relative {error:.2g}")
+        differing = differences(runs[0], runs[1], ops, tolerance)
         first = "; ".join(differing[:8]) if differing else "none"
         lines.append(
             f"| {provider} {variant} {part} against CPU, node by node: {len(differing)} of {len(runs[1])} "

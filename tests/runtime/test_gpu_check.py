@@ -8,6 +8,8 @@ import re
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from tests.conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -57,3 +59,25 @@ def test_a_server_that_cannot_start_is_a_finding_not_the_end_of_the_report(tiny_
     monkeypatch.setattr(test_lifecycle, "start_subprocess_server", no_server)
     served = gpu_check.serve_under_load(tiny_export, "cpu", "fp32", Path("unused"), 1.0, 1)
     assert served == "not run: server did not start"
+
+
+def test_node_differences_name_the_node_and_its_operator():
+    expected = {"a": np.array([1.0, 2.0]), "b": np.array([0.0, -np.inf]), "c": np.ones((2, 2)), "d": np.ones(3)}
+    ops = {"a": "MatMul", "b": "Add", "c": "Gather", "d": "Softmax"}
+    assert gpu_check.differences(dict(expected), expected, ops, 1e-3) == []
+    got = {"a": np.array([1.0, 2.1]), "b": np.array([0.0, 5.0]), "c": np.ones((2, 3)), "d": np.ones(3) + 1e-5}
+    assert gpu_check.differences(got, expected, ops, 1e-3) == [
+        "a (MatMul): relative 0.05",
+        "b (Add): infinities differ",
+        "c (Gather): shape (2, 3) against (2, 2)",
+    ]
+
+
+def test_every_node_output_becomes_a_graph_output(tiny_export: Path):
+    import onnx
+
+    path = tiny_export / "encoder.onnx"
+    graph = onnx.load(str(path)).graph
+    outputs = {name for node in graph.node for name in node.output if name}
+    exposed = onnx.load_from_string(gpu_check.every_output(path)).graph.output
+    assert outputs <= {o.name for o in exposed}
