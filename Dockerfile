@@ -16,7 +16,9 @@ ARG PYTHON_IMAGE=python:3.11-slim
 # The index torch's CPU wheel (and what it needs) comes from. Builds without a registry point both
 # arguments at local sources: deploy/README.md, section "Images", has the commands (`make image` passes them).
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
-# onnxruntime-gpu wheels on PyPI are built for CUDA 12 and cuDNN 9; this tag ships both.
+# onnxruntime-gpu wheels on PyPI are built for CUDA 12 and cuDNN 9 up to 1.26 and for CUDA 13 from 1.27 (their
+# metadata's nvidia-cuda-runtime requirement); this tag ships CUDA 12 and cuDNN 9, so runtime-cuda keeps
+# onnxruntime-gpu below 1.27: a CUDA 13 build on it would not load its CUDA provider and serve on the CPU.
 ARG CUDA_IMAGE=nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04
 
 FROM ${PYTHON_IMAGE} AS build
@@ -67,7 +69,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends python3 python3
     && rm -rf /var/lib/apt/lists/* && python3 -m venv /opt/venv
 # onnxruntime and onnxruntime-gpu install the same `onnxruntime` module: the CPU one goes first.
 RUN --mount=type=bind,from=wheel,source=/wheels,target=/tmp/wheels \
-    pip install "$(echo /tmp/wheels/*.whl)[files]" && pip uninstall -y onnxruntime && pip install 'onnxruntime-gpu>=1.18' \
+    pip install "$(echo /tmp/wheels/*.whl)[files]" && pip uninstall -y onnxruntime && pip install 'onnxruntime-gpu>=1.18,<1.27' \
     && python -m proto
 RUN groupadd --gid 10001 translator \
     && useradd --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin translator

@@ -53,11 +53,14 @@ soak: $(STAMP) $(MODEL_DIR)/manifest.json
 # The engine on a GPU, checked and timed in one report (benchmarks/gpu_check.py; under ten minutes): CUDA against
 # CPU, fp16, CTranslate2 float16 on the same weights, CUDA graphs, the server under load. It swaps onnxruntime for
 # onnxruntime-gpu in .venv unless that is there (which needs the network once). The suite runs its smallest form
-# on the CPU provider (tests/runtime/test_gpu_check.py).
+# on the CPU provider (tests/runtime/test_gpu_check.py). PyPI's onnxruntime-gpu is a CUDA 13 build from 1.27 on
+# (NVIDIA driver 580 or later; 1.30.0 ran it on an H200): on a CUDA 12 machine, GPU_ORT='onnxruntime-gpu<1.27'.
+# CTranslate2's wheels need CUDA 12's cuBLAS.
 GPU_DIR ?= exported/gpu
+GPU_ORT ?= onnxruntime-gpu>=1.18
 gpu-check: $(STAMP)
 	$(PY) -c "import onnxruntime as o; assert 'CUDAExecutionProvider' in o.get_available_providers()" 2>/dev/null \
-		|| { $(PY) -m pip uninstall -q -y onnxruntime && $(PY) -m pip install -q -e '.[gpu,marian]'; }
+		|| { $(PY) -m pip uninstall -q -y onnxruntime && $(PY) -m pip install -q -e '.[marian]' '$(GPU_ORT)'; }
 	$(PY) -m export --out $(GPU_DIR) --int8 --fp16 --force
 	$(PY) benchmarks/gpu_check.py --model $(GPU_DIR) --ct2 exported/gpu-ct2 --report benchmarks/gpu_check.md
 

@@ -76,6 +76,28 @@ def test_cuda_image_serves_fp16_on_cuda(dockerfile_stages):
     assert (config.provider, config.variant) == ("cuda", "fp16")
 
 
+# The first onnxruntime-gpu on PyPI built for CUDA 13 (1.26.0 requires nvidia-cuda-runtime-cu12, 1.27.0
+# nvidia-cuda-runtime-cu13): a CUDA 12 base needs a release before it, a CUDA 13 base this one or later.
+FIRST_CUDA_13_ONNXRUNTIME = "1.27.0"
+
+
+def test_the_cuda_image_installs_an_onnxruntime_built_for_its_cuda():
+    """A CUDA 13 onnxruntime-gpu on a CUDA 12 base cannot load its CUDA provider, and ONNX Runtime then serves
+    on the CPU: the image's pin must match its base's CUDA major version."""
+    from packaging.specifiers import SpecifierSet
+
+    text = (ROOT / "Dockerfile").read_text()
+    cuda = int(re.search(r"^ARG CUDA_IMAGE=nvidia/cuda:(\d+)\.", text, re.M).group(1))
+    (pin,) = re.findall(r"'onnxruntime-gpu([^']*)'", text)
+    allowed = SpecifierSet(pin)
+    last_cuda_12 = "1.26.0"
+    assert cuda in (12, 13), f"no onnxruntime-gpu on PyPI for CUDA {cuda}"
+    if cuda == 12:
+        assert last_cuda_12 in allowed and FIRST_CUDA_13_ONNXRUNTIME not in allowed, pin
+    else:
+        assert FIRST_CUDA_13_ONNXRUNTIME in allowed and last_cuda_12 not in allowed, pin
+
+
 def test_context_leaves_out_environments_and_outputs():
     ignored = set((ROOT / ".dockerignore").read_text().splitlines())
     assert {".git", ".venv", "runs", "exported"} <= ignored
