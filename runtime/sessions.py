@@ -64,6 +64,11 @@ def _host_float32(value: Any) -> np.ndarray:
     return np.asarray(array, np.float32)
 
 
+class ProviderUnavailable(ValueError):
+    """The execution provider asked for cannot run here: this onnxruntime build lacks it, or it could not load
+    (ONNX Runtime would otherwise fall back to the CPU without a word)."""
+
+
 def resolve_provider(requested: str) -> str:
     """'cpu', 'cuda' or 'auto' (CUDA when this onnxruntime build can use it, else CPU)."""
     available = ort.get_available_providers()
@@ -72,7 +77,9 @@ def resolve_provider(requested: str) -> str:
     if requested not in PROVIDERS:
         raise ValueError(f"provider {requested!r}: use cpu, cuda or auto")
     if PROVIDERS[requested] not in available:
-        raise ValueError(f"provider {requested!r} is not available in this onnxruntime build (has {available})")
+        raise ProviderUnavailable(
+            f"provider {requested!r} is not available in this onnxruntime build (has {available})"
+        )
     return requested
 
 
@@ -343,7 +350,14 @@ class OrtModel:
             session_options.inter_op_num_threads = 1
             session_options.enable_cpu_mem_arena = options.memory_arena
             path, providers = str(self.folder / files[part]), [PROVIDERS[self.provider]]
-            sessions.append(ort.InferenceSession(path, session_options, providers, disabled_optimizers=NO_FUSIONS))
+            session = ort.InferenceSession(path, session_options, providers, disabled_optimizers=NO_FUSIONS)
+            if session.get_providers()[0] != providers[0]:  # ONNX Runtime fell back to another provider
+                raise ProviderUnavailable(
+                    f"provider {self.provider!r}: ONNX Runtime could not use {providers[0]} for {path} and fell "
+                    f"back to {session.get_providers()[0]}; on CUDA, onnxruntime-gpu must be built for this "
+                    "machine's CUDA (PyPI's: CUDA 12 up to 1.26, CUDA 13 from 1.27, both with cuDNN 9)"
+                )
+            sessions.append(session)
         return sessions[0], sessions[1]
 
     # --- graphs ------------------------------------------------------------------

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable
 
 from runtime.manifest import MANIFEST_FILE, ModelFolderError
+from runtime.sessions import ProviderUnavailable
 from server.app import serve
 from server.config import DEFAULT_MODELS, parse_config
 from server.tracing import configure_from_environment
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with asyncio.Runner(loop_factory=loop_factory) as runner:
             runner.run(serve(config))
-    except (ModelFolderError, OSError) as error:
+    except (ModelFolderError, ProviderUnavailable, OSError) as error:
         print(f"server: cannot start: {error}", file=sys.stderr)
         return 1
     return 0

@@ -25,7 +25,7 @@ from runtime import search as search_module
 from runtime.contract import CANDIDATE_OUTPUTS
 from runtime.manifest import ModelFolderError, read_manifest
 from runtime.search import default_max_output, new_search, pad_sources
-from runtime.sessions import OrtModel, RuntimeOptions, cache_op_path, device_cache_for
+from runtime.sessions import OrtModel, ProviderUnavailable, RuntimeOptions, cache_op_path, device_cache_for
 from tests.conftest import own_sentences
 
 
@@ -415,3 +415,13 @@ def test_only_an_fp16_cache_lives_on_cuda():
     assert device_cache_for("cuda", np.float16, False) is False
     with pytest.raises(ValueError, match="use the fp16 variant"):
         device_cache_for("cuda", np.float32, True)
+
+
+@pytest.mark.filterwarnings("ignore:Specified provider 'CUDAExecutionProvider' is not in available provider names")
+def test_a_provider_onnx_runtime_falls_back_from_is_an_error_not_a_cpu_server(tiny_export: Path, monkeypatch):
+    """When the CUDA provider cannot load (onnxruntime-gpu built for another CUDA than the machine's), ONNX
+    Runtime falls back to the CPU with a warning: the model refuses to load instead of serving "cuda" on the
+    CPU. Here the CPU build stands in, told that it has CUDA."""
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    with pytest.raises(ProviderUnavailable, match="could not use CUDAExecutionProvider .* fell back to CPU"):
+        OrtModel(tiny_export, RuntimeOptions(provider="cuda"))

@@ -108,6 +108,18 @@ def test_an_event_loop_that_is_not_installed_is_a_clear_start_up_error(tiny_expo
     assert "uvloop is not installed (pip install uvloop)" in capsys.readouterr().err
 
 
+def test_a_provider_that_cannot_run_is_a_clear_start_up_error(tiny_export: Path, monkeypatch, capsys):
+    """No traceback: the server says which provider it cannot use and why, and exits 1."""
+    import onnxruntime
+
+    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+        return  # a CUDA build: nothing missing to report
+    monkeypatch.setattr(logging.getLogger(), "level", logging.getLogger().level)  # main() sets it
+    config = ["--model", str(tiny_export), "--provider", "cuda", "--port", "0", "--http-port", "0"]
+    assert server_main.main([*config, "--metrics-port", "0"]) == 1
+    assert "server: cannot start: provider 'cuda' is not available in this onnxruntime build" in capsys.readouterr().err
+
+
 def test_client_command_prints_translations_and_errors(running: RunningServer):
     target = f"127.0.0.1:{running.server.port}"
     ok = subprocess.run(
