@@ -305,7 +305,14 @@ class OrtModel:
         if self.variant == "int8" and not variants["int8"].get("quantization", {}).get("reduce_range"):
             self._warn_if_int8_saturates()
         self.device = "cuda" if self.provider == "cuda" else "cpu"
-        self.encoder, self.decoder = self._sessions(options, options.intra_op_threads)
+        try:
+            self.encoder, self.decoder = self._sessions(options, options.intra_op_threads)
+        except ProviderUnavailable as error:
+            if options.provider != "auto":
+                raise
+            log.warning("provider auto: %s; using the CPU", error)
+            self.provider = self.device = "cpu"
+            self.encoder, self.decoder = self._sessions(options, options.intra_op_threads)
         self.small_encoder, self.small_decoder = self.encoder, self.decoder
         small = options.small_batch_threads
         if self.provider == "cpu" and small is not None and small != options.intra_op_threads:

@@ -425,3 +425,14 @@ def test_a_provider_onnx_runtime_falls_back_from_is_an_error_not_a_cpu_server(ti
     monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
     with pytest.raises(ProviderUnavailable, match="could not use CUDAExecutionProvider .* fell back to CPU"):
         OrtModel(tiny_export, RuntimeOptions(provider="cuda"))
+
+
+@pytest.mark.filterwarnings("ignore:Specified provider 'CUDAExecutionProvider' is not in available provider names")
+def test_provider_auto_takes_the_cpu_when_cuda_cannot_load(tiny_export: Path, monkeypatch, caplog):
+    """``auto`` (the server's default) means CUDA where it can run: a CUDA build whose provider cannot load (a
+    CUDA image started without a GPU) serves on the CPU, and says so."""
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    runtime = OrtModel(tiny_export, RuntimeOptions(provider="auto"))
+    assert (runtime.provider, runtime.device, runtime.device_cache) == ("cpu", "cpu", False)
+    assert "provider auto: provider 'cuda': ONNX Runtime could not use CUDAExecutionProvider" in caplog.text
+    assert len(runtime.translate(["A man is walking."])) == 1
