@@ -218,14 +218,14 @@ class _Binding:
     binding: ort.IOBinding
     outputs: tuple[np.ndarray, ...]  # STEP_OUTPUTS, then CANDIDATE_OUTPUTS
     values: list[ort.OrtValue]
-    # The inputs bound from host memory the caller updates between steps. For a session on another device,
-    # ONNX Runtime copies a host input when it is bound, not when it runs: these are bound again before each run.
+    # For a session on another device, the inputs bound from host memory the caller updates between steps:
+    # ONNX Runtime copies a host input when it is bound, not when it runs, so these are bound again before
+    # each run (on the CPU the bound memory is the feed itself, and there are none).
     host_inputs: list[tuple[str, ort.OrtValue]] = field(default_factory=list)
 
-    def run(self, session: ort.InferenceSession, device: str) -> None:
-        if device != "cpu":
-            for name, value in self.host_inputs:
-                self.binding.bind_ortvalue_input(name, value)
+    def run(self, session: ort.InferenceSession) -> None:
+        for name, value in self.host_inputs:
+            self.binding.bind_ortvalue_input(name, value)
         session.run_with_iobinding(self.binding)
 
 
@@ -253,7 +253,7 @@ def bind_step(
         if not isinstance(value, ort.OrtValue):
             assert value.flags.c_contiguous, name  # a copy would not see the caller's updates
             value = ort.OrtValue.ortvalue_from_numpy(value, feeds_on)
-            if feeds_on == "cpu":
+            if feeds_on == "cpu" and device != "cpu":
                 host_inputs.append((name, value))
         values.append(value)
         binding.bind_ortvalue_input(name, value)
@@ -397,7 +397,7 @@ class OrtModel:
         if bound is None:  # keep the bindings that differ only in which cache buffer set is live
             kept = batch.step_state[id(decoder)] = {v: b for v, b in kept.items() if v[:-1] == version[:-1]}
             bound = kept[version] = bind_step(decoder, batch.step_feeds(), version, self.device)
-        bound.run(decoder, self.device)
+        bound.run(decoder)
         return bound.outputs
 
     # --- alignment -----------------------------------------------------------------

@@ -175,12 +175,21 @@ def test_the_step_binds_a_device_cache_where_it_lives_and_host_feeds_on_the_host
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_a_kept_binding_binds_host_feeds_again_before_each_run_on_a_device(device: str):
+def test_a_kept_binding_binds_host_feeds_again_before_each_run_on_a_device(tiny_export: Path, device: str):
     """ONNX Runtime copies a host input to another device when it is bound: a binding kept across steps must bind
     the host feeds again before each run there, or the step never sees the tokens written since (on an H200 no
     output matched the CPU's). On the CPU the bound memory is the feed itself, and nothing is bound again."""
-    from runtime.sessions import _Binding
+    from runtime.sessions import bind_step
 
+    runtime = OrtModel(tiny_export, RuntimeOptions(provider="cpu"))
+    batch = runtime.new_batch()
+    ids = runtime.tokenizer.encode_source(own_sentences(2))
+    src_tokens, src_mask = pad_sources(ids, runtime.config.pad_id, runtime.config.eos_id)
+    searches = [new_search(1, 20, runtime.config.eos_id) for _ in ids]
+    batch.add([0, 1], searches, *runtime.encode(src_tokens, src_mask), src_mask)
+    bound = bind_step(runtime.decoder, batch.step_feeds(), None, device)
+    again = [name for name, _ in bound.host_inputs]
+    assert again == ([] if device == "cpu" else list(batch.step_feeds()))  # here every feed is a host array
     calls = []
 
     class Recorder:
@@ -190,13 +199,10 @@ def test_a_kept_binding_binds_host_feeds_again_before_each_run_on_a_device(devic
         def run_with_iobinding(self, binding):
             calls.append(("run",))
 
-    recorder = Recorder()
-    tokens, lengths = (ort.OrtValue.ortvalue_from_numpy(np.zeros(2, np.int64)) for _ in range(2))
-    bound = _Binding(None, recorder, (), [], [("tokens", tokens), ("lengths", lengths)])
-    bound.run(recorder, device)
-    bound.run(recorder, device)
-    again = [("bind", "tokens"), ("bind", "lengths")] if device != "cpu" else []
-    assert calls == [*again, ("run",), *again, ("run",)]
+    bound.binding = recorder = Recorder()
+    bound.run(recorder)
+    bound.run(recorder)
+    assert calls == [*(("bind", name) for name in again), ("run",)] * 2
 
 
 @pytest.mark.parametrize("spinning", [False, True])
