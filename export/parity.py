@@ -10,9 +10,9 @@ import onnxruntime as ort
 import torch
 
 from model.transformer import Transformer
-from runtime.contract import CANDIDATE_OUTPUTS, ORT_DTYPES, STEP_OUTPUTS
+from runtime.contract import ORT_DTYPES, STEP_OUTPUTS
 from runtime.search import pad_sources, row_groups
-from runtime.sessions import bind_step
+from runtime.sessions import run_in_place
 
 FP32_TOLERANCE = 1e-4
 
@@ -115,20 +115,6 @@ def step_feeds(inputs: dict[str, torch.Tensor], session: ort.InferenceSession, k
             feeds[f"past_{kind}_{i}"] = buffer
         feeds[f"cross_key_{i}"], feeds[f"cross_value_{i}"] = inputs["cross_k"][i].numpy(), inputs["cross_v"][i].numpy()
     return feeds
-
-
-def run_in_place(session: ort.InferenceSession, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """One step as the engine runs it (``bind_step``), on the session's device, float feeds cast to the
-    graph's float type. Returns every output by name, the caches as they are after the step."""
-    types = {i.name: ORT_DTYPES.get(i.type) for i in session.get_inputs()}
-    device = "cuda" if "CUDAExecutionProvider" in session.get_providers() else "cpu"
-    feeds = {name: value.astype(types[name]) if types[name] else value for name, value in feeds.items()}
-    bound = bind_step(session, feeds, device=device, feeds_on=device)
-    session.run_with_iobinding(bound.binding)
-    inputs = zip(feeds, bound.values[: len(feeds)], strict=True)  # the bound feeds, then the outputs
-    caches = {name.replace("past_", "present_"): value for name, value in inputs if name.startswith("past_")}
-    outputs = dict(zip(STEP_OUTPUTS + CANDIDATE_OUTPUTS, bound.outputs, strict=True))
-    return outputs | {name: value.numpy().copy() for name, value in caches.items()}  # before the values go
 
 
 def _step_difference(session: ort.InferenceSession, model: Transformer, inputs: dict[str, torch.Tensor]) -> float:

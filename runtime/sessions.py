@@ -266,6 +266,20 @@ def bind_step(
     return _Binding(version, binding, outputs, values, host_inputs)
 
 
+def run_in_place(session: ort.InferenceSession, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One step as the engine runs it (``bind_step``), on the session's device, float feeds cast to the
+    graph's float type. Returns every output by name, the caches as they are after the step."""
+    types = {i.name: ORT_DTYPES.get(i.type) for i in session.get_inputs()}
+    device = "cuda" if "CUDAExecutionProvider" in session.get_providers() else "cpu"
+    feeds = {name: value.astype(types[name]) if types[name] else value for name, value in feeds.items()}
+    bound = bind_step(session, feeds, device=device, feeds_on=device)
+    session.run_with_iobinding(bound.binding)
+    inputs = zip(feeds, bound.values[: len(feeds)], strict=True)  # the bound feeds, then the outputs
+    caches = {name.replace("past_", "present_"): value for name, value in inputs if name.startswith("past_")}
+    outputs = dict(zip(STEP_OUTPUTS + CANDIDATE_OUTPUTS, bound.outputs, strict=True))
+    return outputs | {name: value.numpy().copy() for name, value in caches.items()}  # before the values go
+
+
 def device_cache_for(provider: str, cache_dtype: type, requested: bool | None) -> bool:
     """Whether the self-attention cache lives on the step's device (``RuntimeOptions.device_cache``; None: the
     default). ONNX Runtime's CUDA ``GroupQueryAttention`` has float16 and bfloat16 kernels only, so an fp32 step

@@ -79,5 +79,7 @@ def test_every_node_output_becomes_a_graph_output(tiny_export: Path):
     path = tiny_export / "encoder.onnx"
     graph = onnx.load(str(path)).graph
     outputs = {name for node in graph.node for name in node.output if name}
-    exposed = onnx.load_from_string(gpu_check.every_output(path)).graph.output
+    graph_bytes, ops = gpu_check.every_output(path)
+    exposed = onnx.load_from_string(graph_bytes).graph.output
     assert outputs <= {o.name for o in exposed}
+    assert all(ops[name] == node.op_type for node in graph.node for name in node.output if name)
