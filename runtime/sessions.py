@@ -316,8 +316,6 @@ class OrtModel:
         except TokenizerError as e:
             raise ModelFolderError(str(e)) from e
         self.provider = resolve_provider(options.provider)
-        if self.variant == "int8" and not variants["int8"].get("quantization", {}).get("reduce_range"):
-            self._warn_if_int8_saturates()
         self.device = "cuda" if self.provider == "cuda" else "cpu"
         try:
             self.encoder, self.decoder = self._sessions(options, options.intra_op_threads)
@@ -327,6 +325,8 @@ class OrtModel:
             log.warning("provider auto: %s; using the CPU", error)
             self.provider = self.device = "cpu"
             self.encoder, self.decoder = self._sessions(options, options.intra_op_threads)
+        if self.variant == "int8" and not variants["int8"].get("quantization", {}).get("reduce_range"):
+            self._warn_if_int8_saturates()  # on the provider the sessions took
         self.small_encoder, self.small_decoder = self.encoder, self.decoder
         small = options.small_batch_threads
         if self.provider == "cpu" and small is not None and small != options.intra_op_threads:
