@@ -73,12 +73,21 @@ class RunningBatch:
         """Cross-attention keys/values held now."""
         return self._batch.cross_nbytes
 
+    @property
+    def narrow(self) -> bool:
+        """Whether it steps and encodes on the engine's narrow sessions (RuntimeOptions.narrow_threads)."""
+        return self._batch.narrow
+
+    @narrow.setter
+    def narrow(self, narrow: bool) -> None:
+        self._batch.narrow = narrow
+
     def encode(self, sources: Sequence[Sequence[int]]) -> EncodedSources:
         """The sources' cross-attention keys and values, for ``add`` (ONNX Runtime's sessions take
         concurrent runs, so this may run on another thread while the batch steps)."""
         start, c = time.perf_counter(), self._engine.config
         src_tokens, src_mask = pad_sources(sources, c.pad_id, c.eos_id)
-        cross_k, cross_v = self._engine.model.encode(src_tokens, src_mask)
+        cross_k, cross_v = self._engine.model.encode(src_tokens, src_mask, self._batch.narrow)
         return EncodedSources(cross_k, cross_v, src_mask, time.perf_counter() - start)
 
     def add(
@@ -122,13 +131,18 @@ class Engine:
         self.variant = self.model.variant
         self.itemsize = np.dtype(self.model.cache_dtype).itemsize
 
-    def replica(self, intra_op_threads: int | None = None) -> Engine:
+    def replica(self, intra_op_threads: int | None = None, narrow_threads: int | None = None) -> Engine:
         """Another engine on the same model files, with its own sessions (and their threads; None: this one's
-        count, without its small-batch sessions): created on the thread that will use it, they inherit that
-        thread's priority. The files were verified by this one."""
+        count, without its small-batch sessions), and narrow ones of ``narrow_threads`` (None: none): created
+        on the thread that will use it, they inherit that thread's priority. The files were verified by this
+        one."""
         threads = self.options.intra_op_threads if intra_op_threads is None else intra_op_threads
         options = dataclasses.replace(
-            self.options, intra_op_threads=threads, small_batch_threads=None, verify_files=False
+            self.options,
+            intra_op_threads=threads,
+            small_batch_threads=None,
+            narrow_threads=narrow_threads,
+            verify_files=False,
         )
         return Engine(self.folder, options, self.guard)
 

@@ -713,6 +713,7 @@ class DecodeBatch:
         self._count_list: list[int] = []  # each source's rows
         self._set_groups()
         self.step_state: dict[Any, Any] = {}  # what step_fn keeps with this batch (its bindings)
+        self.narrow = False  # it shares the cores with other batches now: step_fn may run it on fewer threads
         self._version = 0
         self._serial = next(_batch_serials)
 

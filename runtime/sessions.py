@@ -103,6 +103,11 @@ class RuntimeOptions:
     verify_files: bool = True
     # CPU: batches under SMALL_BATCH_ROWS rows run on sessions with this many threads (None: the same ones).
     small_batch_threads: int | None = None
+    # CPU: a batch marked ``narrow`` (it shares the cores with other batches running at once: the server's
+    # longer lanes while a shorter one decodes) runs on sessions with this many threads (None: the same ones).
+    # Two sessions' runs whose threads together outnumber the cores waste CPU: a run waits for its
+    # parallel section's share on a thread that the other run's threads hold off the core.
+    narrow_threads: int | None = None
     # ONNX Runtime's CPU arena keeps the largest intermediates a session ever made (an encoder call over a
     # long input) for good, rounded up to powers of two; without it they go back to the allocator (see
     # bound_process_memory). No measurable speed difference (2-core x86-64, int8, batch 1 and 32).
@@ -331,6 +336,10 @@ class OrtModel:
         small = options.small_batch_threads
         if self.provider == "cpu" and small is not None and small != options.intra_op_threads:
             self.small_encoder, self.small_decoder = self._sessions(options, small)
+        self.narrow_encoder, self.narrow_decoder = self.encoder, self.decoder
+        narrow = options.narrow_threads
+        if self.provider == "cpu" and narrow is not None and narrow != options.intra_op_threads:
+            self.narrow_encoder, self.narrow_decoder = self._sessions(options, narrow)
         missing = sorted(STEP_INPUTS - {i.name for i in self.decoder.get_inputs()})
         if missing:
             raise ModelFolderError(
@@ -383,9 +392,13 @@ class OrtModel:
 
     # --- graphs ------------------------------------------------------------------
 
-    def encode(self, src_tokens: np.ndarray, src_mask: np.ndarray) -> tuple[Any, Any]:
-        """Cross-attention keys/values (L, B, H, S, d_k): numpy, or OrtValues on the device with IOBinding."""
-        encoder = self.small_encoder if len(src_tokens) < SMALL_BATCH_ROWS else self.encoder
+    def encode(self, src_tokens: np.ndarray, src_mask: np.ndarray, narrow: bool = False) -> tuple[Any, Any]:
+        """Cross-attention keys/values (L, B, H, S, d_k): numpy, or OrtValues on the device with IOBinding.
+        ``narrow``: on the narrow sessions (RuntimeOptions.narrow_threads)."""
+        if narrow:
+            encoder = self.narrow_encoder
+        else:
+            encoder = self.small_encoder if len(src_tokens) < SMALL_BATCH_ROWS else self.encoder
         if not self.io_binding:
             _, cross_k, cross_v = encoder.run(None, {"src_tokens": src_tokens, "src_mask": src_mask})
             return cross_k, cross_v
@@ -401,8 +414,12 @@ class OrtModel:
     def step(self, batch: DecodeBatch) -> tuple[np.ndarray, ...]:
         """One decoder step over the batch: the cache is written in place; returns STEP_OUTPUTS and
         CANDIDATE_OUTPUTS (runtime.search). The binding is kept while the batch's feeds keep their shapes and
-        memory (a greedy batch between joins and departures), so a step costs one ``run_with_iobinding`` call."""
-        decoder = self.small_decoder if batch.rows < SMALL_BATCH_ROWS else self.decoder
+        memory (a greedy batch between joins and departures), so a step costs one ``run_with_iobinding`` call.
+        A ``narrow`` batch steps on the narrow sessions (RuntimeOptions.narrow_threads)."""
+        if batch.narrow:
+            decoder = self.narrow_decoder
+        else:
+            decoder = self.small_decoder if batch.rows < SMALL_BATCH_ROWS else self.decoder
         version = batch.version
         # The batch keeps its bindings, by decoder session (so batches decoding at once on these sessions,
         # translate-file's workers, keep theirs), and they go with it.

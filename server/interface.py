@@ -35,6 +35,7 @@ class Batch(Protocol):
     rows: int  # hypotheses being decoded (a source has one per beam)
     cache_bytes: int  # self-attention cache held now
     cross_bytes: int  # cross-attention keys/values held now
+    narrow: bool  # set while it shares the cores with other lanes' batches: it runs on fewer threads then
 
     def __len__(self) -> int: ...
 
@@ -63,9 +64,9 @@ class Engine(Protocol):
     source_language: str
     target_language: str
 
-    def replica(self, intra_op_threads: int | None = None) -> Engine:
+    def replica(self, intra_op_threads: int | None = None, narrow_threads: int | None = None) -> Engine:
         """Another engine on the same model with its own sessions (created on, and inheriting the priority of,
-        the calling thread)."""
+        the calling thread), and narrow ones of ``narrow_threads`` for its batches marked ``narrow``."""
 
     def warmup(self) -> None: ...
 

@@ -106,6 +106,8 @@ class ThreadPlan:
     first_lane_small_batches: int | None  # its batches under SMALL_BATCH_ROWS rows (None: on the same sessions)
     other_lanes: int  # each longer lane's own sessions
     encode_apart: bool  # the first lane's replicas encode arrivals on a thread of their own while they step
+    # each longer lane's narrow sessions, which it runs on while another lane has rows (None: it has none)
+    other_lanes_narrow: int | None = None
 
 
 def plan_threads(config: ServerConfig) -> ThreadPlan:
@@ -113,14 +115,21 @@ def plan_threads(config: ServerConfig) -> ThreadPlan:
     (continuous, CPU); it then decodes on each replica's share of the intra-op threads (of the cores when 0)
     less its encoder thread. Its small batches step on first_lane_small_batch_threads when the continuous
     scheduler splits work into lanes (a lone lane's few rows are long sequences, which want every thread).
-    Longer lanes load their own sessions on intra_op_threads."""
+    Longer lanes load their own sessions on intra_op_threads, and on the CPU narrow ones on half the cores
+    (at least one), which they run on while another lane has rows: a longer lane's runs on every core beside
+    a shorter lane's took 15% more CPU per request than static batching, and on half of them 3% less (2
+    cores, beam 4, run-on sentences, benchmarks/scheduler_matrix.md)."""
     apart = config.encode_apart and config.scheduler == "continuous" and config.provider != "cuda"
     first = config.intra_op_threads
     if apart:
         first = max(1, (config.intra_op_threads or len(os.sched_getaffinity(0))) // config.first_lane_replicas - 1)
     split = config.scheduler == "continuous" and bool(config.lanes)
     small = (config.first_lane_small_batch_threads or None) if split else None
-    return ThreadPlan(first, small, config.intra_op_threads, apart)
+    narrow = None
+    if split and config.provider != "cuda":
+        narrow = max(1, (config.intra_op_threads or len(os.sched_getaffinity(0))) // 2)
+        narrow = None if narrow == config.intra_op_threads else narrow
+    return ThreadPlan(first, small, config.intra_op_threads, apart, narrow)
 
 
 def model_lanes(

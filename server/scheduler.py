@@ -156,7 +156,8 @@ class Scheduler:
     def _run(self, lane: Lane) -> None:
         engine = self.engines[lane.model]
         apart = self.threads.encode_apart and lane.size_class == 0 and engine.provider == "cpu"
-        lane.open(functools.partial(engine.replica, self.threads.other_lanes), self.config.warmup, apart)
+        replica = functools.partial(engine.replica, self.threads.other_lanes, self.threads.other_lanes_narrow)
+        lane.open(replica, self.config.warmup, apart)
         while True:
             with self.lock:
                 while not (lane.waiting or lane.running or lane.encoding or self.stopped or any(self._backlog(lane))):
@@ -166,6 +167,8 @@ class Scheduler:
                     return
             try:
                 self._drop_abandoned(lane)
+                if lane.size_class and self.threads.other_lanes_narrow:  # a longer lane: not alone, on fewer threads
+                    lane.batch.narrow = any(other.running for other in self.lanes if other is not lane)
                 admitted = self._admit(lane)
                 if admitted:
                     self._encode_and_join(lane, admitted)

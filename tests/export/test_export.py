@@ -286,6 +286,43 @@ def test_small_batches_step_on_sessions_of_their_own(tiny_export: Path):
     assert steps["small"] > 0 and steps["large"] > 0
 
 
+def test_a_narrow_batch_encodes_and_steps_on_the_narrow_sessions(tiny_export: Path):
+    """A batch marked narrow (a server lane sharing the cores) runs on the narrow sessions, whatever its rows,
+    and translates as on the others; a batch switched back runs on the others again."""
+    model = OrtModel(tiny_export, RuntimeOptions(provider="cpu", intra_op_threads=2, narrow_threads=1))
+    plain = OrtModel(tiny_export, RuntimeOptions(provider="cpu", intra_op_threads=2))
+    threads = lambda s: s.get_session_options().intra_op_num_threads  # noqa: E731
+    assert [threads(model.narrow_encoder), threads(model.narrow_decoder), threads(model.decoder)] == [1, 1, 2]
+    assert plain.narrow_decoder is plain.decoder
+    runs = {"narrow": 0, "wide": 0}
+
+    def counted(name: str, run):
+        def counting(*args):
+            runs[name] += 1
+            return run(*args)
+
+        return counting
+
+    model.narrow_encoder.run = counted("narrow", model.narrow_encoder.run)
+    model.narrow_decoder.run_with_iobinding = counted("narrow", model.narrow_decoder.run_with_iobinding)
+    model.decoder.run_with_iobinding = counted("wide", model.decoder.run_with_iobinding)
+    ids = model.tokenizer.encode_source(own_sentences(20))
+    c = model.config
+    src_tokens, src_mask = pad_sources(ids, c.pad_id, c.eos_id)
+    outputs = []
+    for narrow in (True, False):
+        batch = model.new_batch()
+        batch.narrow = narrow
+        cross_k, cross_v = model.encode(src_tokens, src_mask, narrow)
+        searches = [new_search(2, 12, c.eos_id, model.length_penalty, None) for _ in ids]
+        batch.add(list(range(len(ids))), searches, cross_k, cross_v, src_mask)
+        outputs.append(batch.drain())
+        assert runs["narrow" if narrow else "wide"] > 0 and runs["wide" if narrow else "narrow"] == 0
+        runs.update(narrow=0, wide=0)
+    expected = dict(enumerate(plain.hypotheses(ids, 2, 12)))
+    assert [{k: h.tokens for k, h in o.items()} for o in outputs] == [{k: h.tokens for k, h in expected.items()}] * 2
+
+
 def test_batches_decoding_at_once_on_one_model_keep_their_own_bindings(tiny_export: Path):
     """translate-file's workers share one model: two batches stepped in turn (and two threads decoding
     at once) translate as each does alone, and each batch keeps its bindings until it is gone."""

@@ -35,6 +35,8 @@ class FakeBatch:
     def __init__(self, engine: FakeEngine) -> None:
         self.engine = engine
         self.sources: dict[Hashable, _Source] = {}
+        self.narrow = False
+        self.narrow_steps: list[bool] = []  # whether each step was marked narrow
 
     @property
     def rows(self) -> int:
@@ -73,6 +75,7 @@ class FakeBatch:
     def step(self) -> list[tuple[Hashable, Hypothesis]]:
         time.sleep(self.engine.step_seconds)
         self.engine.steps.append(self.rows)
+        self.narrow_steps.append(self.narrow)
         finished = []
         for key, source in list(self.sources.items()):
             complete = len(source.output) == len(source.reversed_ids)
@@ -100,7 +103,7 @@ class FakeEngine:
         self.joins: list[list[Hashable]] = []  # keys joined together, in order
         self.steps: list[int] = []  # rows of each step
 
-    def replica(self, intra_op_threads: int | None = None) -> FakeEngine:
+    def replica(self, intra_op_threads: int | None = None, narrow_threads: int | None = None) -> FakeEngine:
         return self
 
     def warmup(self) -> None:

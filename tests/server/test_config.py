@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,13 @@ def test_the_thread_plan_gives_small_batches_their_threads_only_when_work_is_spl
     assert plan_threads(ServerConfig(lanes=())).first_lane_small_batches is None  # one lane: long rows too
     assert plan_threads(ServerConfig(scheduler="static")).first_lane_small_batches is None
     assert plan_threads(ServerConfig(intra_op_threads=3)).other_lanes == 3
+    # Longer lanes' narrow sessions, for while another lane has rows: half the cores, on the CPU, with lanes.
+    narrow = lambda **settings: plan_threads(ServerConfig(**settings)).other_lanes_narrow  # noqa: E731
+    assert [narrow(intra_op_threads=n) for n in (1, 2, 3, 8)] == [None, 1, 1, 4]
+    assert narrow() == max(1, len(os.sched_getaffinity(0)) // 2)  # intra_op_threads 0: the cores
+    assert narrow(intra_op_threads=2, scheduler="static") is None
+    assert narrow(intra_op_threads=2, lanes=()) is None
+    assert narrow(intra_op_threads=2, provider="cuda") is None
 
 
 def test_one_lane_when_no_bounds_are_given():

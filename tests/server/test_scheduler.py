@@ -457,6 +457,41 @@ def test_the_first_lane_pauses_only_while_a_longer_lane_decodes_what_it_cannot_t
     assert _paused_while([LONG_TEXT], share=0.0) == 0.0
 
 
+def test_a_longer_lane_steps_on_its_narrow_sessions_while_another_lane_has_rows():
+    """A longer lane's replica has narrow sessions (half the cores, on the CPU): it steps on them while another
+    lane has rows, so the two lanes' runs do not ask for more threads than there are cores, and on all of
+    its threads when it decodes alone."""
+    engine = FakeEngine(step_seconds=0.005)
+    config = server_config(
+        Path("unused"),
+        scheduler="continuous",
+        lanes=(16,),
+        warmup=False,
+        intra_op_threads=2,
+        encode_apart=False,
+        first_lane_replicas=1,
+    )
+    scheduler = Scheduler([engine], config, Metrics())
+    assert scheduler.threads.other_lanes_narrow == 1
+    scheduler.start()
+    alone, long, short = _Answers(), _Answers(), _Answers()
+    try:
+        scheduler.submit(alone.job(engine, [LONG_TEXT]))
+        assert alone.done.wait(10) and alone.error is None
+        steps = scheduler.lanes[1].batch.narrow_steps
+        alone_steps = list(steps)
+        scheduler.submit(long.job(engine, [LONG_TEXT]))
+        while not scheduler.lanes[1].running:
+            time.sleep(0.001)
+        scheduler.submit(short.job(engine, ["A man is walking near the water and a dog follows him"]))
+        assert short.done.wait(10) and long.done.wait(10) and short.error is None and long.error is None
+    finally:
+        scheduler.stop(timeout=10)
+    assert alone_steps and not any(alone_steps)
+    assert any(steps[len(alone_steps) :])
+    assert not any(scheduler.lanes[0].batch.narrow_steps)  # the first lane has no narrow sessions
+
+
 def test_a_segment_starving_for_room_stops_other_lanes():
     """A long segment that has waited STARVATION_SECONDS for memory that short requests keep taking makes
     every other lane wait until it fits."""
@@ -511,6 +546,9 @@ def test_longer_lanes_run_at_lower_os_priority(tiny_export: Path):
 
         short, long = short_lane.engine.model, long_lane.engine.model
         assert [threads(short.small_decoder), threads(short.decoder), threads(long.small_decoder)] == [1, 1, 2]
+        # ... and while the first lane has rows, on its narrow sessions: half the cores.
+        assert [threads(long.narrow_decoder), threads(long.narrow_encoder), threads(long.encoder)] == [1, 1, 2]
+        assert short.narrow_decoder is short.decoder
         assert short_lane.encoder is not None and long_lane.encoder is None
     finally:
         server.close()
