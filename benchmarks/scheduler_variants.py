@@ -9,12 +9,15 @@ older commit) with the comma-separated FLAGS. For each repeat, in alternating or
 (closed loop of benchmarks/scheduler_matrix.py's 32 clients) is measured, then each load: an open-loop run at
 that share of the *first* variant's capacity (measured in the same repeat). Medians of --repeats. The mix is
 one cell of the matrix (--short, --long, --cache, --models, --beam); each run starts from an empty cache when
-the cache is on. Writes the table to --out (Markdown), with the CPU's model and flags.
+the cache is on. Each load run also reads the server process's CPU seconds (all its threads, /proc): every
+variant is sent the same requests, so they compare the work each spends on them. Writes the table to --out
+(Markdown), with the CPU's model and flags.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -30,7 +33,20 @@ from benchmarks.scheduler_matrix import CACHE_MIB, MODELS, PAIRS, Cell, run_load
 from runtime.cpu import describe_cpu  # noqa: E402
 from tests.server.test_lifecycle import start_subprocess_server  # noqa: E402
 
-METRICS = ("requests_per_s", "window_per_s", "short_p50", "short_p99", "long_p99", "errors")
+METRICS = ("requests_per_s", "window_per_s", "short_p50", "short_p99", "long_p99", "errors", "cpu_s")
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User and system CPU of the process's threads so far (the server's threads live as long as it does)."""
+    ticks = 0
+    for thread in os.listdir(f"/proc/{pid}/task"):
+        try:
+            fields = Path(f"/proc/{pid}/task/{thread}/stat").read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:  # a thread that just ended
+            continue
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / TICKS
 
 
 @dataclass(frozen=True)
@@ -100,8 +116,10 @@ def measure(variants: list[Variant], cell: Cell, loads: list[float], args) -> di
                 rate = load * capacity[variants[0].name]
                 for v in order:
                     port = servers[v.name].ready()
+                    cpu = process_cpu_seconds(servers[v.name].process.pid)
                     result = run_load(port, cell, args.corpus, tokenizers, rate, args.seconds, repeat + 1)
-                    runs[v.name][load].append(result | {"rate": rate})
+                    cpu = process_cpu_seconds(servers[v.name].process.pid) - cpu
+                    runs[v.name][load].append(result | {"rate": rate, "cpu_s": cpu})
             print(f"repeat {repeat + 1}: capacity {capacity}", file=sys.stderr, flush=True)
     finally:
         for server in servers.values():
@@ -140,11 +158,13 @@ def report(measured: dict[str, dict], variants: list[Variant], cell: Cell, loads
     lines += [
         "",
         "throughput: all answered / time to the last answer; in window: answered while requests were still being "
-        "sent / the run's seconds (not charged for the long requests left at the end of a short run)",
+        "sent / the run's seconds (not charged for the long requests left at the end of a short run); server "
+        "CPU: the server process's CPU seconds over the run (the same requests for every variant)",
         "",
         "| load | offered req/s | variant | throughput req/s | in window req/s | short p50 s | short p99 s "
-        f"| long p99 s | errors | short p99 / {first} | throughput / {first} | in window / {first} |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| long p99 s | errors | server CPU s | short p99 / {first} | throughput / {first} | in window / {first} "
+        f"| server CPU / {first} |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for load in loads:
         base = measured[first][load]
@@ -153,8 +173,10 @@ def report(measured: dict[str, dict], variants: list[Variant], cell: Cell, loads
             lines.append(
                 f"| {load:.0%} | {r['rate']:.1f} | {v.name} | {r['requests_per_s']:.2f} | {r['window_per_s']:.2f} "
                 f"| {r['short_p50']:.3f} | {r['short_p99']:.3f} | {r['long_p99']:.3f} | {r['errors']:.0f} "
-                f"| {r['short_p99'] / base['short_p99']:.2f} | {r['requests_per_s'] / base['requests_per_s']:.2f} "
-                f"| {r['window_per_s'] / base['window_per_s']:.2f} |"
+                f"| {r['cpu_s']:.1f} | {r['short_p99'] / base['short_p99']:.2f} "
+                f"| {r['requests_per_s'] / base['requests_per_s']:.2f} "
+                f"| {r['window_per_s'] / base['window_per_s']:.2f} "
+                f"| {r['cpu_s'] / base['cpu_s']:.2f} |"
             )
     return lines
 

@@ -4,6 +4,9 @@ runs servers: benchmarks/scheduler_variants.py)."""
 from __future__ import annotations
 
 import argparse
+import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -37,6 +40,7 @@ def test_the_report_gives_each_variants_capacity_and_latency_against_the_first(v
             "long_p99": 1.0,
             "errors": 1,
             "rate": 70,
+            "cpu_s": 30.0 if p99 > 0.2 else 33.0,
         }
 
     chosen = [variants.Variant.parse("static=--scheduler,static"), variants.Variant.parse("continuous=")]
@@ -48,5 +52,21 @@ def test_the_report_gives_each_variants_capacity_and_latency_against_the_first(v
     args = argparse.Namespace(seconds=20.0, repeats=3, capacity_seconds=12.0)
     lines = variants.report(measured, chosen, cell, [0.7], args)
     assert "| continuous | `` | 110.0 (110.0, 108.0, 111.0) | 1.10 |" in lines
-    assert "| 70% | 70.0 | continuous | 69.00 | 68.00 | 0.025 | 0.100 | 1.000 | 1 | 0.25 | 0.99 | 0.99 |" in lines
+    row = "| 70% | 70.0 | continuous | 69.00 | 68.00 | 0.025 | 0.100 | 1.000 | 1 | 33.0 | 0.25 | 0.99 | 0.99 | 1.10 |"
+    assert row in lines
     assert lines[1].startswith("machine: ") and "80% single sentences, the rest doc:10-40" in lines[2]
+
+
+def test_a_server_process_cpu_counts_its_other_threads(variants):
+    """The CPU read for a server is every thread's, not only the main thread's (its lanes decode on others)."""
+
+    def burn() -> None:
+        start = time.thread_time()
+        while time.thread_time() - start < 0.3:
+            pass
+
+    before = variants.process_cpu_seconds(os.getpid())
+    worker = threading.Thread(target=burn)
+    worker.start()
+    worker.join()
+    assert variants.process_cpu_seconds(os.getpid()) - before >= 0.25
