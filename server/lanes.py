@@ -116,9 +116,9 @@ def plan_threads(config: ServerConfig) -> ThreadPlan:
     less its encoder thread. Its small batches step on first_lane_small_batch_threads when the continuous
     scheduler splits work into lanes (a lone lane's few rows are long sequences, which want every thread).
     Longer lanes load their own sessions on intra_op_threads, and on the CPU narrow ones on half the cores
-    (at least one), which they run on while another lane has rows: a longer lane's runs on every core beside
-    a shorter lane's took 15% more CPU per request than static batching, and on half of them 3% less (2
-    cores, beam 4, run-on sentences, benchmarks/scheduler_matrix.md)."""
+    (at least one), which they run on while another lane has rows: with a longer lane's runs on every core
+    beside a shorter lane's, the server spent 1.08-1.12x static batching's CPU on the same requests, and with
+    them on half the cores 0.97-1.02x (2 cores, beam 4, run-on sentences: benchmarks/scheduler_variants_narrow.md)."""
     apart = config.encode_apart and config.scheduler == "continuous" and config.provider != "cuda"
     first = config.intra_op_threads
     if apart:
