@@ -219,3 +219,10 @@ class Engine:
             for beam in beams:
                 sources = [rng.integers(4, self.config.vocab_size, size=length).tolist() for _ in range(2)]
                 self.model.translate_ids(sources, beam, max_output_tokens=8)
+        if self.model.narrow_decoder is not self.model.decoder:  # a server's longer lane runs on them too
+            batch = self.new_batch()
+            batch.narrow = True
+            sources = [rng.integers(4, self.config.vocab_size, size=length).tolist() for length in lengths]
+            batch.add(range(len(sources)), batch.encode(sources), [max(beams)] * len(sources), [8] * len(sources))
+            while len(batch):
+                batch.step()

@@ -23,6 +23,7 @@ from model.checkpoint import load_checkpoint
 from model.translate import TorchTranslator
 from runtime import search as search_module
 from runtime.contract import CANDIDATE_OUTPUTS
+from runtime.engine import Engine
 from runtime.manifest import ModelFolderError, read_manifest
 from runtime.search import default_max_output, new_search, pad_sources
 from runtime.sessions import OrtModel, ProviderUnavailable, RuntimeOptions, cache_op_path, device_cache_for
@@ -261,6 +262,16 @@ def test_check_command_passes_on_an_export(tiny_export: Path):
     assert json.loads(result.stdout)["fp32"]["passed"] is True
 
 
+def _counted(counts: dict[str, int], name: str, run):
+    """``run``, counting its calls in counts[name]."""
+
+    def counting(*args):
+        counts[name] += 1
+        return run(*args)
+
+    return counting
+
+
 def test_small_batches_step_on_sessions_of_their_own(tiny_export: Path):
     """A batch of 20 rows steps on the 2-thread sessions until rows finish and fewer than 16 remain, then on
     the 1-thread ones: the switch mid-batch changes no translation."""
@@ -272,15 +283,8 @@ def test_small_batches_step_on_sessions_of_their_own(tiny_export: Path):
     ids = [row[: 1 + i % 6] for i, row in enumerate(ids)]  # output caps of 12 to 22 tokens: rows finish apart
     steps = {"small": 0, "large": 0}
 
-    def counted(name: str, run):
-        def counting(binding):
-            steps[name] += 1
-            return run(binding)
-
-        return counting
-
-    small.small_decoder.run_with_iobinding = counted("small", small.small_decoder.run_with_iobinding)
-    small.decoder.run_with_iobinding = counted("large", small.decoder.run_with_iobinding)
+    small.small_decoder.run_with_iobinding = _counted(steps, "small", small.small_decoder.run_with_iobinding)
+    small.decoder.run_with_iobinding = _counted(steps, "large", small.decoder.run_with_iobinding)
     for beam in (1, 2):
         assert small.translate_ids(ids, beam, max_output_tokens=20) == plain.translate_ids(ids, beam, 20)
     assert steps["small"] > 0 and steps["large"] > 0
@@ -296,16 +300,9 @@ def test_a_narrow_batch_encodes_and_steps_on_the_narrow_sessions(tiny_export: Pa
     assert plain.narrow_decoder is plain.decoder
     runs = {"narrow": 0, "wide": 0}
 
-    def counted(name: str, run):
-        def counting(*args):
-            runs[name] += 1
-            return run(*args)
-
-        return counting
-
-    model.narrow_encoder.run = counted("narrow", model.narrow_encoder.run)
-    model.narrow_decoder.run_with_iobinding = counted("narrow", model.narrow_decoder.run_with_iobinding)
-    model.decoder.run_with_iobinding = counted("wide", model.decoder.run_with_iobinding)
+    model.narrow_encoder.run = _counted(runs, "narrow", model.narrow_encoder.run)
+    model.narrow_decoder.run_with_iobinding = _counted(runs, "narrow", model.narrow_decoder.run_with_iobinding)
+    model.decoder.run_with_iobinding = _counted(runs, "wide", model.decoder.run_with_iobinding)
     ids = model.tokenizer.encode_source(own_sentences(20))
     c = model.config
     src_tokens, src_mask = pad_sources(ids, c.pad_id, c.eos_id)
@@ -321,6 +318,19 @@ def test_a_narrow_batch_encodes_and_steps_on_the_narrow_sessions(tiny_export: Pa
         runs.update(narrow=0, wide=0)
     expected = dict(enumerate(plain.hypotheses(ids, 2, 12)))
     assert [{k: h.tokens for k, h in o.items()} for o in outputs] == [{k: h.tokens for k, h in expected.items()}] * 2
+
+
+def test_warming_up_runs_the_narrow_sessions_too(tiny_export: Path):
+    """A server's longer lane steps on its narrow sessions beside other lanes: warming its engine up runs
+    them as well, so that its first such step finds them warm."""
+    engine = Engine(tiny_export, RuntimeOptions(provider="cpu", intra_op_threads=2, narrow_threads=1))
+    runs = {"encoder": 0, "decoder": 0}
+
+    model = engine.model
+    model.narrow_encoder.run = _counted(runs, "encoder", model.narrow_encoder.run)
+    model.narrow_decoder.run_with_iobinding = _counted(runs, "decoder", model.narrow_decoder.run_with_iobinding)
+    engine.warmup(lengths=(8,), beams=(1, 2))
+    assert runs["encoder"] == 1 and runs["decoder"] > 1
 
 
 def test_batches_decoding_at_once_on_one_model_keep_their_own_bindings(tiny_export: Path):
