@@ -38,15 +38,10 @@ TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def process_cpu_seconds(pid: int) -> float:
-    """User and system CPU of the process's threads so far (the server's threads live as long as it does)."""
-    ticks = 0
-    for thread in os.listdir(f"/proc/{pid}/task"):
-        try:
-            fields = Path(f"/proc/{pid}/task/{thread}/stat").read_text().rsplit(")", 1)[1].split()
-        except FileNotFoundError:  # a thread that just ended
-            continue
-        ticks += int(fields[11]) + int(fields[12])  # utime, stime
-    return ticks / TICKS
+    """User and system CPU of the whole process so far: /proc/PID/stat counts every thread, those that ended
+    included (summing /proc/PID/task/* would lose them)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
 
 
 @dataclass(frozen=True)

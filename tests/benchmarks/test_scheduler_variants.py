@@ -58,7 +58,8 @@ def test_the_report_gives_each_variants_capacity_and_latency_against_the_first(v
 
 
 def test_a_server_process_cpu_counts_its_other_threads(variants):
-    """The CPU read for a server is every thread's, not only the main thread's (its lanes decode on others)."""
+    """The CPU read for a server is every thread's, not only the main thread's (its lanes decode on others),
+    and a thread that has ended still counts."""
 
     def burn() -> None:
         start = time.thread_time()
