@@ -17,7 +17,6 @@ variant is sent the same requests, so they compare the work each spends on them.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -30,18 +29,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.scheduler_matrix import CACHE_MIB, MODELS, PAIRS, Cell, run_load, search_name  # noqa: E402
+from benchmarks.service_overhead import cpu_seconds  # noqa: E402
 from runtime.cpu import describe_cpu  # noqa: E402
 from tests.server.test_lifecycle import start_subprocess_server  # noqa: E402
 
 METRICS = ("requests_per_s", "window_per_s", "short_p50", "short_p99", "long_p99", "errors", "cpu_s")
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def process_cpu_seconds(pid: int) -> float:
-    """User and system CPU of the whole process so far: /proc/PID/stat counts every thread, those that ended
-    included (summing /proc/PID/task/* would lose them)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
 
 
 @dataclass(frozen=True)
@@ -111,9 +103,9 @@ def measure(variants: list[Variant], cell: Cell, loads: list[float], args) -> di
                 rate = load * capacity[variants[0].name]
                 for v in order:
                     port = servers[v.name].ready()
-                    cpu = process_cpu_seconds(servers[v.name].process.pid)
+                    cpu = cpu_seconds(servers[v.name].process.pid)
                     result = run_load(port, cell, args.corpus, tokenizers, rate, args.seconds, repeat + 1)
-                    cpu = process_cpu_seconds(servers[v.name].process.pid) - cpu
+                    cpu = cpu_seconds(servers[v.name].process.pid) - cpu
                     runs[v.name][load].append(result | {"rate": rate, "cpu_s": cpu})
             print(f"repeat {repeat + 1}: capacity {capacity}", file=sys.stderr, flush=True)
     finally:
