@@ -127,6 +127,14 @@ SMALL_BATCH_ROWS = 16
 ENCODER_GROUP = 16
 
 
+def _session_for(rows: int, narrow: bool, session, small, narrow_session):
+    """Which of a graph's sessions a run of ``rows`` rows takes: the narrow one for a narrow batch, the
+    small-batch one under SMALL_BATCH_ROWS rows, else the session on every intra-op thread."""
+    if narrow:
+        return narrow_session
+    return small if rows < SMALL_BATCH_ROWS else session
+
+
 def bound_process_memory() -> None:
     """Make the process's resident memory follow what it holds, so a memory budget can be kept: numpy no
     longer asks for transparent huge pages (a lazily zeroed cache buffer would be paged in 2 MiB at a
@@ -395,10 +403,7 @@ class OrtModel:
     def encode(self, src_tokens: np.ndarray, src_mask: np.ndarray, narrow: bool = False) -> tuple[Any, Any]:
         """Cross-attention keys/values (L, B, H, S, d_k): numpy, or OrtValues on the device with IOBinding.
         ``narrow``: on the narrow sessions (RuntimeOptions.narrow_threads)."""
-        if narrow:
-            encoder = self.narrow_encoder
-        else:
-            encoder = self.small_encoder if len(src_tokens) < SMALL_BATCH_ROWS else self.encoder
+        encoder = _session_for(len(src_tokens), narrow, self.encoder, self.small_encoder, self.narrow_encoder)
         if not self.io_binding:
             _, cross_k, cross_v = encoder.run(None, {"src_tokens": src_tokens, "src_mask": src_mask})
             return cross_k, cross_v
@@ -416,10 +421,7 @@ class OrtModel:
         CANDIDATE_OUTPUTS (runtime.search). The binding is kept while the batch's feeds keep their shapes and
         memory (a greedy batch between joins and departures), so a step costs one ``run_with_iobinding`` call.
         A ``narrow`` batch steps on the narrow sessions (RuntimeOptions.narrow_threads)."""
-        if batch.narrow:
-            decoder = self.narrow_decoder
-        else:
-            decoder = self.small_decoder if batch.rows < SMALL_BATCH_ROWS else self.decoder
+        decoder = _session_for(batch.rows, batch.narrow, self.decoder, self.small_decoder, self.narrow_decoder)
         version = batch.version
         # The batch keeps its bindings, by decoder session (so batches decoding at once on these sessions,
         # translate-file's workers, keep theirs), and they go with it.
