@@ -14,7 +14,8 @@ requests took (clients / its requests per second), so that it serves at the same
 concurrency. What the server costs over the core and the floor together is ours to cut; the core against
 offline is the price of continuous batching (batches of the rows in flight, encoder calls as they arrive). A
 third row takes part of that price apart: translate-file's path on the same batches of 32 in the order the
-texts arrive instead of sorted by length (the server cannot sort the rows in flight).
+texts arrive instead of sorted by length (the server cannot sort the rows in flight). ``--floor-sync-threads N``
+adds the floor served by grpcio's synchronous server on N threads, against the asyncio one the server uses.
 
 ``--base DIR`` (another checkout, e.g. ``git worktree add /tmp/base COMMIT``) also serves the same export
 from that checkout's code, in the same alternation, and reports this checkout's server against it: CPU per
@@ -126,11 +127,13 @@ class Core:
         self.scheduler.stop(30)
 
 
-def floor(delay_s: float, source: Path, tokenizer, sentences: int, clients: int) -> dict:
-    """benchmarks/grpc_floor.py under the same load, answering after ``delay_s``."""
+def floor(delay_s: float, source: Path, tokenizer, sentences: int, clients: int, sync_threads: int = 0) -> dict:
+    """benchmarks/grpc_floor.py under the same load, answering after ``delay_s`` (on grpcio's synchronous server
+    with ``sync_threads``)."""
     script = Path(__file__).with_name("grpc_floor.py")
+    sync = ["--sync-threads", str(sync_threads)] if sync_threads else []
     process = subprocess.Popen(
-        [sys.executable, str(script), "--delay-s", str(delay_s)], stderr=subprocess.PIPE, text=True
+        [sys.executable, str(script), "--delay-s", str(delay_s), *sync], stderr=subprocess.PIPE, text=True
     )
     try:
         port = int(process.stderr.readline().split()[-1])
@@ -203,6 +206,12 @@ def main(argv=None) -> None:
     )
     parser.add_argument("--base", type=Path, help="another checkout whose server is measured alongside")
     parser.add_argument(
+        "--floor-sync-threads",
+        type=int,
+        default=0,
+        help="also measure the gRPC floor on grpcio's synchronous server with a pool of this many threads",
+    )
+    parser.add_argument(
         "--server-flag",
         action="append",
         default=[],
@@ -222,6 +231,8 @@ def main(argv=None) -> None:
         servers["base"] = start_subprocess_server(args.model.resolve(), *flags, cwd=args.base)[:2]
     core = Core(["--model", str(args.model.resolve()), *flags, *args.server_flag]) if args.split else None
     kinds = [*servers, "offline", *(["arrival order", "core", "floor"] if args.split else [])]
+    if args.split and args.floor_sync_threads:
+        kinds.append("sync floor")
     results: dict[str, list] = {kind: [] for kind in kinds}
     with OrtClock() as ort_clock:
         try:
@@ -235,9 +246,12 @@ def main(argv=None) -> None:
                         results[kind].append({"cpu": offline(model, texts, 32, workers, by_length=False)})
                     elif kind == "core":
                         results[kind].append({"cpu": core.cpu(texts, args.clients)})
-                    elif kind == "floor":  # as long as the server's requests took in its latest run (the first
-                        rps = results["server"][-1]["rps"]  # repeat runs the server first)
-                        results[kind].append(floor(args.clients / rps, source, tokenizer, args.sentences, args.clients))
+                    elif kind in ("floor", "sync floor"):  # as long as the server's requests took in its latest
+                        rps = results["server"][-1]["rps"]  # run (the first repeat runs the server first)
+                        sync = args.floor_sync_threads if kind == "sync floor" else 0
+                        results[kind].append(
+                            floor(args.clients / rps, source, tokenizer, args.sentences, args.clients, sync)
+                        )
                     else:
                         process, port = servers[kind]
                         results[kind].append(
@@ -290,6 +304,12 @@ def main(argv=None) -> None:
             f"| (the core's ONNX Runtime runs + gRPC floor) / offline | "
             f"{(median['core']['ort'] + grpc_floor) / engine:.2f} |",
         ]
+    if "sync floor" in median:
+        sync = median["sync floor"]
+        lines.append(
+            f"| the gRPC floor on grpcio's synchronous server, {args.floor_sync_threads} threads "
+            f"({sync['rps']:.0f} requests/s) | {sync['cpu'] * 1e3:.2f} |"
+        )
     if args.base:
         base = median["base"]
         lines += [

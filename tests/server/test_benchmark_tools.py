@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from concurrent import futures
 from pathlib import Path
 
 import grpc
@@ -38,6 +39,24 @@ def test_the_floor_server_answers_each_text_with_itself_after_its_delay():
     reply, seconds = asyncio.run(exchange())
     assert [t.text for t in reply.translations] == ["one", "two"]
     assert seconds >= 0.2
+
+
+def test_the_synchronous_floor_server_holds_a_thread_per_request_for_its_delay():
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    translate_pb2_grpc.add_TranslatorServicer_to_server(grpc_floor.SyncEcho(0.2), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            translate = translate_pb2_grpc.TranslatorStub(channel).Translate
+            started = time.monotonic()
+            calls = [translate.future(translate_pb2.TranslateRequest(texts=[str(i)])) for i in range(3)]
+            replies = [call.result(10) for call in calls]
+            seconds = time.monotonic() - started
+    finally:
+        server.stop(None)
+    assert [r.translations[0].text for r in replies] == ["0", "1", "2"]
+    assert seconds >= 0.4  # two threads: the third request waits for one of them
 
 
 def test_the_in_process_core_translates_every_text_once(tiny_export: Path):
