@@ -20,14 +20,19 @@ import grpc
 from proto import translate_pb2, translate_pb2_grpc
 
 
+def echoed(request: translate_pb2.TranslateRequest) -> translate_pb2.TranslateResponse:
+    """Each text translated as itself."""
+    translations = [translate_pb2.Translation(text=text, segments=1) for text in request.texts]
+    return translate_pb2.TranslateResponse(translations=translations, model="floor@0")
+
+
 class Echo(translate_pb2_grpc.TranslatorServicer):
     def __init__(self, delay_s: float) -> None:
         self.delay_s = delay_s
 
     async def Translate(self, request, context):  # noqa: N802 (gRPC's method names)
         await asyncio.sleep(self.delay_s)
-        translations = [translate_pb2.Translation(text=text, segments=1) for text in request.texts]
-        return translate_pb2.TranslateResponse(translations=translations, model="floor@0")
+        return echoed(request)
 
 
 class SyncEcho(translate_pb2_grpc.TranslatorServicer):
@@ -36,8 +41,7 @@ class SyncEcho(translate_pb2_grpc.TranslatorServicer):
 
     def Translate(self, request, context):  # noqa: N802 (gRPC's method names)
         time.sleep(self.delay_s)
-        translations = [translate_pb2.Translation(text=text, segments=1) for text in request.texts]
-        return translate_pb2.TranslateResponse(translations=translations, model="floor@0")
+        return echoed(request)
 
 
 async def serve(delay_s: float) -> None:
