@@ -32,10 +32,12 @@ import numpy as np
 import onnxruntime as ort
 
 from common.corpus import corpus_path, read_lines
+from runtime import offline
+from runtime.backend import OrtBackend
 from runtime.cpu import describe_cpu
 from runtime.manifest import sha256
+from runtime.options import RuntimeOptions
 from runtime.search import default_max_output
-from runtime.sessions import OrtModel, RuntimeOptions
 from runtime.translate_file import runtime_options
 
 CASES = ((1, 1, 150), (32, 1, 1000), (1, 4, 150), (32, 4, 1000))  # batch, beam, sentences
@@ -141,7 +143,7 @@ def prepare(args, work: Path) -> tuple[Path, Path, Callable[[int], int], Callabl
     piece = {i: p for p, i in vocab.items()}
     if args.base_sized:  # imported: our ids are the Marian ids
         return ours, converted, lambda i: piece[i], lambda p: vocab[p]
-    config = OrtModel(ours, RuntimeOptions("fp32", "cpu")).config
+    config = OrtBackend(ours, RuntimeOptions("fp32", "cpu")).config
     order = opus_mt_order(config).numpy()  # Marian id -> our id
     to_theirs = np.argsort(order)
     return ours, converted, lambda i: piece[int(to_theirs[i])], lambda p: int(order[vocab[p]])
@@ -159,7 +161,7 @@ def run_benchmark(args) -> int:
     ours_dir, converted, to_piece, to_id = prepare(args, work)
     cap = args.cap or (40 if args.base_sized else 256)
     threads = 1 if args.workers > 1 else args.threads
-    ours = {variant: OrtModel(ours_dir, runtime_options(variant, threads=threads)) for variant in ("fp32", "int8")}
+    ours = {variant: OrtBackend(ours_dir, runtime_options(variant, threads=threads)) for variant in ("fp32", "int8")}
     texts = read_lines(corpus_path(args.data, "test_2016_flickr", "en"))
     tokenizer = ours["fp32"].tokenizer
 
@@ -175,13 +177,13 @@ def run_benchmark(args) -> int:
 
         return run
 
-    def run_ours(model: OrtModel) -> Run:
-        return in_chunks(lambda chunk, beam: model.translate_ids(chunk, beam, cap))
+    def run_ours(model: OrtBackend) -> Run:
+        return in_chunks(lambda chunk, beam: offline.translate_ids(model, chunk, beam, cap))
 
     def run_theirs(translator) -> Run:
         def translate(chunk: list[list[int]], beam: int) -> list[list[int]]:
             pieces = [[to_piece(t) for t in row] + ["</s>"] for row in chunk]
-            limit = max(default_max_output(len(row) + 1, cap) for row in chunk) - 1
+            limit = max(default_max_output(len(row), cap) for row in chunk) - 1
             results = translator.translate_batch(
                 pieces, beam_size=beam, max_batch_size=len(chunk), max_decoding_length=limit
             )

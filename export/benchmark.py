@@ -19,11 +19,11 @@ from pathlib import Path
 
 import torch
 
-from common.corpus import corpus_path, read_lines
+from common.corpus import MULTI30K, corpus_path, read_lines
 from model.checkpoint import DEFAULT_CHECKPOINT, length_penalty, load_checkpoint
 from model.translate import TorchTranslator
+from runtime.backend import OrtBackend
 from runtime.cpu import describe_cpu
-from runtime.sessions import OrtModel
 from runtime.translate_file import runtime_options
 
 Translate = Callable[[list[list[int]], int], list[list[int]]]
@@ -49,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--against", choices=["pytorch", "ctranslate2"], default="pytorch")
     parser.add_argument("--model", type=Path, help="exported folder with the int8 variant (--against pytorch)")
     parser.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT)
-    parser.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[2] / "shared/data/multi30k")
+    parser.add_argument("--data", type=Path, default=MULTI30K)
     parser.add_argument("--sentences", type=int, help="sentences per case (default: 64; ctranslate2: 150 / 1000)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2, help="ctranslate2: threads of each engine")
@@ -90,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     texts = read_lines(corpus_path(args.data, "test_2016_flickr", "en"))[: args.sentences]
     sources = tokenizer.encode_source(texts)
     torch_translator = TorchTranslator(model, tokenizer, length_penalty=length_penalty(args.checkpoint))
-    fp32, int8 = (OrtModel(args.model, runtime_options(v)) for v in ("fp32", "int8"))  # translate-file's settings
+    fp32, int8 = (OrtBackend(args.model, runtime_options(v)) for v in ("fp32", "int8"))  # translate-file's settings
     variants: dict[str, Translate] = {
         "PyTorch, no cache": lambda s, b: torch_translator.translate_ids(s, b, use_cache=False),
         "PyTorch, KV cache": lambda s, b: torch_translator.translate_ids(s, b),

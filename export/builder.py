@@ -12,8 +12,8 @@ import onnx
 import torch
 from onnx import helper, numpy_helper
 
-from model.config import ModelConfig
 from model.positional import sinusoidal_encoding
+from runtime.model_config import ModelConfig
 
 OPSET = 17
 # The IR version opset 17 needs. onnx writes its own latest by default (14 with onnx 1.23), which an older
@@ -94,7 +94,7 @@ def residual(b: GraphBuilder, x: str, block, name: str, sublayer) -> str:
     Add + LayerNormalization, not ONNX Runtime's fused SkipLayerNormalization: on the CPU the fused
     operator is 3-4x slower than the two (2-core AVX-512 machine, ORT 1.32: 437 against 98 µs for
     32 x 20 x 256, 37.5 against 11.4 µs for one decoder step of 32 rows), so sessions are made with
-    SkipLayerNormFusion disabled (runtime.sessions.NO_FUSIONS)."""
+    SkipLayerNormFusion disabled (runtime.providers.NO_FUSIONS)."""
     if block.pre_norm:
         return b.one("Add", [x, sublayer(layer_norm(b, x, block.norm, f"{name}.norm"))])
     return layer_norm(b, b.one("Add", [sublayer(x), x]), block.norm, f"{name}.norm")

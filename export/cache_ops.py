@@ -1,5 +1,5 @@
 """One-node graphs over a self-attention cache buffer (rows, heads, slots, d), run on the decoder's own
-device so that a device-resident cache never visits the host (runtime.sessions.DeviceKVCache):
+device so that a device-resident cache never visits the host (runtime.device_cache.DeviceKVCache):
 
 - ``gather``: y = Gather(x, rows) along rows (beam reordering, sources leaving);
 - ``pad``:    y = Pad(x, pads) with zeros (more rows or slots).
@@ -14,7 +14,7 @@ import sys
 
 import numpy as np
 
-from runtime.sessions import CACHE_OPS, cache_op_path
+from runtime.device_cache import CACHE_OPS, cache_op_path
 
 OPS = {"gather": ("Gather", "rows"), "pad": ("Pad", "pads")}
 DTYPES = (np.float32, np.float16)

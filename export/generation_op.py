@@ -31,7 +31,8 @@ from export.builder import (
 )
 from export.encoder import build_encoder
 from model.transformer import Transformer
-from runtime.search import default_max_output, pad_sources
+from runtime.batch import pad_sources
+from runtime.search import default_max_output
 
 
 def _encoder_subgraph(model: Transformer) -> onnx.GraphProto:
@@ -179,7 +180,7 @@ class BeamSearchOp:
     def translate_ids(self, sources: list[list[int]], beam: int = 1, max_output_tokens: int = 256) -> list[list[int]]:
         c = self.config
         tokens, mask = pad_sources(sources, c.pad_id, c.eos_id)
-        longest = max(default_max_output(len(s) + 1, max_output_tokens) for s in sources)
+        longest = max(default_max_output(len(s), max_output_tokens) for s in sources)
         feeds = {
             "input_ids": tokens.astype(np.int32),
             "attention_mask": mask.astype(np.int32),

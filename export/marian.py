@@ -22,7 +22,7 @@ from model.folders import staged_folder
 from model.marian import DEFAULT_LAYOUT, MarianError, in_opus_mt_layout, load_marian, opus_mt_order, save_marian
 from model.transformer import Transformer
 from model.translate import TorchTranslator
-from runtime.search import pad_sources
+from runtime.batch import pad_sources
 
 
 @torch.no_grad()

@@ -8,7 +8,7 @@ import onnx
 import onnxruntime as ort
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
-from runtime.sessions import NO_FUSIONS
+from runtime.providers import NO_FUSIONS
 
 
 def optimize(source: Path, target: Path) -> Path:

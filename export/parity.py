@@ -10,9 +10,10 @@ import onnxruntime as ort
 import torch
 
 from model.transformer import Transformer
+from runtime.batch import pad_sources
+from runtime.binding import run_in_place
 from runtime.contract import ORT_DTYPES, STEP_OUTPUTS
-from runtime.search import pad_sources, row_groups
-from runtime.sessions import run_in_place
+from runtime.layout import row_groups
 
 FP32_TOLERANCE = 1e-4
 

@@ -39,8 +39,11 @@ from model.folders import staged_folder
 from model.marian import DEFAULT_LAYOUT
 from model.transformer import Transformer
 from model.translate import TorchTranslator
+from runtime import offline
+from runtime.backend import OrtBackend
 from runtime.manifest import sha256, write_manifest
-from runtime.sessions import NO_FUSIONS, PROVIDERS, OrtModel, RuntimeOptions, resolve_provider
+from runtime.options import RuntimeOptions
+from runtime.providers import NO_FUSIONS, PROVIDERS, resolve_provider
 
 CHECK_SENTENCES = Path(__file__).resolve().parent / "sentences.en"
 MarianLayout = Literal["opus-mt", "ours"]  # model.marian.LAYOUTS
@@ -191,7 +194,7 @@ def export(cfg: ExportConfig) -> Path:
         manifest = describe(cfg, model, folder, files, aligner, tokenizer_files, tokenizer.special_ids)
         write_manifest(folder, manifest)  # hashes first, so the quality pass loads a verified folder
         for variant in variants:
-            runtime = OrtModel(folder, RuntimeOptions(variant=variant.name, provider=variant.device))
+            runtime = OrtBackend(folder, RuntimeOptions(variant=variant.name, provider=variant.device))
             files[variant.name]["quality"] = evaluate(runtime, cfg, check)
         write_manifest(folder, manifest)
     return cfg.out
@@ -244,10 +247,10 @@ def graph_signature(session: ort.InferenceSession) -> dict:
     return {"inputs": describe(session.get_inputs()), "outputs": describe(session.get_outputs())}
 
 
-def evaluate(model: OrtModel, cfg: ExportConfig, check: CheckSet) -> dict:
+def evaluate(model: OrtBackend, cfg: ExportConfig, check: CheckSet) -> dict:
     """Agreement of greedy token ids with PyTorch on the check sentences, and BLEU if a corpus is given."""
     ids = check.sources
-    matches = zip(model.translate_ids(ids), check.reference_ids, strict=True)
+    matches = zip(offline.translate_ids(model, ids), check.reference_ids, strict=True)
     quality = {"greedy_token_agreement_with_pytorch": sum(a == b for a, b in matches) / len(ids)}
     quality["check_sentences"] = len(ids)
     if cfg.eval_data:
@@ -256,7 +259,7 @@ def evaluate(model: OrtModel, cfg: ExportConfig, check: CheckSet) -> dict:
         if cfg.eval_sentences:
             src, ref = src[: cfg.eval_sentences], ref[: cfg.eval_sentences]
         metric = sacrebleu.BLEU()
-        score = metric.corpus_score(model.translate(src), [ref]).score
+        score = metric.corpus_score(offline.translate(model, src), [ref]).score
         quality.update(
             bleu_greedy=round(score, 2),
             bleu_signature=str(metric.get_signature()),

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model.config import ModelConfig
+from runtime.model_config import ModelConfig
 
 
 def scaled_dot_product_attention(

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_model
 
-from model.config import ModelConfig
 from model.transformer import Transformer
+from runtime.model_config import ModelConfig
 from runtime.search import LENGTH_PENALTY
 from runtime.tokenizer import TOKENIZER_FILES, Tokenizer, TokenizerError, kind_spec
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from runtime.search import pad_sources
+from runtime.batch import pad_sources
 
 
 @dataclass(frozen=True)

@@ -29,10 +29,10 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from model.checkpoint import save_checkpoint
-from model.config import ModelConfig
 from model.folders import staged_folder
 from model.positional import sinusoidal_encoding
 from model.transformer import Transformer
+from runtime.model_config import ModelConfig
 from runtime.tokenizer import Tokenizer, TokenizerError, kind_spec
 
 CONFIG_FILE = "config.json"

@@ -13,7 +13,7 @@ import math
 import torch
 from torch import Tensor
 
-from model.config import PositionLayout
+from runtime.model_config import PositionLayout
 
 
 def sinusoidal_encoding(positions: Tensor, d_model: int, layout: PositionLayout = "interleaved") -> Tensor:

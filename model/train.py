@@ -36,10 +36,10 @@ from common import flags
 from common.corpus import corpus_path, read_parallel
 from common.flags import setting
 from model.checkpoint import SPM_FILE, WEIGHTS_FILE, average_weights, load_checkpoint, save_checkpoint
-from model.config import ModelConfig
 from model.data import Example, filter_by_length, iterate_batches
 from model.transformer import Transformer
 from model.translate import TorchTranslator
+from runtime.model_config import ModelConfig
 from runtime.tokenizer import Tokenizer
 
 # The defaults of the default model (model/default): narrower and more dropout than ModelConfig's,

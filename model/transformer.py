@@ -14,9 +14,9 @@ import torch
 from torch import Tensor, nn
 
 from model.attention import causal_mask
-from model.config import ModelConfig
 from model.layers import DecoderLayer, EncoderLayer
 from model.positional import sinusoidal_encoding
+from runtime.model_config import ModelConfig
 
 
 class Transformer(nn.Module):

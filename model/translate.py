@@ -17,7 +17,10 @@ from common import flags
 from common.flags import setting
 from model.checkpoint import DEFAULT_CHECKPOINT, length_penalty, load_checkpoint
 from model.transformer import Transformer
-from runtime.search import LENGTH_PENALTY, DecodeBatch, pad_sources, source_searches, translate_in_batches
+from runtime.batch import DecodeBatch, EncodedSources, StepInputs, pad_sources
+from runtime.contract import layer_names
+from runtime.offline import translate_in_batches
+from runtime.search import LENGTH_PENALTY, Decoding, default_max_output
 from runtime.tokenizer import Tokenizer
 
 
@@ -29,28 +32,30 @@ def top_candidates(log_probs: np.ndarray, k: int, eos_id: int) -> tuple[np.ndarr
 
 
 class PrefixDecodeBatch(DecodeBatch):
-    """Decoding without a cache: every step re-runs the decoder over each row's whole prefix."""
+    """Decoding without a cache: every step re-runs the decoder over each row's whole prefix, which the batch
+    keeps as its rows are selected."""
 
-    def __init__(self, model: Transformer, memory: torch.Tensor) -> None:
+    def __init__(self, model: Transformer, memory: torch.Tensor, decoding: Decoding) -> None:
         c = model.config
-        super().__init__(self._prefix_step, c.n_decoder_layers, c.n_heads, c.d_head, c.decoder_start_id)
+        super().__init__(self._prefix_step, c.n_decoder_layers, c.n_heads, c.d_head, c.decoder_start_id, decoding)
         self.model, self.memory = model, memory
         self.prefix = np.zeros((0, 0), np.int64)
 
-    def add(self, keys, searches, cross_k, cross_v, src_mask) -> None:
+    def add(self, keys, encoded, beams, max_lengths):
         if self.rows:
             raise NotImplementedError("the uncached reference decoder does not take sources mid-way")
-        super().add(keys, searches, cross_k, cross_v, src_mask)
+        joined = super().add(keys, encoded, beams, max_lengths)
         self.prefix = np.zeros((self.rows, 0), np.int64)
+        return joined
 
-    @staticmethod
-    def _prefix_step(batch: PrefixDecodeBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        batch.prefix = np.concatenate([batch.prefix, batch.tokens[:, None]], axis=1)
-        index = torch.tensor(batch.source_index)
-        mask = torch.from_numpy(batch.src_mask[:, : batch.memory.shape[1]])[index]  # the slots' mask is padded
-        logits = batch.model.decode(torch.from_numpy(batch.prefix), batch.memory[index], mask)
+    def _prefix_step(self, inputs: StepInputs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        feeds = inputs.feeds
+        self.prefix = np.concatenate([self.prefix, feeds["tokens"][:, None]], axis=1)
+        index = torch.from_numpy(source_index(feeds))
+        mask = torch.from_numpy(feeds["src_mask"][:, : self.memory.shape[1]] != 0)[index]  # slots are padded
+        logits = self.model.decode(torch.from_numpy(self.prefix), self.memory[index], mask)
         log_probs = torch.log_softmax(logits[:, -1].float(), dim=-1).numpy()
-        return top_candidates(log_probs, int(batch.top_k[0]), batch.model.config.eos_id)
+        return top_candidates(log_probs, int(feeds["top_k"][0]), self.model.config.eos_id)
 
     def _select_rows(self, rows: np.ndarray) -> None:
         self.prefix = self.prefix[rows]
@@ -58,6 +63,11 @@ class PrefixDecodeBatch(DecodeBatch):
     def _keep_sources(self, positions: np.ndarray) -> None:
         super()._keep_sources(positions)
         self.memory = self.memory[torch.from_numpy(positions)]
+
+
+def source_index(feeds: dict) -> np.ndarray:
+    """Each row's source, from the step's ``row_position`` (source · G + position in its group of G rows)."""
+    return feeds["row_position"] // feeds["groups"].shape[1]
 
 
 class TorchTranslator:
@@ -76,47 +86,52 @@ class TorchTranslator:
         self.max_output_tokens = max_output_tokens
         self.device = next(model.parameters()).device
 
-    def _step(self, batch: DecodeBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``Transformer.decode_step`` over the batch's cache, with the step contract of the ONNX graph:
-        the new keys/values are written into the cache at each row's length."""
-        c, cache, rows = self.model.config, batch.cache, batch.rows
-        lengths = cache.live_lengths.astype(np.int64)
+    def _step(self, inputs: StepInputs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``Transformer.decode_step`` over the step's feeds, with the step contract of the ONNX graph: the new
+        keys/values are written into the cache (the feeds' views of it) at each row's length."""
+        c, feeds, rows = self.model.config, inputs.feeds, inputs.rows
+        layers = c.n_decoder_layers
+        lengths = feeds["lengths"].astype(np.int64)
         longest = int(lengths.max(initial=0))
+        past, cross = ([feeds[name] for name in layer_names(kind, layers)] for kind in ("past", "cross"))
+        keys, values = past[0::2], past[1::2]  # past_key_0, past_value_0, past_key_1, ...
         past_k, past_v = (
             torch.stack([torch.from_numpy(b[:rows, :, :longest, : c.d_head]) for b in buffers])  # (L, R, H, T, d_k)
-            for buffers in (cache.keys, cache.values)
+            for buffers in (keys, values)
         )
+        cross_k, cross_v = (torch.from_numpy(np.stack(cross[part::2])) for part in (0, 1))  # (L, N, H, S, d_k)
         inputs = {
-            "tokens": torch.from_numpy(batch.tokens),
+            "tokens": torch.from_numpy(feeds["tokens"]),
             "positions": torch.from_numpy(lengths),
             "past_k": past_k,
             "past_v": past_v,
             "cache_mask": torch.from_numpy(np.arange(longest)[None, :] < lengths[:, None]),
-            "cross_k": torch.from_numpy(batch.sources.k),
-            "cross_v": torch.from_numpy(batch.sources.v),
-            "src_mask": torch.from_numpy(batch.src_mask),
-            "source_index": torch.tensor(batch.source_index),
+            "cross_k": cross_k,
+            "cross_v": cross_v,
+            "src_mask": torch.from_numpy(feeds["src_mask"] != 0),
+            "source_index": torch.from_numpy(source_index(feeds)),
         }
         log_probs, new_k, new_v = self.model.decode_step(**{k: v.to(self.device) for k, v in inputs.items()})
         every_row = np.arange(rows)
-        for buffers, new in ((cache.keys, new_k), (cache.values, new_v)):
+        for buffers, new in ((keys, new_k), (values, new_v)):
             for buffer, entries in zip(buffers, new.cpu().numpy(), strict=True):
                 buffer[every_row, :, lengths, : c.d_head] = entries[:, :, 0]
-        return top_candidates(log_probs.cpu().numpy(), int(batch.top_k[0]), c.eos_id)
+        return top_candidates(log_probs.cpu().numpy(), int(feeds["top_k"][0]), c.eos_id)
 
     @torch.inference_mode()
     def translate_ids(self, sources: Sequence[Sequence[int]], beam: int = 1, use_cache: bool = True) -> list[list[int]]:
         c = self.model.config
         src, mask = pad_sources(sources, c.pad_id, c.eos_id)
         memory = self.model.encode(torch.from_numpy(src).to(self.device), torch.from_numpy(mask).to(self.device))
+        decoding = Decoding(c.eos_id, self.length_penalty)
         if use_cache:
             cross_k, cross_v = (t.cpu().numpy() for t in self.model.cross_kv(memory))
-            batch = DecodeBatch(self._step, c.n_decoder_layers, c.n_heads, c.d_head, c.decoder_start_id)
+            batch = DecodeBatch(self._step, c.n_decoder_layers, c.n_heads, c.d_head, c.decoder_start_id, decoding)
         else:
             cross_k = cross_v = None
-            batch = PrefixDecodeBatch(self.model, memory)
-        searches = source_searches(sources, beam, c.eos_id, self.max_output_tokens, self.length_penalty)
-        batch.add(range(len(sources)), searches, cross_k, cross_v, mask)
+            batch = PrefixDecodeBatch(self.model, memory, decoding)
+        limits = [default_max_output(len(source), self.max_output_tokens) for source in sources]
+        batch.add(range(len(sources)), EncodedSources(cross_k, cross_v, mask), [beam] * len(sources), limits)
         results = batch.drain()
         return [results[i].tokens for i in range(len(sources))]
 

@@ -1,11 +1,21 @@
-"""The engine: decoding an exported model folder with numpy and ONNX Runtime, never torch.
+"""The engine: decoding an exported model folder with numpy and ONNX Runtime, never torch. One idea a module:
 
-- ``manifest``: what a model folder holds, and reading it;
-- ``tokenizer``: SentencePiece pieces and ids;
-- ``search``: the searches (greedy, beam, the runaway guard), the caches and the running batch (``DecodeBatch``:
-  add / step / remove, and ``decode``, the one fill-and-drain loop);
-- ``sessions``: an exported folder on ONNX Runtime sessions (``OrtModel``), the step's bindings, device caches;
-- ``engine``: the model as a server decodes with it (``Engine``, ``RunningBatch``) and its memory model;
+- ``manifest``: what a model folder holds, and reading it; ``model_config``: the model's architecture;
+- ``tokenizer``: SentencePiece pieces and ids; ``contract``: the decoder step's inputs and outputs by name;
+- ``search``: the searches of one source (greedy, beam, the length penalty) and the stop rules they take
+  (``RepetitionGuard``, the runaway-output guard);
+- ``caches``: the self-attention cache and its pool, the cross-attention cache, on the host;
+- ``device_cache``: the self-attention cache on the step's device, moved by one-node graphs there;
+- ``batch``: the running batch (``DecodeBatch``: add / step / remove, and ``drain``, the one fill-and-drain
+  loop) and each step's inputs as a value (``StepInputs``); ``layout``: where the batch's rows sit in a step;
+- ``binding``: a decoder step bound by reference and run in place, and the bindings a session keeps per batch;
+- ``options``: the engine's settings (``EngineSettings``, ``RuntimeOptions``); ``providers``: ONNX Runtime's
+  execution providers and how a graph's session is opened on one;
+- ``backend``: an exported folder on ONNX Runtime sessions (``OrtBackend``): encode, step, new batches;
+- ``aligner``: where each output token looked in its source, to place markup;
+- ``memory``: what a decoding sentence holds (``MemoryModel``) and the process's memory tuning;
+- ``offline``: sources and texts translated to completion in batches;
+- ``engine``: the model as a server decodes with it (``Engine``);
 - ``cpu``: the CPU's name and features, and whether its int8 products saturate;
 - ``translate_file``: the offline command-line translator.
 

@@ -27,7 +27,7 @@ STEP_FEEDS = (
     Tensor("lengths", np.int32, ("rows",), "tokens cached per row: its position, and its self-attention mask"),
     Tensor("total_length", np.int32, (), "max(lengths) + 1"),
     Tensor("groups", np.int64, ("sources", "group"), "each source's rows (a source with fewer than G repeats one)"),
-    Tensor("row_position", np.int64, ("rows",), "each row's place in the flattened groups (search.row_groups)"),
+    Tensor("row_position", np.int64, ("rows",), "each row's place in the flattened groups (layout.row_groups)"),
     Tensor("src_mask", np.int32, ("sources", "src_len"), "1 on each source's real tokens"),
     Tensor("top_k", np.int64, (1,), "K: candidates kept per row and per source"),
     Tensor("row_scores", np.float64, ("rows", 1), "each row's running score (its hypothesis's log-probability)"),

@@ -1,6 +1,6 @@
 """Translate a file offline with an exported model: ``translate-file --model DIR < in.en > out.de``.
 
-No server and no torch: numpy and ONNX Runtime through runtime.sessions. One sentence per line,
+No server and no torch: numpy and ONNX Runtime through runtime/offline.py. One sentence per line,
 translated in batches of similar source length (``--workers`` of them at once, sharing the model) and
 written in the input order; empty lines stay empty and are not translated. ``--stats`` prints one JSON
 line on stderr: the sentences translated, their output tokens (each output's tokens plus its eos, as the
@@ -20,9 +20,12 @@ from pathlib import Path
 
 from common import flags
 from common.flags import setting
-from runtime.manifest import ModelFolderError, Provider, Variant
-from runtime.search import MAX_REPEATS, translate_in_batches
-from runtime.sessions import OrtModel, RuntimeOptions, resolve_provider
+from runtime.backend import OrtBackend
+from runtime.manifest import ModelFolderError, Variant
+from runtime.offline import translate_ids, translate_in_batches
+from runtime.options import EngineSettings, RuntimeOptions
+from runtime.providers import resolve_provider
+from runtime.search import MAX_REPEATS, RepetitionGuard
 
 # Small batches step on the same sessions as large ones: offline, a second thread pays in fp32, whose steps
 # read more weight bytes than one core can stream (1, 4, 8 and 12 rows: fp32 1.27-1.50x the tokens/s of one
@@ -32,7 +35,7 @@ SMALL_BATCH_THREADS = None
 
 def runtime_options(variant: Variant = "fp32", provider: str = "cpu", threads: int = 0) -> RuntimeOptions:
     """translate-file's engine settings, which the benchmarks time as ours: intra-op threads spin during a
-    run only (runtime/sessions.py), every batch steps on the same sessions, and each batch's cache takes the
+    run only (runtime/options.py), every batch steps on the same sessions, and each batch's cache takes the
     last one's buffers."""
     return RuntimeOptions(
         variant, provider, threads, spinning=True, small_batch_threads=SMALL_BATCH_THREADS, reuse_cache_buffers=True
@@ -42,12 +45,10 @@ def runtime_options(variant: Variant = "fp32", provider: str = "cpu", threads: i
 @dataclass(frozen=True)
 class FileTranslation:
     model: Path = setting(help="exported model folder (python -m export)")
-    variant: Variant = setting("fp32", "the variant to run, as the folder has it")
-    provider: Provider = setting("auto", "ONNX Runtime's provider (auto: CUDA where available)")
+    engine: EngineSettings = setting(help="the engine's settings (its fields are flags)", factory=EngineSettings)
     beam: int = setting(1, "beam size (1: greedy)")
     batch_size: int = setting(32, "sentences per batch")
     workers: int = setting(0, "batches decoded at once, on threads sharing the model (0: CPU one per core, CUDA 1)")
-    threads: int = setting(0, "ONNX Runtime's intra-op threads per worker (0: the cores shared among the workers)")
     max_output_tokens: int = setting(256, "the longest output per sentence, eos included")
     max_repeats: int = setting(
         MAX_REPEATS,
@@ -57,8 +58,8 @@ class FileTranslation:
 
     def __post_init__(self) -> None:
         problems = flags.choice_problems(self)
-        if min(self.workers, self.threads) < 0:
-            problems.append("--workers and --threads must be 0 (automatic) or more")
+        if min(self.workers, self.engine.intra_op_threads) < 0:
+            problems.append("--workers and --intra-op-threads must be 0 (automatic) or more")
         if min(self.beam, self.batch_size, self.max_output_tokens) < 1:
             problems.append("--beam, --batch-size and --max-output-tokens must be at least 1")
         if problems:
@@ -85,25 +86,27 @@ def parallelism(workers: int, threads: int, provider: str, cores: int) -> tuple[
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        provider = resolve_provider(args.provider)
-        workers, threads = parallelism(args.workers, args.threads, provider, len(os.sched_getaffinity(0)))
-        model = OrtModel(args.model, runtime_options(args.variant, provider, threads))
+        provider = resolve_provider(args.engine.provider)
+        cores = len(os.sched_getaffinity(0))
+        workers, threads = parallelism(args.workers, args.engine.intra_op_threads, provider, cores)
+        backend = OrtBackend(args.model, runtime_options(args.engine.variant, provider, threads))
     except (ModelFolderError, ValueError) as e:
         print(f"translate-file: {e}", file=sys.stderr)
         return 2
     lines = [line.rstrip("\n") for line in sys.stdin]
     todo = [i for i, line in enumerate(lines) if line.strip()]
+    guard = RepetitionGuard(args.max_repeats) if args.max_repeats else None
     counted: list[int] = []  # output tokens per batch (list.append is atomic: workers append at once)
 
-    def translate_ids(ids: list[list[int]]) -> list[list[int]]:
-        outputs = model.translate_ids(ids, args.beam, args.max_output_tokens, args.max_repeats or None)
+    def translate_batch(ids: list[list[int]]) -> list[list[int]]:
+        outputs = translate_ids(backend, ids, args.beam, args.max_output_tokens, guard)
         counted.append(sum(len(output) + 1 for output in outputs))
         return outputs
 
     start = time.perf_counter()
     texts = [lines[i] for i in todo]
     translations = (
-        translate_in_batches(model.tokenizer, texts, translate_ids, args.batch_size, workers) if texts else []
+        translate_in_batches(backend.tokenizer, texts, translate_batch, args.batch_size, workers) if texts else []
     )
     seconds, output_tokens = time.perf_counter() - start, sum(counted)
     outputs = [""] * len(lines)

@@ -11,8 +11,9 @@ import torch
 
 from export.aligner import ALIGNMENT_READINGS, aligner_layers
 from model.checkpoint import load_checkpoint
+from runtime import offline
+from runtime.backend import OrtBackend
 from runtime.manifest import ModelFolderError, read_manifest, write_manifest
-from runtime.sessions import OrtModel
 from tests.conftest import own_sentences
 
 TOLERANCE = 1e-5
@@ -28,9 +29,9 @@ def reference(model, source: list[int], output: list[int]) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def pairs(tiny_export: Path) -> list[tuple[list[int], list[int]]]:
-    runtime = OrtModel(tiny_export)
+    runtime = OrtBackend(tiny_export)
     sources = runtime.tokenizer.encode_source(own_sentences(6))
-    outputs = runtime.translate_ids(sources, max_output_tokens=24)
+    outputs = offline.translate_ids(runtime, sources, max_output_tokens=24)
     # Teacher-forced: any output will do; cut to different lengths (the tiny model runs to its limit).
     return [(source, output[: 4 + 3 * i]) for i, (source, output) in enumerate(zip(sources, outputs, strict=True))]
 
@@ -46,8 +47,8 @@ def test_export_records_the_aligner_and_its_parity(tiny_export: Path):
 def test_aligner_matches_pytorch_batched_with_padding(tiny_checkpoint: Path, tiny_export: Path, pairs):
     model, _ = load_checkpoint(tiny_checkpoint)
     assert len({len(s) for s, _ in pairs}) > 1 and len({len(o) for _, o in pairs}) > 1  # ragged on both sides
-    runtime = OrtModel(tiny_export)
-    every = runtime.alignments(pairs)  # one batch: padded sources and outputs
+    runtime = OrtBackend(tiny_export)
+    every = runtime.aligner.alignments(pairs)  # one batch: padded sources and outputs
     for (source, output), got in zip(pairs, every, strict=True):
         expected = reference(model, source, output)[: aligner_layers(model)]  # the layers the readings need
         assert got.shape == expected.shape == (aligner_layers(model), len(output) + 1, len(source) + 1)
@@ -58,7 +59,7 @@ def test_aligner_matches_pytorch_batched_with_padding(tiny_checkpoint: Path, tin
 def test_align_is_the_mean_of_the_manifests_readings(tiny_checkpoint: Path, tiny_export: Path, pairs):
     model, _ = load_checkpoint(tiny_checkpoint)
     readings = read_manifest(tiny_export)["aligner"]["readings"]
-    for (source, output), got in zip(pairs, OrtModel(tiny_export).align(pairs), strict=True):
+    for (source, output), got in zip(pairs, OrtBackend(tiny_export).aligner.align(pairs), strict=True):
         every = reference(model, source, output)
         expected = np.mean([every[l, o : o + len(output), : len(source)] for l, o in readings], axis=0)  # noqa: E741
         np.testing.assert_allclose(got, expected, atol=TOLERANCE)
@@ -74,4 +75,4 @@ def test_a_folder_without_an_aligner_says_to_export_again(tiny_export: Path, tmp
     del manifest["aligner"], manifest["files"], manifest["manifest_revision"]
     write_manifest(folder, manifest)
     with pytest.raises(ModelFolderError, match="exported without an aligner.*python -m export --out"):
-        OrtModel(folder).align(pairs[:1])
+        OrtBackend(folder).aligner.align(pairs[:1])

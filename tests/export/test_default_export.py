@@ -16,9 +16,11 @@ from common.corpus import corpus_path, read_lines
 from export.__main__ import main as export
 from model.checkpoint import DEFAULT_CHECKPOINT, DEFAULT_DE_EN_CHECKPOINT, length_penalty, load_checkpoint
 from model.translate import TorchTranslator
+from runtime import offline
+from runtime.backend import OrtBackend
 from runtime.cpu import describe_cpu, int8_products_saturate
 from runtime.manifest import read_manifest
-from runtime.sessions import OrtModel, RuntimeOptions
+from runtime.options import RuntimeOptions
 from tests.conftest import MULTI30K, OWN_SENTENCES, own_sentences
 
 INT8_BLEU_DROP = 0.3  # the most int8 may lose against fp32 on test_2016_flickr, on any x86-64 CPU
@@ -59,7 +61,7 @@ def test_onnx_translations_identical_to_pytorch(direction, default_export: Path,
     expected = TorchTranslator(model, tokenizer, length_penalty=length_penalty(checkpoint)).translate(
         sentences, beam=beam
     )
-    actual = OrtModel(default_export, RuntimeOptions(provider="cpu")).translate(sentences, beam=beam)
+    actual = offline.translate(OrtBackend(default_export, RuntimeOptions(provider="cpu")), sentences, beam=beam)
     mismatches = [(s, e, a) for s, e, a in zip(sentences, expected, actual, strict=True) if e != a]
     assert not mismatches, mismatches[:5]
 
@@ -71,8 +73,8 @@ def test_int8_bleu_drop_is_small(direction, default_export: Path, multi30k: Path
     references = read_lines(corpus_path(multi30k, "test_2016_flickr", target))
     scores = {}
     for variant in ("fp32", "int8"):
-        runtime = OrtModel(default_export, RuntimeOptions(variant=variant, provider="cpu"))
-        scores[variant] = sacrebleu.corpus_bleu(runtime.translate(sources), [references]).score
+        runtime = OrtBackend(default_export, RuntimeOptions(variant=variant, provider="cpu"))
+        scores[variant] = sacrebleu.corpus_bleu(offline.translate(runtime, sources), [references]).score
     cpu = f"{describe_cpu()}; int8 products {'saturate' if int8_products_saturate() else 'exact'}"
     assert scores["fp32"] - scores["int8"] <= INT8_BLEU_DROP, f"{scores} on {cpu}"
 
@@ -93,7 +95,16 @@ def test_int8_bleu_drop_is_small_on_a_cpu_without_vnni(direction, default_export
     assert saturates.stdout.strip() == "True", f"{EMULATED_CPU} is not emulated without VNNI: {saturates}"
     sources = "".join(f"{line}\n" for line in read_lines(corpus_path(multi30k, "test_2016_flickr", source)))
     references = read_lines(corpus_path(multi30k, "test_2016_flickr", target))
-    flags = ["-m", "runtime.translate_file", "--model", str(default_export), "--workers", "1", "--threads", "2"]
+    flags = [
+        "-m",
+        "runtime.translate_file",
+        "--model",
+        str(default_export),
+        "--workers",
+        "1",
+        "--intra-op-threads",
+        "2",
+    ]
     scores = {}
     for variant, python in (("fp32", [sys.executable]), ("int8", emulated)):
         result = subprocess.run(

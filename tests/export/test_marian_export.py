@@ -12,19 +12,24 @@ from safetensors.torch import load_file
 
 from export import __main__ as export_main
 from model.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint, save_checkpoint
-from model.config import ModelConfig
 from model.marian import halves_order, load_marian, opus_mt_order, permute_residual
 from model.marian import main as marian_main
 from model.transformer import Transformer
 from model.translate import TorchTranslator
+from runtime import offline
+from runtime.backend import OrtBackend
+from runtime.batch import pad_sources
 from runtime.manifest import read_manifest, sha256
-from runtime.search import pad_sources
-from runtime.sessions import OrtModel, RuntimeOptions
+from runtime.model_config import ModelConfig
+from runtime.options import RuntimeOptions
 from tests.conftest import own_sentences
-from tests.model.test_marian import build_marian_folder, one_torch_thread, until_eos  # noqa: F401 (a fixture)
+from tests.torch_fixtures import build_marian_folder, until_eos
 
 transformers = pytest.importorskip("transformers")
-pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses"),
+    pytest.mark.usefixtures("one_torch_thread"),
+]
 
 SENTENCES = own_sentences(240)[::11]
 OUR_LAYOUT = ("--marian-layout", "ours")  # our ids and start token, for an exact round trip
@@ -127,14 +132,14 @@ def test_imported_marian_model_exports_to_onnx_and_serves(imported_checkpoint: P
     assert {"source.spm", "target.spm", "vocab.json"} <= set(manifest["files"])
     assert (manifest["source_language"], manifest["target_language"]) == ("en", "de")
     model, tokenizer = load_checkpoint(imported_checkpoint)
-    served = OrtModel(out, RuntimeOptions(provider="cpu"))
+    served = OrtBackend(out, RuntimeOptions(provider="cpu"))
     reference = TorchTranslator(model, tokenizer)
-    assert served.translate(SENTENCES) == reference.translate(SENTENCES)
-    assert served.translate(SENTENCES, beam=4) == reference.translate(SENTENCES, beam=4)
+    assert offline.translate(served, SENTENCES) == reference.translate(SENTENCES)
+    assert offline.translate(served, SENTENCES, beam=4) == reference.translate(SENTENCES, beam=4)
     # Manifests written before the tokenizer record name one joint sentencepiece file.
     manifest["tokenizer"] = "source.spm"
     (out / "manifest.json").write_text(json.dumps(manifest))
-    assert OrtModel(out, RuntimeOptions(provider="cpu")).tokenizer.kind == "joint"
+    assert OrtBackend(out, RuntimeOptions(provider="cpu")).tokenizer.kind == "joint"
 
 
 def test_ctranslate2_translates_an_imported_opus_mt_model_as_we_do(imported_checkpoint: Path, tmp_path: Path):

@@ -6,7 +6,7 @@ import torch
 
 from model.transformer import Transformer
 from model.translate import TorchTranslator
-from runtime.search import pad_sources
+from runtime.batch import pad_sources
 from runtime.tokenizer import Tokenizer
 
 

@@ -7,9 +7,10 @@ import logging
 import shutil
 from pathlib import Path
 
-import runtime.sessions
+import runtime.backend
+from runtime.backend import OrtBackend
 from runtime.cpu import describe_cpu, has_vnni, int8_products_saturate, kernel_features
-from runtime.sessions import OrtModel, RuntimeOptions
+from runtime.options import RuntimeOptions
 
 EPYC_ROME = frozenset(["fpu", "sse2", "avx", "avx2", "fma", "bmi2", "sha_ni"])  # AMD Zen 2
 ICE_LAKE = frozenset(["avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"])
@@ -32,11 +33,10 @@ def test_the_description_names_this_cpu_and_whether_it_has_vnni():
 
 
 def test_int8_products_saturate_only_without_vnni():
-    """ONNX Runtime's u8×s8 kernel saturates exactly where VNNI is missing (an AVX2 or AVX-512 x86-64 CPU)."""
-    if has_vnni():
-        assert not int8_products_saturate(), describe_cpu()
-    elif "avx2" in kernel_features():
-        assert int8_products_saturate(), describe_cpu()
+    """ONNX Runtime's u8×s8 kernel saturates exactly where VNNI is missing on an AVX2 or AVX-512 x86-64 CPU; with
+    VNNI, or without AVX2's kernel, the products are exact. The assert names the CPU and features it ran on."""
+    expected = not has_vnni() and "avx2" in kernel_features()
+    assert int8_products_saturate() == expected, describe_cpu()
 
 
 def _int8_folder_from_before_7_bit_weights(tiny_export: Path, tmp_path: Path) -> Path:
@@ -51,11 +51,11 @@ def _int8_folder_from_before_7_bit_weights(tiny_export: Path, tmp_path: Path) ->
 def test_an_8_bit_int8_export_on_a_saturating_cpu_warns(tiny_export: Path, tmp_path: Path, monkeypatch, caplog):
     folder = _int8_folder_from_before_7_bit_weights(tiny_export, tmp_path)
     options = RuntimeOptions(variant="int8", provider="cpu", verify_files=False)
-    monkeypatch.setattr(runtime.sessions, "int8_products_saturate", lambda: True)
-    with caplog.at_level(logging.WARNING, logger="runtime.sessions"):
-        OrtModel(folder, options)
+    monkeypatch.setattr(runtime.backend, "int8_products_saturate", lambda: True)
+    with caplog.at_level(logging.WARNING, logger="runtime.backend"):
+        OrtBackend(folder, options)
     assert any("export it again" in r.getMessage() and "saturate" in r.getMessage() for r in caplog.records)
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="runtime.sessions"):
-        OrtModel(tiny_export, RuntimeOptions(variant="int8", provider="cpu"))  # 7-bit weights: nothing to say
+    with caplog.at_level(logging.WARNING, logger="runtime.backend"):
+        OrtBackend(tiny_export, RuntimeOptions(variant="int8", provider="cpu"))  # 7-bit weights: nothing to say
     assert not caplog.records

@@ -51,12 +51,12 @@ def test_the_gpu_check_says_when_the_provider_is_missing(tiny_export: Path, caps
 
 
 def test_a_server_that_cannot_start_is_a_finding_not_the_end_of_the_report(tiny_export: Path, monkeypatch):
-    from tests.server import test_lifecycle
+    from testkit import servers
 
     def no_server(*args, **kwargs):
         raise AssertionError("server did not start")
 
-    monkeypatch.setattr(test_lifecycle, "start_subprocess_server", no_server)
+    monkeypatch.setattr(servers, "start_subprocess_server", no_server)
     served = gpu_check.serve_under_load(tiny_export, "cpu", "fp32", Path("unused"), 1.0, 1)
     assert served == "not run: server did not start"
 

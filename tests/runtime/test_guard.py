@@ -7,7 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from runtime.search import MAX_REPEATS, BeamSearch, GreedySearch, Hypothesis, repeated_tail
+from runtime.search import BeamSearch, GreedySearch, Hypothesis, RepetitionGuard
+
+GUARD = RepetitionGuard()  # the server's and translate-file's
 
 EOS = 3
 
@@ -20,12 +22,12 @@ EOS = 3
         ([5, 8, 9] + [7, 8] * 6, 10),  # a bigram 6 times after other tokens
         ([7, 8, 9, 10] * 5 + [7], 0),  # a 4-gram 5 times (its rotation too)
         ([1, 2, 3, 4] * 6, 20),
-        ([1, 2, 3, 4, 5] * 6, 0),  # 5-grams are not checked (REPEAT_NGRAM)
+        ([1, 2, 3, 4, 5] * 6, 0),  # 5-grams are not checked (RepetitionGuard.ngram)
         ([], 0),
     ],
 )
-def test_repeated_tail_counts_what_goes(tokens: list[int], drop: int):
-    assert repeated_tail(tokens, MAX_REPEATS) == drop
+def test_the_guard_counts_what_goes(tokens: list[int], drop: int):
+    assert GUARD.excess(tokens) == drop
 
 
 def script(search, steps: list[tuple[int, float]], eos_log_prob: float = -5.0) -> Hypothesis:
@@ -41,7 +43,7 @@ def script(search, steps: list[tuple[int, float]], eos_log_prob: float = -5.0) -
 
 def test_greedy_stops_a_repetition_loop_and_keeps_the_first_occurrence():
     loop = [(11, -0.5), (12, -0.5)] + [(13, -0.1), (14, -0.1)] * 10
-    guarded = script(GreedySearch(100, EOS, max_repeats=MAX_REPEATS), loop)
+    guarded = script(GreedySearch(100, EOS, guard=GUARD), loop)
     assert guarded.tokens == [11, 12, 13, 14] and guarded.stopped == "repetition"
     generated = 2 + 12  # the bigram's sixth occurrence stops it
     assert guarded.score == pytest.approx((2 * -0.5 + 12 * -0.1) / generated)
@@ -50,13 +52,13 @@ def test_greedy_stops_a_repetition_loop_and_keeps_the_first_occurrence():
 
 
 def test_greedy_confidence_is_the_mean_log_probability_with_eos():
-    hypothesis = script(GreedySearch(100, EOS, MAX_REPEATS), [(11, -0.2), (12, -0.4), (EOS, -0.3)])
+    hypothesis = script(GreedySearch(100, EOS, GUARD), [(11, -0.2), (12, -0.4), (EOS, -0.3)])
     assert hypothesis == Hypothesis([11, 12], pytest.approx(-0.3), "eos")
     assert math.exp(hypothesis.score) == pytest.approx(math.exp(-0.3))
 
 
 def test_beam_search_ends_a_runaway_hypothesis_as_finished():
-    search = BeamSearch(2, 100, EOS, alpha=0.0, max_repeats=MAX_REPEATS)
+    search = BeamSearch(2, 100, EOS, alpha=0.0, guard=GUARD)
     steps = 0
     while search.rows and steps < 20:  # every row keeps choosing 7 (best) or 8; eos is never likely
         rows = search.rows
@@ -66,5 +68,5 @@ def test_beam_search_ends_a_runaway_hypothesis_as_finished():
         steps += 1
     result = search.result()
     assert result.stopped == "repetition" and result.tokens[-1] == 7
-    assert repeated_tail(result.tokens, MAX_REPEATS) == 0 and steps < 15  # long before max_length
+    assert GUARD.excess(result.tokens) == 0 and steps < 15  # long before max_length
     assert -2.0 < result.score < 0

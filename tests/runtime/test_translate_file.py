@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from runtime.search import MAX_REPEATS
-from runtime.sessions import OrtModel
+from runtime import offline
+from runtime.backend import OrtBackend
+from runtime.search import RepetitionGuard
 from runtime.translate_file import main, parallelism, runtime_options
 from tests.conftest import ROOT, own_sentences
 
@@ -21,9 +22,9 @@ LIMIT = 12  # output tokens: the tiny model's random weights rarely stop early
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_export: Path) -> OrtModel:
+def reference(tiny_export: Path) -> OrtBackend:
     """The model as translate-file loads it."""
-    return OrtModel(tiny_export, runtime_options())
+    return OrtBackend(tiny_export, runtime_options())
 
 
 def translate_file(monkeypatch, capsys, lines: list[str], *flags: str) -> tuple[int, str, str]:
@@ -39,15 +40,20 @@ def test_translates_line_by_line_in_the_input_order(tiny_export, reference, monk
     flags = ["--model", str(tiny_export), "--beam", str(beam), "--batch-size", "4"]
     code, out, err = translate_file(monkeypatch, capsys, lines, *flags)
     assert (code, err) == (0, "")
-    expected = reference.translate(SENTENCES, beam, batch_size=4, max_output_tokens=LIMIT, max_repeats=MAX_REPEATS)
+    expected = offline.translate(
+        reference, SENTENCES, beam, batch_size=4, max_output_tokens=LIMIT, guard=RepetitionGuard()
+    )
     assert out == "".join(f"{line}\n" for line in expected[:5] + [""] + expected[5:])
 
 
 def test_workers_translate_batches_at_once_with_the_same_output(tiny_export, monkeypatch, capsys):
     flags = ["--model", str(tiny_export), "--batch-size", "3", "--stats"]
-    code, one, err = translate_file(monkeypatch, capsys, SENTENCES, *flags, "--workers", "1", "--threads", "1")
+    one_thread = ("--intra-op-threads", "1")
+    code, one, err = translate_file(monkeypatch, capsys, SENTENCES, *flags, "--workers", "1", *one_thread)
     tokens = json.loads(err)["output_tokens"]
-    code, three, err = translate_file(monkeypatch, capsys, SENTENCES, *flags, "--workers", "3", "--threads", "1")
+    code, three, err = translate_file(
+        monkeypatch, capsys, SENTENCES, *flags, "--workers", "3", "--intra-op-threads", "1"
+    )
     assert code == 0 and three == one and json.loads(err)["output_tokens"] == tokens
 
 
@@ -75,7 +81,7 @@ def test_stats_count_each_output_and_its_eos(tiny_export, reference, monkeypatch
     [line] = err.splitlines()
     stats = json.loads(line)
     assert set(stats) == {"sentences", "output_tokens", "seconds", "tokens_per_second"}
-    outputs = reference.translate_ids([ids[i] for i in by_length], 1, LIMIT, MAX_REPEATS)
+    outputs = offline.translate_ids(reference, [ids[i] for i in by_length], 1, LIMIT, RepetitionGuard())
     assert stats["sentences"] == len(sentences)
     assert stats["output_tokens"] == sum(len(output) + 1 for output in outputs)
     assert stats["tokens_per_second"] == pytest.approx(stats["output_tokens"] / stats["seconds"], rel=1e-3)
@@ -133,7 +139,7 @@ def test_is_a_console_script():
 @pytest.mark.parametrize("beam", [1, 2])
 def test_output_equals_the_servers(tiny_export, monkeypatch, capsys, beam: int):
     """Offline and served translations of the same sentences are the same strings."""
-    from tests.server.conftest import RunningServer, server_config
+    from testkit.servers import RunningServer, server_config
 
     code, out, _ = translate_file(monkeypatch, capsys, SENTENCES, "--model", str(tiny_export), "--beam", str(beam))
     assert code == 0

@@ -8,50 +8,44 @@ import torch
 
 from model.transformer import Transformer
 from model.translate import TorchTranslator
-from runtime.search import (
-    FEW_ROWS,
-    BeamSearch,
-    CachePool,
-    DecodeBatch,
-    GreedySearch,
-    Hypothesis,
-    KVCache,
-    SourceCache,
-    default_max_output,
-    gap_filling_order,
-    in_place_order,
-    new_search,
-    pad_sources,
-    row_groups,
-    step_layout,
-)
+from runtime.batch import DecodeBatch, EncodedSources, pad_sources
+from runtime.caches import FEW_ROWS, CachePool, KVCache, SourceCache
+from runtime.layout import gap_filling_order, row_groups, step_layout
+from runtime.search import BeamSearch, Decoding, GreedySearch, Hypothesis, default_max_output, in_place_order
 
 SOURCES = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14], [15], [16, 17, 18, 19], [20, 21]]
 
 
-def encode(model: Transformer, sources: list[list[int]]):
+def encode(model: Transformer, sources: list[list[int]]) -> EncodedSources:
     c = model.config
     src, mask = pad_sources(sources, c.pad_id, c.eos_id)
     with torch.no_grad():
         cross_k, cross_v = model.cross_kv(model.encode(torch.from_numpy(src), torch.from_numpy(mask)))
-    return cross_k.numpy(), cross_v.numpy(), mask
+    return EncodedSources(cross_k.numpy(), cross_v.numpy(), mask)
+
+
+def torch_batch(model: Transformer, translator: TorchTranslator) -> DecodeBatch:
+    """A running batch over PyTorch's cached decoder step."""
+    c = model.config
+    return DecodeBatch(
+        translator._step, c.n_decoder_layers, c.n_heads, c.d_head, c.decoder_start_id, Decoding(c.eos_id)
+    )
 
 
 @pytest.mark.parametrize("beam", [1, 3])
 def test_joining_and_leaving_do_not_change_translations(tiny_model: Transformer, beam: int):
-    c = tiny_model.config
     translator = TorchTranslator(tiny_model, tokenizer=None, max_output_tokens=12)
     alone = [translator.translate_ids([s], beam)[0] for s in SOURCES]
-    batch = DecodeBatch(translator._step, c.n_decoder_layers, c.n_heads, c.d_head, c.decoder_start_id)
+    batch = torch_batch(tiny_model, translator)
     results: dict[int, list[int]] = {}
     arrivals = {0: [0], 2: [1, 2], 3: [3], 6: [4]}  # step -> sources joining then
     step = 0
     while len(batch) or step <= max(arrivals):
         if step in arrivals:
             keys = arrivals[step]
-            searches = [new_search(beam, default_max_output(len(SOURCES[k]) + 1, 12), c.eos_id) for k in keys]
+            limits = [default_max_output(len(SOURCES[k]), 12) for k in keys]
             with torch.inference_mode():
-                batch.add(keys, searches, *encode(tiny_model, [SOURCES[k] for k in keys]))
+                batch.add(keys, encode(tiny_model, [SOURCES[k] for k in keys]), [beam] * len(keys), limits)
         if len(batch):
             with torch.inference_mode():
                 results.update(batch.step())
@@ -81,14 +75,12 @@ def test_greedy_search_has_no_alternatives():
 
 
 def test_removed_source_frees_its_rows(tiny_model: Transformer):
-    c = tiny_model.config
     translator = TorchTranslator(tiny_model, tokenizer=None, max_output_tokens=12)
-    batch = DecodeBatch(translator._step, c.n_decoder_layers, c.n_heads, c.d_head, c.decoder_start_id)
-    searches = [new_search(2, 12, c.eos_id) for _ in SOURCES[:2]]
+    batch = torch_batch(tiny_model, translator)
     with torch.inference_mode():
-        batch.add([0, 1], searches, *encode(tiny_model, SOURCES[:2]))
+        batch.add([0, 1], encode(tiny_model, SOURCES[:2]), [2, 2], [12, 12])
         batch.step()
-        rows_before, removed_rows = batch.rows, searches[0].rows
+        rows_before, removed_rows = batch.rows, batch.searches[0].rows
         batch.remove(0)
     assert removed_rows == 2 and batch.rows == rows_before - removed_rows
     assert list(batch.searches) == [1]
@@ -96,15 +88,14 @@ def test_removed_source_frees_its_rows(tiny_model: Transformer):
 
 
 def test_a_leaving_source_takes_one_source_from_the_end_into_its_place(tiny_model: Transformer, monkeypatch):
-    c = tiny_model.config
     translator = TorchTranslator(tiny_model, tokenizer=None, max_output_tokens=12)
-    batch = DecodeBatch(translator._step, c.n_decoder_layers, c.n_heads, c.d_head, c.decoder_start_id)
+    batch = torch_batch(tiny_model, translator)
     moves = []
     move = KVCache._move
     record = lambda self, o, t, n: moves.append((list(map(int, o)), list(map(int, t)))) or move(self, o, t, n)  # noqa: E731
     monkeypatch.setattr(KVCache, "_move", record)
     with torch.inference_mode():
-        batch.add([0, 1, 2, 3], [new_search(2, 12, c.eos_id) for _ in range(4)], *encode(tiny_model, SOURCES[:4]))
+        batch.add([0, 1, 2, 3], encode(tiny_model, SOURCES[:4]), [2] * 4, [12] * 4)
         batch.step()  # each source's one row becomes two
         assert batch.rows == 8
         moves.clear()
@@ -271,13 +262,11 @@ def test_a_step_layout_is_kept_for_its_shape_and_read_only():
 
 def test_only_small_step_layouts_are_kept(tiny_model: Transformer):
     """A batch of a few rows takes the kept layout; a larger one builds its own, so the cache stays small."""
-    c = tiny_model.config
     translator = TorchTranslator(tiny_model, tokenizer=None, max_output_tokens=12)
     for sources, kept in ((2, True), (FEW_ROWS + 1, False)):
-        batch = DecodeBatch(translator._step, c.n_decoder_layers, c.n_heads, c.d_head, c.decoder_start_id)
-        searches = [new_search(1, 12, c.eos_id) for _ in range(sources)]
+        batch = torch_batch(tiny_model, translator)
         with torch.inference_mode():
-            batch.add(list(range(sources)), searches, *encode(tiny_model, (SOURCES * 4)[:sources]))
+            batch.add(list(range(sources)), encode(tiny_model, (SOURCES * 4)[:sources]), [1] * sources, [12] * sources)
         assert (batch.groups is step_layout((1,) * sources, (1,) * sources)[0]) is kept
 
 

@@ -1,0 +1,170 @@
+"""An exported model folder on ONNX Runtime sessions (``OrtBackend``): it encodes sources, makes running
+batches over its decoder step and runs each step it is handed, over bindings it keeps itself.
+
+On CUDA the cross-attention keys/values stay on the device between steps (IOBinding): they are copied there
+once each time sources join the batch, not at every step; on CPU plain numpy arrays are passed without copies.
+The same IOBinding path runs on the CPU provider too (``io_binding=True``), which is how it is tested without a
+GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from runtime.aligner import Aligner
+from runtime.batch import DecodeBatch, EncodedSources, StepInputs, StepOutputs, pad_sources
+from runtime.binding import StepBindings
+from runtime.caches import CachePool, KVCache
+from runtime.contract import ORT_DTYPES, STEP_INPUTS
+from runtime.cpu import describe_cpu, int8_products_saturate
+from runtime.device_cache import CacheOps, DeviceKVCache, device_cache_for
+from runtime.manifest import ModelFolderError, read_manifest
+from runtime.model_config import ModelConfig
+from runtime.options import RuntimeOptions
+from runtime.providers import PROVIDERS, ProviderUnavailable, open_session, resolve_provider
+from runtime.search import LENGTH_PENALTY, Decoding, RepetitionGuard
+from runtime.tokenizer import Tokenizer, TokenizerError
+
+log = logging.getLogger(__name__)
+
+# Below this many rows a step is too small to share between threads: waking a second intra-op thread
+# costs more than it saves (one-row step 1.10 ms on one thread vs 1.53 ms on two; 8 rows 2.34 vs 2.90;
+# 32 rows 8.29 vs 7.45: 2-core x86-64, see benchmarks/threads.md).
+SMALL_BATCH_ROWS = 16
+
+
+class OrtBackend:
+    """An exported model folder loaded into ONNX Runtime sessions: an encoder and a decoder step on the options'
+    threads, and on the CPU, with ``small_batch_threads``, another pair for runs under SMALL_BATCH_ROWS rows."""
+
+    def __init__(self, folder: str | Path, options: RuntimeOptions | None = None) -> None:
+        options = options or RuntimeOptions()
+        self.folder = Path(folder)
+        self.manifest = read_manifest(self.folder, verify=options.verify_files)
+        variants = self.manifest["variants"]
+        if options.variant not in variants:
+            raise ModelFolderError(f"{self.folder} has no {options.variant!r} variant (has {sorted(variants)})")
+        self.variant = options.variant
+        self.config = ModelConfig.from_dict(self.manifest["model_config"])
+        self.length_penalty = float(self.manifest.get("decoding", {}).get("length_penalty", LENGTH_PENALTY))
+        try:  # a file name (older manifests) or {"kind", "files"}
+            self.tokenizer = Tokenizer.load(self.folder, self.manifest["tokenizer"])
+        except TokenizerError as e:
+            raise ModelFolderError(str(e)) from e
+        self.provider = resolve_provider(options.provider)
+        self.device = "cuda" if self.provider == "cuda" else "cpu"
+        try:
+            self.encoder, self.decoder = self._sessions(options, options.intra_op_threads)
+        except ProviderUnavailable as error:
+            if options.provider != "auto":
+                raise
+            log.warning("provider auto: %s; using the CPU", error)
+            self.provider = self.device = "cpu"
+            self.encoder, self.decoder = self._sessions(options, options.intra_op_threads)
+        if self.variant == "int8" and not variants["int8"].get("quantization", {}).get("reduce_range"):
+            self._warn_if_int8_saturates()  # on the provider the sessions took
+        self.small_encoder, self.small_decoder = self.encoder, self.decoder
+        small = options.small_batch_threads
+        if self.provider == "cpu" and small is not None and small != options.intra_op_threads:
+            self.small_encoder, self.small_decoder = self._sessions(options, small)
+        missing = sorted(STEP_INPUTS - {i.name for i in self.decoder.get_inputs()})
+        if missing:
+            raise ModelFolderError(
+                f"{self.folder} was exported by an older version (its decoder step lacks {', '.join(missing)}); "
+                f"export it again: python -m export --out {self.folder} --force"
+            )
+        past = next(i for i in self.decoder.get_inputs() if i.name == "past_key_0")
+        self.cache_dtype = ORT_DTYPES[past.type]
+        self.d_cache = past.shape[3]
+        self.device_cache = device_cache_for(self.provider, self.cache_dtype, options.device_cache)
+        self.io_binding = self.provider == "cuda" if options.io_binding is None else options.io_binding
+        self.io_binding = self.io_binding or self.device_cache
+        self._cache_ops = (
+            CacheOps(PROVIDERS[self.provider], self.device, self.cache_dtype) if self.device_cache else None
+        )
+        self.cache_pool: CachePool | None = CachePool() if options.reuse_cache_buffers else None
+        self.step_bindings = StepBindings(self.decoder, self.device)
+        small_steps = self.small_decoder is not self.decoder
+        self.small_step_bindings = StepBindings(self.small_decoder, self.device) if small_steps else self.step_bindings
+        self.aligner = Aligner(self.folder, self.manifest, self.config, self.encode)
+
+    def _warn_if_int8_saturates(self) -> None:
+        """An int8 export from before 7-bit weights loses BLEU on CPUs without VNNI (export/optimize.py)."""
+        if self.provider == "cpu" and int8_products_saturate():
+            log.warning(
+                "%s: its int8 weights use 8 bits, which this CPU's int8 products saturate (%s): translations "
+                "lose quality; export it again (python -m export --int8 --force) or serve --variant fp32",
+                self.folder,
+                describe_cpu(),
+            )
+
+    def _sessions(self, options: RuntimeOptions, threads: int) -> tuple[ort.InferenceSession, ort.InferenceSession]:
+        files = self.manifest["variants"][self.variant]
+        encoder, decoder = (
+            open_session(str(self.folder / files[part]), self.provider, threads, options.spinning, options.memory_arena)
+            for part in ("encoder", "decoder")
+        )
+        return encoder, decoder
+
+    # --- graphs ------------------------------------------------------------------
+
+    def encode(self, src_tokens: np.ndarray, src_mask: np.ndarray) -> tuple[Any, Any]:
+        """Cross-attention keys/values (L, B, H, S, d_k): numpy, or OrtValues on the device with IOBinding."""
+        encoder = self.small_encoder if len(src_tokens) < SMALL_BATCH_ROWS else self.encoder
+        if not self.io_binding:
+            _, cross_k, cross_v = encoder.run(None, {"src_tokens": src_tokens, "src_mask": src_mask})
+            return cross_k, cross_v
+        binding = encoder.io_binding()
+        binding.bind_cpu_input("src_tokens", src_tokens)
+        binding.bind_cpu_input("src_mask", src_mask)
+        for name in ("memory", "cross_k", "cross_v"):
+            binding.bind_output(name, self.device)
+        encoder.run_with_iobinding(binding)
+        _, cross_k, cross_v = binding.get_outputs()
+        return cross_k, cross_v
+
+    def encode_sources(self, sources: Sequence[Sequence[int]]) -> EncodedSources:
+        """Sources (ids without eos) encoded together, for a batch's ``add``; ONNX Runtime's sessions take
+        concurrent runs, so this may run on another thread while a batch steps."""
+        start, c = time.perf_counter(), self.config
+        src_tokens, src_mask = pad_sources(sources, c.pad_id, c.eos_id)
+        cross_k, cross_v = self.encode(src_tokens, src_mask)
+        return EncodedSources(cross_k, cross_v, src_mask, time.perf_counter() - start)
+
+    def step(self, inputs: StepInputs) -> StepOutputs:
+        """One decoder step over ``inputs``: the cache is written in place; returns STEP_OUTPUTS and
+        CANDIDATE_OUTPUTS (runtime/contract.py). Runs under SMALL_BATCH_ROWS rows take the small-batch session."""
+        steps = self.small_step_bindings if inputs.rows < SMALL_BATCH_ROWS else self.step_bindings
+        return steps.run(inputs)
+
+    # --- decoding ----------------------------------------------------------------
+
+    def decoding(self, guard: RepetitionGuard | None = None) -> Decoding:
+        """How this model's searches end: its eos, its length penalty, and ``guard``."""
+        return Decoding(self.config.eos_id, self.length_penalty, guard)
+
+    def new_batch(self, decoding: Decoding | None = None) -> DecodeBatch:
+        """An empty running batch over this model's decoder step (``decoding``: how its searches are made; None:
+        ``self.decoding()``). Its host cache takes its buffers from ``cache_pool``
+        (RuntimeOptions.reuse_cache_buffers) and gives them back."""
+        c = self.config
+        place = self._on_device if self.io_binding else None
+        if self._cache_ops is None:
+            cache_type = partial(KVCache, pool=self.cache_pool)
+        else:
+            cache_type = partial(DeviceKVCache, ops=self._cache_ops)
+        decoding = decoding or self.decoding()
+        layout = (c.n_decoder_layers, c.n_heads, self.d_cache, c.decoder_start_id, decoding, self.cache_dtype)
+        return DecodeBatch(self.step, *layout, place, cache_type)
+
+    def _on_device(self, array: np.ndarray) -> ort.OrtValue:
+        """A host array copied to the session's device, to be bound to the decoder step without further copies."""
+        return ort.OrtValue.ortvalue_from_numpy(array, self.device, 0)

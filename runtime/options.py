@@ -1,0 +1,58 @@
+"""How an engine runs: the settings a user chooses (``EngineSettings``: flags of the server and of
+translate-file, nested in their configs) and the options the code chooses besides (``RuntimeOptions``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from common.flags import setting
+from runtime.manifest import Provider, Variant
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """The engine's settings, as the server and translate-file take them (``--variant``, ``--provider``,
+    ``--intra-op-threads``)."""
+
+    variant: Variant = setting("fp32", "the exported variant to load: int8 is faster on CPU, fp16 is for CUDA")
+    provider: Provider = setting("auto", "ONNX Runtime's provider (auto: CUDA where available)")
+    intra_op_threads: int = setting(
+        0, "ONNX Runtime's threads per session (0: one per core; translate-file: the cores shared among its workers)"
+    )
+
+
+@dataclass(frozen=True)
+class RuntimeOptions(EngineSettings):
+    """The settings, and what each entry point chooses besides."""
+
+    # Intra-op threads spin between a run's tasks instead of sleeping, and stop when the run returns
+    # (session.force_spinning_stop), so they never steal a core from the numpy work between decoder steps or
+    # from the other session. Spinning this way in both sessions against the decoder's alone spinning for
+    # good: fp32 batch 32 greedy 1.06x, beam 4 1.04x (2-core x86-64, medians of 7, alternating in one
+    # process); a spinning encoder beside a decoder that never stops spinning was 0.95x. The server keeps it
+    # off: its lanes share the cores, and a spinning run steals from the other lanes' runs.
+    spinning: bool = True
+    io_binding: bool | None = None  # None: on for CUDA, off for CPU
+    # The self-attention cache on the step's device for the whole decode (DeviceKVCache; implies
+    # io_binding). None: on for CUDA with an fp16 variant (device_cache_for says why not fp32); on the CPU
+    # provider it runs the same code, for tests.
+    device_cache: bool | None = None
+    verify_files: bool = True
+    # CPU: batches under SMALL_BATCH_ROWS rows run on sessions with this many threads (None: the same ones).
+    small_batch_threads: int | None = None
+    # ONNX Runtime's CPU arena keeps the largest intermediates a session ever made (an encoder call over a
+    # long input) for good, rounded up to powers of two; without it they go back to the allocator (see
+    # bound_process_memory). No measurable speed difference (2-core x86-64, int8, batch 1 and 32).
+    memory_arena: bool = False
+    # Offline decoding (runtime/offline.py) makes a self-attention cache per batch; with this, each takes the
+    # buffers of the last one that emptied when they fit (CachePool) instead of fresh pages. The server leaves
+    # it off: its batches live on, and an idle cache would be memory its budget does not count.
+    reuse_cache_buffers: bool = False
+
+    @classmethod
+    def of(cls, settings: EngineSettings, **options) -> RuntimeOptions:
+        """The user's settings with these options besides."""
+        return cls(
+            **{field.name: getattr(settings, field.name) for field in dataclasses.fields(EngineSettings)}, **options
+        )
