@@ -1,5 +1,10 @@
-"""The one way a frozen config dataclass becomes command-line flags (and, for the server, environment variables),
-used by every entry point: ``python -m model.train``, ``python -m export``, ``python -m server``.
+"""The one way a frozen config dataclass becomes command-line flags (and, for the server, environment variables).
+These entry points parse their flags with it: ``python -m model.train``, ``python -m model.translate``,
+``python -m export``, ``python -m export.check``, ``python -m server``, ``translate-file`` and
+``translate-loadtest``. These write their argparse by hand: ``translate-client`` (its ``--from`` is a Python
+keyword, which no field can be named), ``python -m model.marian`` and ``python -m server.keys`` (subcommands,
+which this has no way to say), the benchmarks (``python -m export.benchmark`` and the scripts in benchmarks/)
+and the test tools (tests/server/fuzz.py, testkit/fault_client.py).
 
 Each field is a flag (``max_batch_size`` → ``--max-batch-size``) described by its ``setting(default, help)``:
 ``Literal`` types are the flag's choices; ``bool`` takes ``--flag``, ``--flag false`` or ``--no-flag``; a
@@ -142,6 +147,12 @@ def _flags(cls: type, owner: tuple[str, ...] = (), defaults: Any = None) -> list
     return flags
 
 
+def names(cls: type) -> list[str]:
+    """The names of ``cls``'s flags (``max_batch_size`` for ``--max-batch-size``), nested configs' included;
+    upper-cased after the prefix, its environment variables' (``TRANSLATE_MAX_BATCH_SIZE``)."""
+    return [flag.name for flag in _flags(cls)]
+
+
 def parser_for(cls: type, env_prefix: str | None = None, **parser_args) -> argparse.ArgumentParser:
     """An ArgumentParser with a flag per field of ``cls`` (values are parsed by ``parse``, not argparse)."""
     parser = argparse.ArgumentParser(**parser_args)
@@ -218,16 +229,27 @@ def command(cls: type[T], argv: Sequence[str] | None, prog: str, doc: str | None
     return parse(cls, argv, prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
+def replace(config: T, **changes: Any) -> T:
+    """``config`` with fields changed by their flag names, wherever they nest (``ServerConfig``'s
+    ``max_batch_size=8`` changes ``config.scheduling.max_batch_size``), each config checking itself again. A
+    nested config may also be given whole, by its field's name."""
+    owners = {flag.name: flag.owner for flag in _flags(type(config))}
+    values: dict[tuple[str, ...], dict[str, Any]] = {}
+    for name, value in changes.items():
+        values.setdefault(owners.get(name, ()), {})[name] = value
+    return _build(type(config), values, base=config)
+
+
 def _build(
     cls: type[T], values: dict[tuple[str, ...], dict[str, Any]], owner: tuple[str, ...] = (), base: Any = None
 ) -> T:
     """``cls`` (or ``base`` with changes) from the parsed values at ``owner``, nested configs built from theirs
-    over their defaults."""
+    over their defaults (or taken as given whole)."""
     hints = typing.get_type_hints(cls)
     changes = dict(values.get(owner, {}))
     for field in dataclasses.fields(cls):
         kind = hints[field.name]
-        if field.metadata.get("flag", True) and dataclasses.is_dataclass(kind):
+        if field.metadata.get("flag", True) and dataclasses.is_dataclass(kind) and field.name not in changes:
             inner = _default(field) if base is None else getattr(base, field.name)
             changes[field.name] = _build(kind, values, (*owner, field.name), inner)
     return cls(**changes) if base is None else dataclasses.replace(base, **changes)

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 
 from runtime.manifest import MANIFEST_FILE, ModelFolderError
-from runtime.sessions import ProviderUnavailable
+from runtime.providers import ProviderUnavailable
 from server.app import serve
 from server.config import DEFAULT_MODELS, parse_config
 from server.tracing import configure_from_environment

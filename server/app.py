@@ -4,6 +4,7 @@ the LibreTranslate HTTP API, the metrics HTTP port, warm-up, and graceful shutdo
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import signal
 from dataclasses import dataclass
@@ -16,18 +17,19 @@ from grpc_reflection.v1alpha import reflection
 
 from proto import translate_pb2
 from runtime.engine import Engine
-from runtime.sessions import RuntimeOptions
+from runtime.options import RuntimeOptions
+from runtime.search import RepetitionGuard
 from server.access import AccessLog
 from server.config import ServerConfig
 from server.http import HttpApi
 from server.keys import RELOAD_CHECK_SECONDS as KEYS_RELOAD_SECONDS
 from server.keys import KeyGuard
-from server.lanes import plan_threads
 from server.listen import MetricsEndpoint, bound, grpc_address, listen
 from server.metrics import Metrics
 from server.models import Models
 from server.scheduler import Scheduler
 from server.service import MALFORMED, TranslatorService
+from server.threads import plan_threads
 from server.tls import RELOAD_CHECK_SECONDS, Certificates
 from server.translations import Translations
 
@@ -145,14 +147,13 @@ def serving_engines(config: ServerConfig) -> list[Engine]:
     """Each of ``config``'s models on the sessions its first lane runs (``plan_threads``), with the guard as
     configured. Longer lanes load replicas of these."""
     plan = plan_threads(config)
-    options = RuntimeOptions(
-        variant=config.variant,
-        provider=config.provider,
-        intra_op_threads=plan.first_lane,
+    options = RuntimeOptions.of(
+        dataclasses.replace(config.engine, intra_op_threads=plan.first_lane),
         spinning=config.intra_op_spinning,
         small_batch_threads=plan.first_lane_small_batches,
     )
-    return [Engine(folder, options, config.max_repeats or None) for folder in config.model]
+    guard = RepetitionGuard(config.max_repeats) if config.max_repeats else None
+    return [Engine(folder, options, guard) for folder in config.model]
 
 
 def create_server(config: ServerConfig, metrics: Metrics | None = None) -> Server:

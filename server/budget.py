@@ -9,7 +9,8 @@ its attention scores while it runs. Nothing is evicted mid-way, so admission is 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+
+from server.interface import Memory
 
 # Output/input tokens assumed before a model's first sentence finished (Multi30k en→de: about 1.1-1.2).
 INITIAL_TARGET_RATIO = 1.3
@@ -21,16 +22,9 @@ PREDICTION_SLACK_TOKENS = 8
 RATIO_WEIGHT = 0.02
 
 
-class Sizes(Protocol):
-    """What the budget needs to know of an engine (server.interface.Engine has both)."""
-
-    def sequence_bytes(self, source_tokens: int, target_tokens: int, beam: int) -> int: ...
-
-    def encoder_scores_bytes(self, sentences: int, longest: int) -> int: ...
-
-
 class MemoryBudget:
-    def __init__(self, budget_bytes: int, models: Mapping[str, Sizes]) -> None:
+    def __init__(self, budget_bytes: int, models: Mapping[str, Memory]) -> None:
+        """``models``: each model's sizes by its name (``Engine.memory``)."""
         self.budget_bytes = budget_bytes
         self.models = models
         self.reserved_bytes = 0  # what the admitted sentences reserved

@@ -1,5 +1,7 @@
-"""Server configuration: one frozen dataclass; every field is a flag and an
-environment variable (``TRANSLATE_<FIELD>``, a deploy-time override of the default), by common/flags.py."""
+"""Server configuration: one frozen dataclass, with the engine's settings (``runtime.options.EngineSettings``)
+and the scheduler's (``SchedulerSettings``) nested in it; every field is a flag and an environment variable
+(``TRANSLATE_<FIELD>``, a deploy-time override of the default), by common/flags.py, whose names stay flat
+(``--max-batch-size``, ``TRANSLATE_VARIANT``)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from typing import Literal
 
 from common import flags
 from common.flags import setting
-from runtime.manifest import Provider, Variant
+from runtime.options import EngineSettings
 from runtime.search import MAX_REPEATS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,47 +39,9 @@ LanguageDetection = Literal["accurate", "light", "off"]  # server/detect.py meas
 
 
 @dataclass(frozen=True)
-class ServerConfig:
-    model: tuple[Path, ...] = setting(
-        tuple(DEFAULT_MODELS),
-        "exported model folders (python -m export), the flag repeated or TRANSLATE_MODEL=DIR,DIR; the first answers "
-        "requests that name no model",
-    )
-    variant: Variant = setting("fp32", "the exported variant to load: int8 is faster on CPU, fp16 is for CUDA")
-    provider: Provider = setting("auto", "ONNX Runtime's provider (auto: CUDA where available)")
-    host: str = setting(
-        "[::]",
-        "where the gRPC, HTTP and metrics ports listen: [::] every address of both families (IPv4 and IPv6), an "
-        "address of either family (0.0.0.0: every IPv4 address), or a host name (each address it resolves to)",
-    )
-    port: int = setting(50051, "the gRPC port")
-    metrics_port: int = setting(9464, "the Prometheus metrics port (plain HTTP)")
-    http_port: int = setting(5000, "the LibreTranslate-compatible HTTP API's port (server/http.py); 0 turns it off")
-    http_timeout_s: float = setting(60.0, "an HTTP request's deadline, as gRPC's (504 after it): HTTP sends none")
-    intra_op_threads: int = setting(0, "ONNX Runtime threads per session (0: one per core)")
-    first_lane_small_batch_threads: int = setting(
-        1, "continuous, CPU: the first lane's threads for batches under 16 rows (0: as intra_op_threads)"
-    )
-    first_lane_replicas: int = setting(
-        1,
-        "continuous: running batches in the first lane, each on its own inference thread, sharing the model's "
-        "sessions; a request joins the least loaded (on 2 cores, one that encodes apart spent 0.85-0.92x the "
-        "CPU per sentence of two encoding inline, at 0.91-1.00x their requests/s under 32 clients)",
-    )
-    encode_apart: bool = setting(
-        True,
-        "continuous, CPU: the first lane's replicas encode arrivals on a thread of their own while their batch "
-        "steps, and decode on their share of the intra-op threads (one per core when 0) less that one",
-    )
-    intra_op_spinning: bool = setting(
-        False, "let ONNX Runtime's threads spin between a run's tasks (they steal cores from the other lanes' runs)"
-    )
-    event_loop: EventLoop = setting(
-        "auto",
-        "the event loop serving gRPC and HTTP: uvloop (a dependency on Linux and macOS; under 32 clients it spent "
-        "0.96-0.97x the CPU per sentence of asyncio's own at 1.04-1.09x the requests/s), asyncio, or auto: "
-        "uvloop where it is installed",
-    )
+class SchedulerSettings:
+    """How the scheduler queues and batches sentences, and splits its work into lanes (server/scheduler.py)."""
+
     scheduler: Scheduling = setting("continuous", "continuous (sources join and leave a running batch) or static")
     lanes: tuple[int, ...] = setting(
         (64,), "continuous: source-token bounds splitting the running batch into lanes, e.g. 32,128 ('': one lane)"
@@ -92,6 +56,67 @@ class ServerConfig:
     max_batch_tokens: int = setting(4096, "padded source tokens per encoder batch")
     max_batch_delay_ms: float = setting(5.0, "how long an idle server waits for more arrivals")
     max_queue_size: int = setting(1024, "sentences waiting; more are RESOURCE_EXHAUSTED")
+    first_lane_replicas: int = setting(
+        1,
+        "continuous: running batches in the first lane, each on its own inference thread, sharing the model's "
+        "sessions; a request joins the least loaded (on 2 cores, one that encodes apart spent 0.85-0.92x the "
+        "CPU per sentence of two encoding inline, at 0.91-1.00x their requests/s under 32 clients)",
+    )
+    first_lane_small_batch_threads: int = setting(
+        1, "continuous, CPU: the first lane's threads for batches under 16 rows (0: as intra_op_threads)"
+    )
+    encode_apart: bool = setting(
+        True,
+        "continuous, CPU: the first lane's replicas encode arrivals on a thread of their own while their batch "
+        "steps, and decode on their share of the intra-op threads (one per core when 0) less that one",
+    )
+
+    def __post_init__(self) -> None:
+        problems = flags.choice_problems(self)
+        for name in ("max_batch_size", "max_batch_tokens", "max_queue_size", "first_lane_replicas"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name}={getattr(self, name)} must be at least 1")
+        if (small := self.first_lane_small_batch_threads) < 0:
+            problems.append(f"first_lane_small_batch_threads={small} must be 0 (as intra_op_threads) or more")
+        if not 0.0 <= self.long_lane_share < 1.0:
+            problems.append(f"long_lane_share={self.long_lane_share} must be within 0..1 (1 excluded)")
+        if not 0 <= self.lane_niceness <= 19:
+            problems.append(f"lane_niceness={self.lane_niceness} must be within 0..19")
+        if list(self.lanes) != sorted(set(self.lanes)) or any(bound < 1 for bound in self.lanes):
+            problems.append(f"lanes={','.join(map(str, self.lanes))}: bounds must be positive and increasing")
+        if problems:
+            raise ValueError("invalid scheduler settings: " + "; ".join(problems))
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    model: tuple[Path, ...] = setting(
+        tuple(DEFAULT_MODELS),
+        "exported model folders (python -m export), the flag repeated or TRANSLATE_MODEL=DIR,DIR; the first answers "
+        "requests that name no model",
+    )
+    engine: EngineSettings = setting(help="the engine's settings (its fields are flags)", factory=EngineSettings)
+    host: str = setting(
+        "[::]",
+        "where the gRPC, HTTP and metrics ports listen: [::] every address of both families (IPv4 and IPv6), an "
+        "address of either family (0.0.0.0: every IPv4 address), or a host name (each address it resolves to)",
+    )
+    port: int = setting(50051, "the gRPC port")
+    metrics_port: int = setting(9464, "the Prometheus metrics port (plain HTTP)")
+    http_port: int = setting(5000, "the LibreTranslate-compatible HTTP API's port (server/http.py); 0 turns it off")
+    http_timeout_s: float = setting(60.0, "an HTTP request's deadline, as gRPC's (504 after it): HTTP sends none")
+    intra_op_spinning: bool = setting(
+        False, "let ONNX Runtime's threads spin between a run's tasks (they steal cores from the other lanes' runs)"
+    )
+    event_loop: EventLoop = setting(
+        "auto",
+        "the event loop serving gRPC and HTTP: uvloop (a dependency on Linux and macOS; under 32 clients it spent "
+        "0.96-0.97x the CPU per sentence of asyncio's own at 1.04-1.09x the requests/s), asyncio, or auto: "
+        "uvloop where it is installed",
+    )
+    scheduling: SchedulerSettings = setting(
+        help="the scheduler's settings (its fields are flags)", factory=SchedulerSettings
+    )
     max_concurrent_rpcs: int = setting(512, "RPCs in flight")
     memory_budget_mib: int = setting(512, "the admission budget: caches and attention scores of admitted sentences")
     max_texts: int = setting(64, "texts per request")
@@ -102,7 +127,9 @@ class ServerConfig:
     default_beam_size: int = setting(1, "the beam of requests that ask for none (1: greedy)")
     max_output_tokens: int = setting(256, "the longest output per sentence a request may ask for (eos included)")
     max_repeats: int = setting(
-        MAX_REPEATS, "the runaway-output guard (runtime/search.py): repetitions of an n-gram allowed in a row; 0: off"
+        MAX_REPEATS,
+        "the runaway-output guard (runtime/search.py, RepetitionGuard): repetitions of an n-gram allowed in a row; "
+        "0: off",
     )
     max_message_bytes: int = setting(4 * MIB, "the largest request message")
     access_log: bool = setting(True, "one JSON line per request on the server.access logger (server/access.py)")
@@ -149,15 +176,12 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if isinstance(self.model, (str, Path)):
             object.__setattr__(self, "model", (Path(self.model),))
-        problems = flags.choice_problems(self)
+        problems = flags.choice_problems(self) + flags.choice_problems(self.engine)
         if not self.model:
             problems.append("model: give at least one exported model folder")
         elif len(set(self.model)) < len(self.model):
             problems.append(f"model: a folder is given twice ({', '.join(map(str, self.model))})")
         for name in (
-            "max_batch_size",
-            "max_batch_tokens",
-            "max_queue_size",
             "max_concurrent_rpcs",
             "memory_budget_mib",
             "max_texts",
@@ -181,18 +205,8 @@ class ServerConfig:
             problems.append(f"max_repeats={self.max_repeats} must be 0 (no guard) or more")
         if self.cache_mib < 0:
             problems.append(f"cache_mib={self.cache_mib} must be 0 (no cache) or more")
-        if (small := self.first_lane_small_batch_threads) < 0:
-            problems.append(f"first_lane_small_batch_threads={small} must be 0 (as intra_op_threads) or more")
-        if self.first_lane_replicas < 1:
-            problems.append(f"first_lane_replicas={self.first_lane_replicas} must be at least 1")
-        if not 0.0 <= self.long_lane_share < 1.0:
-            problems.append(f"long_lane_share={self.long_lane_share} must be within 0..1 (1 excluded)")
-        if not 0 <= self.lane_niceness <= 19:
-            problems.append(f"lane_niceness={self.lane_niceness} must be within 0..19")
         if not 1 <= self.default_beam_size <= self.max_beam_size:
             problems.append(f"default_beam_size={self.default_beam_size} must be within 1..max_beam_size")
-        if list(self.lanes) != sorted(set(self.lanes)) or any(bound < 1 for bound in self.lanes):
-            problems.append(f"lanes={','.join(map(str, self.lanes))}: bounds must be positive and increasing")
         if (self.tls_cert is None) != (self.tls_key is None):
             problems.append("tls_cert and tls_key go together")
         if self.tls_client_ca is not None and self.tls_cert is None:

@@ -21,29 +21,30 @@ text for a list q), as LibreTranslate's. A translation names the model that answ
 
 Errors are JSON ``{"error": message}`` with the status of ``server.errors`` (400, 403, 429 with Retry-After,
 503, 504, 500), and 404/405/413 for unknown paths, wrong methods and bodies over max_message_bytes.
+
+Here are the routes; server/http_request.py reads a request's fields, server/frontend.py has the page and what
+LibreTranslate's page reads.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
 
-from server import openapi
+from server import frontend, openapi
 from server.access import REQUEST_ID_HEADER, AccessLog, Exchange, request_id
 from server.config import ServerConfig
 from server.detect import Detected
 from server.errors import InvalidRequest, Overloaded, ServiceError, http_status_of, status_of
-from server.files import SUFFIXES, FileStore, read_document
+from server.files import FileStore, read_document
+from server.http_request import alternatives_of, min_confidence_of, request_fields, texts_of
 from server.interface import Engine
 from server.jobs import decode_options
 from server.keys import Caller, KeyGuard
@@ -54,71 +55,12 @@ from server.translations import TranslateOptions, Translations
 
 log = logging.getLogger(__name__)
 
-# ISO 639-1 names for /languages (LibreTranslate's "name"); a code not listed is its own name.
-LANGUAGE_NAMES = {
-    AUTO: "Auto Detect",
-    "ar": "Arabic",
-    "cs": "Czech",
-    "da": "Danish",
-    "de": "German",
-    "el": "Greek",
-    "en": "English",
-    "es": "Spanish",
-    "fi": "Finnish",
-    "fr": "French",
-    "hu": "Hungarian",
-    "it": "Italian",
-    "ja": "Japanese",
-    "ko": "Korean",
-    "nl": "Dutch",
-    "pl": "Polish",
-    "pt": "Portuguese",
-    "ro": "Romanian",
-    "ru": "Russian",
-    "sv": "Swedish",
-    "tr": "Turkish",
-    "uk": "Ukrainian",
-    "zh": "Chinese",
-}
-PAGE = Path(__file__).resolve().parent / "page"
-# The page at / (plain HTML and JavaScript on this API, no build step), its files and their types.
-PAGE_FILES = {
-    "/": ("index.html", "text/html"),
-    "/page.js": ("page.js", "text/javascript"),
-    "/page.css": ("page.css", "text/css"),
-}
-# The page runs only its own files and talks only to this server.
-PAGE_HEADERS = {
-    "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
-    "X-Content-Type-Options": "nosniff",
-}
-FRONTEND_TIMEOUT_MS = 500  # how long LibreTranslate's page waits after typing before it translates
-FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 REQUEST_ID = web.RequestKey("request_id", str)
 
 
 def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
     return web.json_response({"error": message}, status=status, headers=headers)
-
-
-def _multi(values) -> dict[str, Any]:
-    """A form's or query string's fields; a repeated q is a list."""
-    fields: dict[str, Any] = dict(values)
-    if len(qs := values.getall("q", [])) > 1:
-        fields["q"] = list(qs)
-    return fields
-
-
-def _decoded(body: bytes, charset: str) -> str:
-    try:
-        return body.decode(charset)
-    except LookupError as e:
-        raise InvalidRequest(f"charset={charset!r} is unknown; send JSON in UTF-8") from e
-    except UnicodeDecodeError as e:
-        raise InvalidRequest(
-            f"the body is not valid {charset} (byte {body[e.start]:#04x} at offset {e.start}); send JSON in UTF-8"
-        ) from e
 
 
 @web.middleware
@@ -165,60 +107,15 @@ class HttpApi:
         app.router.add_post("/translate_file", self.translate_file)
         app.router.add_get("/download_file/{name}", self.download_file, name="download_file")
         app.router.add_get("/spec", self.spec)
-        for path, (file, content_type) in PAGE_FILES.items():
+        for path, (file, content_type) in frontend.PAGE_FILES.items():
             app.router.add_get(path, functools.partial(self.page, file, content_type))
         return app
-
-    # --- requests -------------------------------------------------------------------------
-
-    async def _fields(self, request: web.Request) -> dict[str, Any]:
-        """The request's fields from a JSON object or a form (a form's repeated q is a list), over those of its
-        query string: LibreTranslate reads both, and clients such as deep-translator send only the latter."""
-        return {**_multi(request.query), **await self._body_fields(request)}
-
-    async def _body_fields(self, request: web.Request) -> dict[str, Any]:
-        if request.content_type in FORM_TYPES:
-            try:
-                form = await request.post()
-            except (ValueError, HttpProcessingError) as e:  # bytes not of the charset, a multipart that will not parse
-                raise InvalidRequest(f"the form body cannot be read ({e}); send {' or '.join(FORM_TYPES)}") from e
-            return _multi(form)
-        body = _decoded(await request.read(), request.charset or "utf-8")
-        if not body.strip():
-            return {}
-        try:
-            fields = json.loads(body)
-        except json.JSONDecodeError as e:
-            raise InvalidRequest(
-                f"the body is not valid JSON ({e.msg} at character {e.pos}); send a JSON object"
-            ) from e
-        if not isinstance(fields, dict):
-            raise InvalidRequest("the body must be a JSON object with q, source and target")
-        try:  # JSON's \ud800 escapes make strings that no encoder (the tokenizer's included) can take
-            json.dumps(fields, ensure_ascii=False).encode()
-        except UnicodeEncodeError as e:
-            raise InvalidRequest(
-                f"the body holds a lone surrogate escape ({e.object[e.start : e.end]!r}); escape characters "
-                "outside the Basic Multilingual Plane as surrogate pairs, or send them as UTF-8"
-            ) from e
-        return fields
 
     async def _admit(self, request: web.Request, fields: dict[str, Any], texts: list[str]) -> Caller:
         key = fields.get("api_key")
         if key is not None and not isinstance(key, str):
             raise InvalidRequest("api_key must be a string")
         return await self.keys.admit(key, request.remote or "", sum(map(len, texts)))
-
-    def _texts(self, fields: dict[str, Any]) -> tuple[list[str], bool]:
-        """q as a list of texts, and whether it came as a list."""
-        q = fields.get("q")
-        if q is None or q == "" or q == []:
-            raise InvalidRequest("Invalid request: missing q parameter")
-        if isinstance(q, str):
-            return [q], False
-        if isinstance(q, list) and all(isinstance(text, str) for text in q):
-            return q, True
-        raise InvalidRequest("q must be a string or a list of strings")
 
     def _model(self, fields: dict[str, Any], texts: list[str], format: str) -> tuple[Engine, Detected | None]:
         """The model of the request's source and target languages (both required, as in LibreTranslate), and
@@ -258,8 +155,8 @@ class HttpApi:
         return await self._answer(exchange, lambda: self._translate(request, exchange))
 
     async def _translate(self, request: web.Request, exchange: Exchange) -> web.Response:
-        fields = await self._fields(request)
-        texts, as_list = self._texts(fields)
+        fields = await request_fields(request)
+        texts, as_list = texts_of(fields)
         options = self._options(fields)
         exchange.caller = (await self._admit(request, fields, texts)).name
         engine, detected = self._model(fields, texts, options.format)
@@ -284,46 +181,18 @@ class HttpApi:
         """The request's options, once: LibreTranslate's alternatives, format and our min_confidence; the server's
         beam and output limit; http_timeout_s to answer in; its texts are "q", and an empty one is kept."""
         return TranslateOptions(
-            decode_options(self.config, alternatives=self._alternatives(fields)),
+            decode_options(self.config, alternatives=alternatives_of(fields)),
             deadline=time.monotonic() + self.config.http_timeout_s,
-            min_confidence=self._min_confidence(fields),
+            min_confidence=min_confidence_of(fields),
             format=str(fields.get("format") or "text"),
             field="q",
             keep_empty=True,
         )
 
-    @staticmethod
-    def _alternatives(fields: dict[str, Any]) -> int:
-        """LibreTranslate's alternatives: a whole number, 0 when absent or empty (a form's field is text)."""
-        value = fields.get("alternatives")
-        if value in (None, ""):
-            return 0
-        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-            return int(value)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise InvalidRequest(f"alternatives={value!r} must be a whole number, e.g. 3")
-
-    @staticmethod
-    def _min_confidence(fields: dict[str, Any]) -> float | None:
-        value = fields.get("min_confidence")
-        if value in (None, ""):
-            return None
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            raise InvalidRequest(f"min_confidence={value!r} must be a number, e.g. -1.0") from None
-
     async def languages(self, request: web.Request) -> web.Response:
         """Each source language with the targets the server translates it into, in model order."""
-        targets: dict[str, list[str]] = {}
-        for engine in self.models:
-            targets.setdefault(engine.source_language, []).append(engine.target_language)
         self.access.finish(Exchange("HTTP /languages", request[REQUEST_ID]), "OK")
-        body = [
-            {"code": code, "name": LANGUAGE_NAMES.get(code, code), "targets": codes} for code, codes in targets.items()
-        ]
-        return web.json_response(body)
+        return web.json_response(frontend.languages(self.models))
 
     async def translate_file(self, request: web.Request) -> web.Response:
         """LibreTranslate's /translate_file: a multipart form with file, source, target (and api_key); answers
@@ -333,7 +202,7 @@ class HttpApi:
         return await self._answer(exchange, lambda: self._translate_file(request, exchange))
 
     async def _translate_file(self, request: web.Request, exchange: Exchange) -> web.Response:
-        fields = await self._fields(request)
+        fields = await request_fields(request)
         upload = fields.get("file")
         if not isinstance(upload, web.FileField):
             raise InvalidRequest("Invalid request: missing file parameter (a multipart/form-data upload)")
@@ -384,7 +253,7 @@ class HttpApi:
         return await self._answer(exchange, lambda: self._detect(request, exchange))
 
     async def _detect(self, request: web.Request, exchange: Exchange) -> web.Response:
-        fields = await self._fields(request)
+        fields = await request_fields(request)
         q = fields.get("q")
         if not isinstance(q, str) or not q.strip():
             raise InvalidRequest("Invalid request: missing q parameter (a string)")
@@ -394,33 +263,14 @@ class HttpApi:
         return web.json_response([{"confidence": d.confidence, "language": d.language} for d in found])
 
     async def frontend_settings(self, request: web.Request) -> web.Response:
-        """LibreTranslate's page settings: no character limit (limits are in tokens), whether keys are on and
-        required, no files; the page starts from auto (where detection is on) and the default model's target."""
-        default = self.models.default
-        target = default.target_language
-        source = AUTO if self.config.language_detection != "off" else default.source_language
+        """What LibreTranslate's page reads first (server/frontend.py)."""
         self.access.finish(Exchange("HTTP /frontend/settings", request[REQUEST_ID]), "OK")
-        return web.json_response(
-            {
-                "charLimit": -1,
-                "frontendTimeout": FRONTEND_TIMEOUT_MS,
-                "apiKeys": self.keys.enabled,
-                "keyRequired": self.keys.anonymous is None,
-                "suggestions": False,
-                "filesTranslation": True,
-                "supportedFilesFormat": list(SUFFIXES),
-                "language": {
-                    "source": {"code": source, "name": LANGUAGE_NAMES.get(source, source)},
-                    "target": {"code": target, "name": LANGUAGE_NAMES.get(target, target)},
-                },
-            }
-        )
+        return web.json_response(frontend.frontend_settings(self.models, self.keys, self.config.language_detection))
 
     async def page(self, file: str, content_type: str, request: web.Request) -> web.Response:
         """The page at / and its files."""
         self.access.finish(Exchange(f"HTTP {request.path}", request[REQUEST_ID]), "OK")
-        body = (PAGE / file).read_bytes()
-        return web.Response(body=body, content_type=content_type, charset="utf-8", headers=PAGE_HEADERS)
+        return frontend.page_file(file, content_type)
 
     async def spec(self, request: web.Request) -> web.Response:
         """The OpenAPI document of this API (server/openapi.py)."""

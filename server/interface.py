@@ -1,16 +1,17 @@
 """What the scheduler needs from an inference engine, and nothing else (no ONNX Runtime here).
 
-In the style of TGI's ``Model.generate_token(batch)``: the scheduler creates a running batch,
-has the engine encode sources (on any thread, while the batch steps) and adds them to it, steps
-it, getting back the sources that step finished, and removes sources whose callers went away.
-Caches, sessions and searches stay inside the engine (``runtime.engine``;
-``tests/server/fake_engine.py`` is a model-free one).
+In the style of TGI's ``Model.generate_token(batch)``: the scheduler creates a running batch, has an engine
+encode sources (on any thread, while the batch steps) and adds them to it, steps it, getting back the sources
+that step finished, and removes sources whose callers went away. A batch steps on the engine that made it, or
+on another engine of the same model (a replica on fewer threads: a lane that shares the cores). Caches,
+sessions and searches stay inside the engine (``runtime.engine``; ``tests/server/fake_engine.py`` is a
+model-free one).
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -31,26 +32,33 @@ class Encoded(Protocol):
     seconds: float  # what the encoder call took
 
 
+class Memory(Protocol):
+    """What sentences hold while they decode (the memory budget's sizes, server/budget.py)."""
+
+    def sequence_bytes(self, source_tokens: int, target_tokens: int, beam: int) -> int:
+        """Memory one source holds while decoding with ``beam`` rows at ``target_tokens`` steps."""
+
+    def encoder_scores_bytes(self, sentences: int, longest: int) -> int:
+        """Peak attention-score bytes of encoding ``sentences`` sources of up to ``longest`` tokens."""
+
+
 class Batch(Protocol):
     rows: int  # hypotheses being decoded (a source has one per beam)
     cache_bytes: int  # self-attention cache held now
     cross_bytes: int  # cross-attention keys/values held now
-    narrow: bool  # set while it shares the cores with other lanes' batches: it runs on fewer threads then
 
     def __len__(self) -> int: ...
-
-    def encode(self, sources: Sequence[Sequence[int]]) -> Encoded:
-        """Encode sources together for a later ``add``; safe on another thread while the batch steps."""
 
     def add(
         self, keys: Sequence[Hashable], encoded: Encoded, beams: Sequence[int], max_lengths: Sequence[int]
     ) -> Joined:
-        """Add sources ``encode`` encoded, each with its beam size and longest output (tokens with eos); they
-        decode from the next step on. ``Joined.seconds`` is the encoder call's."""
+        """Add sources an engine of the model encoded (``Engine.encode``), each with its beam size and longest
+        output (tokens with eos); they decode from the next step on. ``Joined.seconds`` is the encoder call's."""
 
-    def step(self) -> list[tuple[Hashable, Hypothesis]]:
-        """One decoder step of every row; the sources it finished, with their hypotheses (output ids without
-        eos, confidence, why they stopped)."""
+    def step(self, on: Engine | None = None) -> list[tuple[Hashable, Hypothesis]]:
+        """One decoder step of every row, on ``on`` (another engine of the same model; None: the one that made
+        the batch); the sources it finished, with their hypotheses (output ids without eos, confidence, why
+        they stopped)."""
 
     def remove(self, key: Hashable) -> None:
         """Drop a source mid-way; its rows and caches go at once."""
@@ -64,9 +72,11 @@ class Engine(Protocol):
     source_language: str
     target_language: str
 
-    def replica(self, intra_op_threads: int | None = None, narrow_threads: int | None = None) -> Engine:
-        """Another engine on the same model with its own sessions (created on, and inheriting the priority of,
-        the calling thread), and narrow ones of ``narrow_threads`` for its batches marked ``narrow``."""
+    memory: Memory
+
+    def replica(self, intra_op_threads: int | None = None) -> Engine:
+        """Another engine on the same model with its own sessions on ``intra_op_threads`` threads (None: this
+        one's count), created on, and inheriting the priority of, the calling thread."""
 
     def warmup(self) -> None: ...
 
@@ -86,10 +96,12 @@ class Engine(Protocol):
     def max_length(self, source_tokens: int, cap: int) -> int:
         """Longest output searched for a source (tokens with eos)."""
 
+    def encode(self, sources: Sequence[Sequence[int]]) -> Encoded:
+        """Encode sources together, on this engine's sessions, for a later ``Batch.add``; safe on another
+        thread while a batch steps."""
+
     def new_batch(self) -> Batch: ...
 
-    def sequence_bytes(self, source_tokens: int, target_tokens: int, beam: int) -> int:
-        """Memory one source holds while decoding with ``beam`` rows at ``target_tokens`` steps."""
-
-    def encoder_scores_bytes(self, sentences: int, longest: int) -> int:
-        """Peak attention-score bytes of encoding ``sentences`` sources of up to ``longest`` tokens."""
+    def step(self, inputs: Any) -> Any:
+        """A step of a batch of this model on this engine's sessions (``Batch.step(on=engine)``: the inputs and
+        outputs are the batch's business, not the scheduler's)."""

@@ -1,27 +1,25 @@
-"""Lanes: shares of the running work, each with its queue, running batch, engine and inference thread,
-and the OS priority of that thread (the scheduler's policies decide what joins a lane's batch)."""
+"""Lanes: shares of the running work, each with its queue, running batch, engines and inference thread,
+and the OS priority of that thread (the scheduler's policies decide what joins a lane's batch; server/threads.py
+what its engines run on)."""
 
 from __future__ import annotations
 
 import collections
 import concurrent.futures
-import contextlib
-import ctypes
 import itertools
-import logging
-import os
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from server.decisions import Pause
 from server.interface import Batch, Encoded, Engine
+from server.policies import PAUSE_AT_LEAST_SECONDS, pause_owed
+from server.threads import LaneThreads, lower_thread_priority, name_thread
 
 if TYPE_CHECKING:
-    from server.config import ServerConfig
     from server.jobs import QueuedSentence
 
-log = logging.getLogger(__name__)
 # A lane's join duration (encoder call and cache resizes) is a running average with this weight.
 JOIN_WEIGHT = 0.1
 
@@ -35,13 +33,14 @@ class Lane:
     size_class: int = 0  # which of the model's source-token bounds it takes (its replicas share it)
     waiting: collections.deque[QueuedSentence] = field(default_factory=collections.deque)
     running: dict[QueuedSentence, None] = field(default_factory=dict)  # segments in the batch, in join order
-    engine: Engine | None = None
+    engine: Engine | None = None  # makes its batch, and encodes and steps it but while it runs on ``narrow``
+    narrow: Engine | None = None  # a replica on fewer threads, which it runs on while another lane has rows
     batch: Batch | None = None
     thread: threading.Thread | None = None
     ready: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
     join_seconds: float = 0.0  # a join's duration, a running average
-    owed_seconds: float = 0.0  # the pause it owes longer lanes (policies.pause_owed)
+    owed_seconds: float = 0.0  # the pause it owes longer lanes (``pause_after``)
     off_cpu_since: float = 0.0  # when its last step or pause ended (time.perf_counter())
     encoder: concurrent.futures.ThreadPoolExecutor | None = None  # the lane's encoder thread, if it encodes apart
     # groups of admitted segments being encoded on it, oldest first, with their futures (``Encoded``)
@@ -52,9 +51,43 @@ class Lane:
     def joined(self, seconds: float) -> None:
         self.join_seconds = (1 - JOIN_WEIGHT) * self.join_seconds + JOIN_WEIGHT * seconds
 
+    # --- backlog: sentences that move between a model's lanes --------------------------
+
+    def own_rows(self) -> int:
+        """The rows of its batch that are its own arrivals', not the backlog's it took from longer lanes."""
+        return max(0, self.batch.rows - sum(s.job.options.beam for s in self.running if s.moved))
+
+    def overflow(self, room: int) -> Iterator[QueuedSentence]:
+        """Its waiting sentences beyond the room its batch has (``room`` sentences in all): what a shorter lane
+        may take."""
+        return itertools.islice(self.waiting, max(0, room - len(self.running)), None)
+
+    def backlog_room(self, share: int, admitted: Sequence[QueuedSentence] = ()) -> int:
+        """How many sentences of longer lanes' backlog it may still take: ``share`` in all, besides those
+        running and ``admitted``."""
+        return max(0, share - len(self.running) - len(admitted))
+
+    # --- pauses: the share of its core that it leaves to longer lanes -------------------
+
+    def pause_after(self, busy: float, now: float, share: float, long_work: bool) -> Pause:
+        """After a step of ``busy`` seconds that ended at ``now`` (time.perf_counter()): while a longer lane (lower
+        OS priority) decodes sentences too long to move into this lane (``long_work``), what this lane owes it
+        for its ``share`` of the core (policies.pause_owed), paid once it reaches PAUSE_AT_LEAST_SECONDS;
+        otherwise it owes nothing (a longer lane's short sentences that fall behind move down instead)."""
+        idle = max(0.0, now - busy - self.off_cpu_since)
+        owed = pause_owed(self.owed_seconds, idle, busy, share) if share and long_work else 0.0
+        return Pause(owed, owed if owed >= PAUSE_AT_LEAST_SECONDS else 0.0, now)
+
+    def owe(self, pause: Pause) -> None:
+        self.owed_seconds, self.off_cpu_since = pause.owed_seconds, pause.at
+
+    def paused(self, until: float) -> None:
+        """It paid what it owed, off the CPU until ``until`` (time.perf_counter())."""
+        self.owed_seconds, self.off_cpu_since = 0.0, until
+
     def encode_apart(self, group: list[QueuedSentence]) -> None:
         """Encode the group on the lane's encoder thread, for ``encoded``."""
-        self.encoding.append((group, self.encoder.submit(self.batch.encode, [s.spec.ids for s in group])))
+        self.encoding.append((group, self.encoder.submit(self.engine.encode, [s.spec.ids for s in group])))
 
     def encoded(self, wait: bool) -> Iterator[tuple[list[QueuedSentence], Encoded]]:
         """Groups whose encoder call has returned, oldest first (``wait``: every group, waiting for each); an
@@ -72,23 +105,30 @@ class Lane:
         if self.encoder is not None:
             self.encoder.shutdown(wait=False, cancel_futures=True)
 
-    def open(self, replica: Callable[[], Engine], warmup: bool, encode_apart: bool = False) -> None:
+    def on(self, crowded: bool) -> Engine | None:
+        """The engine the lane encodes and steps on besides its own: its narrow replica while ``crowded``
+        (another lane has rows), if it has one; None: its own."""
+        return self.narrow if crowded else None
+
+    def open(self, model: Engine, threads: LaneThreads, warmup: bool) -> None:
         """On the lane's own thread: name it for the OS (``top -H`` and /proc show it; threads it starts,
-        such as ONNX Runtime's, inherit the name), lower its priority, then load the lane's engine (a replica
-        of the model's, unless it has one), so that ONNX Runtime's threads inherit the priority, and start an
-        empty batch; with ``encode_apart``, an encoder thread (started on first use by this thread, so it
-        inherits the priority; named "enc" and the lane's number for the OS).
-        (The first lane runs on the server's engine, which on CPU steps small batches on fewer threads.)
-        ``ready`` is set in any case; ``error`` says why the lane could not start."""
+        such as ONNX Runtime's, inherit the name), lower its priority, then load the lane's engines as
+        ``threads`` says (replicas of the ``model``'s engine, warmed up, or that engine itself), so that ONNX
+        Runtime's threads inherit the priority, and start an empty batch; with ``threads.encode_apart``, an
+        encoder thread (started on first use by this thread, so it inherits the priority; named "enc" and the
+        lane's number for the OS). (The first lane runs on the model's engine, which on CPU steps small batches
+        on fewer threads.) ``ready`` is set in any case; ``error`` says why the lane could not start."""
         try:
             name_thread(f"lane{self.index} {self.name}")
             lower_thread_priority(self.niceness)
-            if self.engine is None:
-                self.engine = replica()
-                if warmup:
-                    self.engine.warmup()
+            self.engine = model if threads.own is None else model.replica(threads.own)
+            self.narrow = None if threads.narrow is None else model.replica(threads.narrow)
+            if warmup:
+                for replica in (self.engine, self.narrow):
+                    if replica not in (None, model):
+                        replica.warmup()
             self.batch = self.engine.new_batch()
-            if encode_apart:
+            if threads.encode_apart:
                 name = f"enc{self.index} {self.name}"
                 self.encoder = concurrent.futures.ThreadPoolExecutor(1, name, name_thread, (name,))
         except Exception as error:
@@ -98,42 +138,8 @@ class Lane:
             self.ready.set()
 
 
-@dataclass(frozen=True)
-class ThreadPlan:
-    """Every lane's ONNX Runtime threads, decided here and nowhere else (``plan_threads``)."""
-
-    first_lane: int  # intra-op threads of the model's own sessions, which the first lane runs on (0: one per core)
-    first_lane_small_batches: int | None  # its batches under SMALL_BATCH_ROWS rows (None: on the same sessions)
-    other_lanes: int  # each longer lane's own sessions
-    encode_apart: bool  # the first lane's replicas encode arrivals on a thread of their own while they step
-    # each longer lane's narrow sessions, which it runs on while another lane has rows (None: it has none)
-    other_lanes_narrow: int | None = None
-
-
-def plan_threads(config: ServerConfig) -> ThreadPlan:
-    """The threads of every lane, from the server's settings. The first lane encodes apart when it may
-    (continuous, CPU); it then decodes on each replica's share of the intra-op threads (of the cores when 0)
-    less its encoder thread. Its small batches step on first_lane_small_batch_threads when the continuous
-    scheduler splits work into lanes (a lone lane's few rows are long sequences, which want every thread).
-    Longer lanes load their own sessions on intra_op_threads, and on the CPU narrow ones on half the cores
-    (at least one), which they run on while another lane has rows: with a longer lane's runs on every core
-    beside a shorter lane's, the server spent 1.08-1.12x static batching's CPU on the same requests, and with
-    them on half the cores 0.97-1.02x (2 cores, beam 4, run-on sentences: benchmarks/scheduler_variants_narrow.md)."""
-    apart = config.encode_apart and config.scheduler == "continuous" and config.provider != "cuda"
-    first = config.intra_op_threads
-    if apart:
-        first = max(1, (config.intra_op_threads or len(os.sched_getaffinity(0))) // config.first_lane_replicas - 1)
-    split = config.scheduler == "continuous" and bool(config.lanes)
-    small = (config.first_lane_small_batch_threads or None) if split else None
-    narrow = None
-    if split and config.provider != "cuda":
-        narrow = max(1, (config.intra_op_threads or len(os.sched_getaffinity(0))) // 2)
-        narrow = None if narrow == config.intra_op_threads else narrow
-    return ThreadPlan(first, small, config.intra_op_threads, apart, narrow)
-
-
 def model_lanes(
-    engines: Mapping[str, Engine], bounds: Sequence[int], niceness: int, first_replicas: int = 1
+    models: Sequence[str], bounds: Sequence[int], niceness: int, first_replicas: int = 1
 ) -> dict[str, list[Lane]]:
     """Each model's lanes, shortest first, numbered across models. The first size has ``first_replicas``
     lanes (named "1-64/0", "1-64/1"… when more than one), all on the model's engine: its sessions serve
@@ -141,14 +147,13 @@ def model_lanes(
     sessions, at ``niceness`` lower priority than the size before."""
     lanes: dict[str, list[Lane]] = {}
     index = itertools.count()
-    for model, engine in engines.items():
+    for model in models:
         lanes[model] = []
         for size, name in enumerate(lane_names(bounds)):
             replicas = first_replicas if size == 0 else 1
             for r in range(replicas):
-                lane = Lane(next(index), name if replicas == 1 else f"{name}/{r}", model, niceness * size, size)
-                lane.engine = engine if size == 0 else None
-                lanes[model].append(lane)
+                lane_name = name if replicas == 1 else f"{name}/{r}"
+                lanes[model].append(Lane(next(index), lane_name, model, niceness * size, size))
     return lanes
 
 
@@ -165,23 +170,3 @@ def lane_names(bounds: Sequence[int]) -> list[str]:
     """Lanes named by the source tokens of the requests they take: bounds 64 give "1-64" and "65+"."""
     lows = [1] + [bound + 1 for bound in bounds]
     return [f"{low}-{high}" for low, high in zip(lows[:-1], bounds, strict=True)] + [f"{lows[-1]}+"]
-
-
-PR_SET_NAME = 15  # Linux prctl: the calling thread's name, 15 bytes at most
-
-
-def name_thread(name: str) -> None:
-    """Give the calling thread an OS name (Linux; elsewhere nothing happens)."""
-    with contextlib.suppress(AttributeError, OSError):
-        ctypes.CDLL(None).prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
-
-
-def lower_thread_priority(niceness: int) -> None:
-    """Add ``niceness`` to the calling thread's (Linux: per thread; threads it starts inherit it)."""
-    if niceness <= 0:
-        return
-    try:
-        thread = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, thread, os.getpriority(os.PRIO_PROCESS, thread) + niceness)
-    except (AttributeError, OSError) as error:
-        log.warning("could not lower a lane's thread priority (%s); lanes share the CPU equally", error)

@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.process_collector import ProcessCollector
 
+from server.policies import LENGTH_CLASSES
+
 if TYPE_CHECKING:
     from runtime.search import Hypothesis
 
-# Input-length buckets (source tokens) used as a label: a fixed, small set.
-LENGTH_BUCKETS = (16, 32, 64, 128, 256, 512, 1024)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5)
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -24,9 +24,10 @@ RATIO_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0)
 
 
 def length_bucket(tokens: int) -> str:
-    """'1-16', '17-32', ..., '513-1024', '1025+'."""
+    """The input-length label (source tokens): the scheduler's length classes (a fixed, small set), '1-16',
+    '17-32', ..., '513-1024', '1025+'."""
     low = 1
-    for high in LENGTH_BUCKETS:
+    for high in LENGTH_CLASSES:
         if tokens <= high:
             return f"{low}-{high}"
         low = high + 1

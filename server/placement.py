@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 
 
 class Translated(Protocol):
-    """A translated sentence of the piece (server.translations.AlignedSentence)."""
+    """A translated sentence of the piece (server.answers.DecodedSentence; ``sentences_for`` makes it an
+    ``AlignedSentence``)."""
 
     spec: SplitSentence
     output: list[int]

@@ -1,18 +1,19 @@
 """Which waiting sentences join a lane's batch, and when: the two scheduling policies (``--scheduler``),
-as pure functions of the queue, the time and a ``fits`` test (the budget and batch limits; see
-server.scheduler), each wrapped in a small class the scheduler's lane loop asks without knowing which it has."""
+as pure functions of the queue, the time, the sentence that starves (if any) and a ``fits`` test (the budget
+and batch limits; see server/admission.py), each wrapped in a small stateless class that admission asks
+without knowing which it has."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Optional, Protocol
 
 if TYPE_CHECKING:
-    from server.jobs import Job, QueuedSentence
+    from server.jobs import QueuedSentence
 
 # Sources of one length class pad each other little when encoded or decoded together (a batch pads to its
-# longest): classes double, so a batch of one class pads at most about half of its tokens. The policy's own,
-# whatever buckets the metrics label lengths with.
+# longest): classes double, so a batch of one class pads at most about half of its tokens. The metrics label
+# lengths by the same classes (server/metrics.py, length_bucket).
 LENGTH_CLASSES = (16, 32, 64, 128, 256, 512, 1024)  # source tokens: the classes' upper bounds
 
 # continuous: a sentence that waited this long for room other lanes hold stops them from admitting.
@@ -28,6 +29,7 @@ BACKLOG_SHARE = 0.5
 PAUSE_AT_LEAST_SECONDS = 0.005
 
 Fits = Callable[[list["QueuedSentence"]], bool]
+Starving = Optional["QueuedSentence"]  # waited STARVATION_SECONDS for room: other lanes admit nobody until it fits
 
 
 def length_class(tokens: int) -> int:
@@ -77,7 +79,7 @@ def admit_in_order(
 
 
 def take_backlog(backlog: Sequence[QueuedSentence], fits: Fits, admitted: list[QueuedSentence]) -> list[QueuedSentence]:
-    """continuous: the sentences a lane takes from longer lanes' backlog (``Scheduler._backlog``) into the room
+    """continuous: the sentences a lane takes from longer lanes' backlog (``Admissions.backlog``) into the room
     its own arrivals (``admitted``) left, oldest lane's first, while they fit; one that does not fit is passed
     over (it is not this lane's to wait for)."""
     taken: list[QueuedSentence] = []
@@ -112,16 +114,16 @@ class Policy(Protocol):
     def joins_now(self, waiting: Sequence[QueuedSentence], rows: int, join_seconds: float, now: float) -> bool:
         """Whether a lane whose batch has ``rows`` running rows admits its waiting segments now."""
 
-    def choose(self, waiting: Sequence[QueuedSentence], fits: Fits, lane: int, now: float) -> list[QueuedSentence]:
-        """The waiting segments that join lane number ``lane``'s batch."""
+    def choose(
+        self, waiting: Sequence[QueuedSentence], fits: Fits, lane: int, starving: Starving, now: float
+    ) -> tuple[list[QueuedSentence], Starving]:
+        """The waiting segments that join lane number ``lane``'s batch, and the sentence that starves after
+        this choice (``starving``: the one before it)."""
 
     def choose_backlog(
-        self, backlog: Sequence[QueuedSentence], fits: Fits, admitted: list[QueuedSentence]
+        self, backlog: Sequence[QueuedSentence], fits: Fits, admitted: list[QueuedSentence], starving: Starving
     ) -> list[QueuedSentence]:
         """The sentences of longer lanes' backlog that join a lane whose own arrivals all joined (``admitted``)."""
-
-    def forget(self, job: Job) -> None:
-        """The job left (answered, failed or cancelled)."""
 
 
 class Static:
@@ -132,16 +134,15 @@ class Static:
     def joins_now(self, waiting: Sequence[QueuedSentence], rows: int, join_seconds: float, now: float) -> bool:
         return rows == 0
 
-    def choose(self, waiting: Sequence[QueuedSentence], fits: Fits, lane: int, now: float) -> list[QueuedSentence]:
-        return admit_static(waiting, fits)
+    def choose(
+        self, waiting: Sequence[QueuedSentence], fits: Fits, lane: int, starving: Starving, now: float
+    ) -> tuple[list[QueuedSentence], Starving]:
+        return admit_static(waiting, fits), None  # nobody starves: a batch takes what fits, then the rest
 
     def choose_backlog(
-        self, backlog: Sequence[QueuedSentence], fits: Fits, admitted: list[QueuedSentence]
+        self, backlog: Sequence[QueuedSentence], fits: Fits, admitted: list[QueuedSentence], starving: Starving
     ) -> list[QueuedSentence]:
         return []  # one lane
-
-    def forget(self, job: Job) -> None:
-        pass
 
 
 class Continuous:
@@ -150,24 +151,18 @@ class Continuous:
 
     splits_lanes = True
 
-    def __init__(self) -> None:
-        self.starving: QueuedSentence | None = None
-
     def joins_now(self, waiting: Sequence[QueuedSentence], rows: int, join_seconds: float, now: float) -> bool:
         return rows == 0 or not join_later(waiting, rows, join_seconds, now)
 
-    def choose(self, waiting: Sequence[QueuedSentence], fits: Fits, lane: int, now: float) -> list[QueuedSentence]:
-        admitted, self.starving = admit_in_order(waiting, fits, lane, self.starving, now)
-        return admitted
+    def choose(
+        self, waiting: Sequence[QueuedSentence], fits: Fits, lane: int, starving: Starving, now: float
+    ) -> tuple[list[QueuedSentence], Starving]:
+        return admit_in_order(waiting, fits, lane, starving, now)
 
     def choose_backlog(
-        self, backlog: Sequence[QueuedSentence], fits: Fits, admitted: list[QueuedSentence]
+        self, backlog: Sequence[QueuedSentence], fits: Fits, admitted: list[QueuedSentence], starving: Starving
     ) -> list[QueuedSentence]:
-        return [] if self.starving is not None else take_backlog(backlog, fits, admitted)
-
-    def forget(self, job: Job) -> None:
-        if self.starving is not None and self.starving.job is job:
-            self.starving = None
+        return [] if starving is not None else take_backlog(backlog, fits, admitted)
 
 
 POLICIES: dict[str, type[Static] | type[Continuous]] = {"static": Static, "continuous": Continuous}

@@ -13,6 +13,7 @@ import grpc
 
 from proto import translate_pb2, translate_pb2_grpc
 from server.access import ATTEMPT_HEADER, PREVIOUS_ATTEMPTS, REQUEST_ID_HEADER, AccessLog, Exchange, request_id
+from server.answers import distinct_alternatives
 from server.config import ServerConfig
 from server.detect import Detected
 from server.errors import InvalidRequest, ServiceError, status_of
@@ -21,7 +22,7 @@ from server.jobs import decode_options
 from server.keys import KEY_METADATA, KeyGuard
 from server.models import AUTO, Models
 from server.tracing import request_span
-from server.translations import TranslateOptions, Translations, distinct_alternatives
+from server.translations import TranslateOptions, Translations
 
 log = logging.getLogger(__name__)
 MALFORMED = object()  # what the tolerant deserializer returns for bytes that are no valid message

@@ -2,7 +2,8 @@
 
 A front end turns its request into a model (``server.models``), texts and options, and its errors into
 its own status codes (``server.errors``); everything between (segmentation, the job, waiting for its
-segments in order, the translation cache, cancellation, latency metrics) is here once.
+segments in order, the translation cache, cancellation, latency metrics) is here once, and server/answers.py
+makes each text's answer of its sentences.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from opentelemetry.trace import INVALID_SPAN
 
 from runtime.manifest import ModelFolderError
 from runtime.search import Hypothesis
-from server import markup, placement
+from server import answers, markup, placement
 from server.access import Exchange
+from server.answers import DecodedSentence, TextTranslation
 from server.cache import TranslationCache
 from server.config import ServerConfig
 from server.errors import InvalidRequest, ServiceError
@@ -25,7 +27,7 @@ from server.interface import Engine
 from server.jobs import DecodeOptions, Job, QueuedSentence
 from server.metrics import Metrics, length_bucket
 from server.scheduler import Scheduler
-from server.text import AfterSplit, SplitSentence, TextLimits, check_texts, check_words, segment_texts
+from server.text import TextLimits, check_texts, check_words, segment_texts
 from server.tracing import child_span, record_sentences
 
 
@@ -41,122 +43,6 @@ class TranslateOptions:
     format: str = "text"  # "html": the texts' markup is kept
     field: str = "texts"  # what errors call the texts (LibreTranslate's "q", a file's "file")
     keep_empty: bool = False  # an empty text translates to itself instead of being refused
-
-
-@dataclass(frozen=True)
-class TextTranslation:
-    text: str
-    input_tokens: int  # source tokens as the model saw them (after truncation, if any)
-    output_tokens: int  # generated tokens, eos excluded
-    segments: int  # sentences (or pieces) the text was translated as
-    truncated: bool
-    confidence: float  # its sentences' confidences (runtime.search.Hypothesis.score), weighted by their tokens
-    guard: str  # why a runaway-output guard stopped one of its sentences ("repetition", "length"), or ""
-    low_confidence: bool  # a sentence of it scored under the request's min_confidence
-    # Other translations of it, best first, none the same as text (see Translations.translate)
-    alternatives: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class DecodedSentence(AfterSplit):
-    """One sentence's translation, by the engine or from the translation cache."""
-
-    spec: SplitSentence
-    result: Hypothesis
-    last_in_text: bool  # the text's last segment
-    # When it was queued, joined a running batch, was encoded and finished (time.monotonic()); None when
-    # the translation cache answered it, without the engine.
-    timings: tuple[float, float, float, float] | None = None
-
-    @property
-    def queue_seconds(self) -> float:
-        """How long it waited to join a running batch."""
-        return self.timings[1] - self.timings[0] if self.timings else 0.0
-
-    @property
-    def output(self) -> list[int]:
-        """Output token ids, eos excluded."""
-        return self.result.tokens
-
-    @property
-    def alternatives(self) -> list[list[int]]:
-        """Output token ids of the other translations kept for it, best first."""
-        return [alternative.tokens for alternative in self.result.alternatives]
-
-    @property
-    def guard(self) -> str:
-        return "" if self.result.stopped == "eos" else self.result.stopped
-
-    def low_confidence(self, min_confidence: float | None) -> bool:
-        return min_confidence is not None and self.result.score < min_confidence
-
-
-def text_confidence(sentences: Sequence[DecodedSentence]) -> float:
-    """The mean log-probability of every token chosen for the sentences (each weighted by its tokens, eos
-    included); 0 for a text without sentences."""
-    weights = [len(s.output) + 1 for s in sentences]
-    return sum(s.result.score * w for s, w in zip(sentences, weights, strict=True)) / max(sum(weights), 1)
-
-
-def leading_whitespace(text: str) -> str:
-    return text[: len(text) - len(text.lstrip())]
-
-
-def trailing_whitespace(text: str) -> str:
-    return text[len(text.rstrip()) :] if text.strip() else ""
-
-
-def _by_text(segments: Sequence[DecodedSentence], texts: int) -> list[list[DecodedSentence]]:
-    by_text: list[list[DecodedSentence]] = [[] for _ in range(texts)]
-    for segment in segments:
-        by_text[segment.spec.text_index].append(segment)
-    return by_text
-
-
-def _joined(text: str, parts: Sequence[DecodedSentence], outputs: dict[int, str]) -> str:
-    """The sentences' translations in the text's layout (see Translations.translate)."""
-    joined = "".join(outputs[id(s)] + s.spec.separator for s in parts).rstrip()
-    return leading_whitespace(text) + joined + trailing_whitespace(text)
-
-
-def _plain(engine: Engine, texts: Sequence[str], segments: Sequence[DecodedSentence]) -> list[str]:
-    """Each text's sentences' translations in the text's layout."""
-    outputs = dict(zip(map(id, segments), engine.detokenize([s.output for s in segments]), strict=True))
-    return [_joined(text, parts, outputs) for text, parts in zip(texts, _by_text(segments, len(texts)), strict=True)]
-
-
-def distinct_alternatives(translation: str, candidates: Sequence[str]) -> tuple[str, ...]:
-    """The candidates unlike the translation, each once, in order: two outputs of different tokens may read
-    the same."""
-    return tuple(dict.fromkeys(other for other in candidates if other != translation))
-
-
-def _summary(texts: Sequence[str], parts: Sequence[DecodedSentence], min_confidence: float | None) -> TextTranslation:
-    """A text's translation (texts[0]) with the others as its alternatives."""
-    text = texts[0]
-    return TextTranslation(
-        text=text,
-        input_tokens=sum(s.source_tokens for s in parts),
-        output_tokens=sum(len(s.output) for s in parts),
-        segments=len(parts),
-        truncated=any(s.spec.truncated for s in parts),
-        confidence=text_confidence(parts),
-        guard=next((s.guard for s in sorted(parts, key=lambda s: s.guard != "repetition") if s.guard), ""),
-        low_confidence=any(s.low_confidence(min_confidence) for s in parts),
-        alternatives=distinct_alternatives(text, texts[1:]),
-    )
-
-
-def _variants(segments: list[DecodedSentence], alternatives: int) -> list[list[DecodedSentence]]:
-    """The segments as translated, then their alternatives: alternative i of a text is each of its sentences'
-    i-th alternative, or the sentence's translation where it has fewer (as Argos Translate, LibreTranslate's
-    engine, joins its sentences' hypotheses). As many as the sentence with the most has, up to
-    ``alternatives``."""
-    count = min(alternatives, max((len(s.result.alternatives) for s in segments), default=0))
-    return [segments] + [
-        [replace(s, result=s.result.alternatives[i]) if i < len(s.result.alternatives) else s for s in segments]
-        for i in range(count)
-    ]
 
 
 class Translations:
@@ -265,7 +151,8 @@ class Translations:
         a sentence under ``options.min_confidence`` is flagged ``low_confidence``. Format "html" keeps the
         texts' markup; in both formats placeholders, URLs, e-mail addresses and numbers with units come
         back as sent (server/markup.py). With ``options.decode.alternatives``, up to that many other
-        translations of each text (``_variants``), laid out and with their markup placed as the translation is."""
+        translations of each text (``answers.variants``), laid out and with their markup placed as the
+        translation is."""
         if options.format == "text":  # (markup's words are counted once it is parsed: tags are not words)
             check_texts(texts, self.limits, options.field, options.keep_empty)
         documents = [markup.parse(text, options.format) for text in texts]
@@ -276,10 +163,11 @@ class Translations:
             segments = [s async for s in self.segments(engine, texts, options)]
             self.observe(engine, segments, started, exchange)
             with child_span(span, "detokenize"):
-                renders = [_plain(engine, texts, variant) for variant in _variants(segments, alternatives)]
+                variants = answers.variants(segments, alternatives)
+                renders = [answers.plain(engine, texts, variant) for variant in variants]
             return [
-                _summary([render[t] for render in renders], parts, min_confidence)
-                for t, parts in enumerate(_by_text(segments, len(texts)))
+                answers.summary([render[t] for render in renders], parts, min_confidence)
+                for t, parts in enumerate(answers.by_text(segments, len(texts)))
             ]
         check_texts(texts, self.limits, options.field, options.keep_empty)
         for t, document in enumerate(documents):
@@ -306,10 +194,12 @@ class Translations:
             parts.setdefault(pieces[segment.spec.text_index][0], []).append(segment)
         with child_span(span, "markup"):
             renders = [
-                await self._render(engine, documents, pieces, variant) for variant in _variants(segments, alternatives)
+                await self._render(engine, documents, pieces, variant)
+                for variant in answers.variants(segments, alternatives)
             ]
         return [
-            _summary([render[t] for render in renders], parts.get(t, []), min_confidence) for t in range(len(documents))
+            answers.summary([render[t] for render in renders], parts.get(t, []), min_confidence)
+            for t in range(len(documents))
         ]
 
     async def _render(
@@ -320,7 +210,7 @@ class Translations:
         segments: list[DecodedSentence],
     ) -> list[str]:
         """Each document with its pieces' translations (``segments``, by piece) in place of their text."""
-        by_piece = _by_text(segments, len(pieces))
+        by_piece = answers.by_text(segments, len(pieces))
         placed = await self._place(engine, [piece for _, piece in pieces], by_piece)
         by_text: dict[int, list[str]] = {}
         for (t, _), translation in zip(pieces, placed, strict=True):
@@ -341,7 +231,8 @@ class Translations:
         except ModelFolderError as e:
             raise InvalidRequest(f"model {engine.name} cannot keep markup or placeholders: {e}") from e
         results = [
-            _joined(piece.text, sentences, detokenized) for piece, sentences in zip(pieces, by_piece, strict=True)
+            answers.joined(piece.text, sentences, detokenized)
+            for piece, sentences in zip(pieces, by_piece, strict=True)
         ]
         for i in marked:
             results[i] = placement.place(pieces[i], placement.sentences_for(engine, pieces[i], by_piece[i], alignments))

@@ -14,10 +14,10 @@ import pytest
 from common import flags
 from common.flags import setting
 from export.pipeline import ExportConfig, MarianLayout
-from model.config import ModelConfig
 from model.marian import LAYOUTS
 from model.train import DEFAULT_MODEL, TrainConfig
 from model.train import parse_args as train_args
+from runtime.model_config import ModelConfig
 from server.config import ServerConfig
 
 Color = Literal["red", "green"]
@@ -58,6 +58,16 @@ def test_flags_then_variables_then_defaults_with_nested_fields_flattened():
     assert parse(["--out", "o", "--depth", "1"], {"T_DEPTH": "3"}).inner.depth == 1
     assert parse(["--out", "o"], {"T_FILES": "p, q", "T_KEY": "k"}).files == (Path("p"), Path("q"))
     assert parse(["--out", "o", "--key", "k"]).key == Path("k")
+
+
+def test_replace_changes_fields_by_their_flag_names_wherever_they_nest():
+    config = parse(["--out", "o"])
+    assert flags.replace(config, depth=1, ratio=0.25) == dataclasses.replace(config, inner=Inner(1), ratio=0.25)
+    assert flags.replace(config, inner=Inner(9)).inner == Inner(9)  # a nested config given whole
+    assert flags.replace(config, hidden=3).hidden == 3  # a field code sets, not a flag
+    with pytest.raises(ValueError, match="depth=-1 must be at least 0"):
+        flags.replace(config, depth=-1)
+    assert flags.names(Outer) == ["out", "depth", "color", "ratio", "quiet", "files", "key"]  # not hidden
 
 
 @pytest.mark.parametrize(

@@ -1,18 +1,23 @@
 """The engine interface without a model, for scheduler tests that need no export.
 
 A source "translates" to its ids reversed, one token per decoder step (confidence -0.1 per token) (a beam of b decodes
-b rows); its memory is counted in fixed byte costs per token.
+b rows); its memory is counted in fixed byte costs per token. An engine's replicas keep its records (steps, joins,
+encoder calls), so a test reads every lane's on the engine it made.
 """
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
-from runtime.engine import Joined
+from runtime.batch import Joined
 from runtime.search import Hypothesis
+from server.errors import ServiceError
+from server.jobs import DecodeOptions, Job, QueuedSentence
+from server.text import SplitSentence
 
 BYTES_PER_TOKEN = 1024
 
@@ -35,8 +40,7 @@ class FakeBatch:
     def __init__(self, engine: FakeEngine) -> None:
         self.engine = engine
         self.sources: dict[Hashable, _Source] = {}
-        self.narrow = False
-        self.narrow_steps: list[bool] = []  # whether each step was marked narrow
+        self.stepped_on: list[FakeEngine] = []  # the engine that ran each step
 
     @property
     def rows(self) -> int:
@@ -53,13 +57,6 @@ class FakeBatch:
     def cross_bytes(self) -> int:
         return sum((len(s.reversed_ids) + 1) * BYTES_PER_TOKEN for s in self.sources.values())
 
-    def encode(self, sources: Sequence[Sequence[int]]) -> _Encoded:
-        self.engine.encoded_on.append((threading.current_thread().name, len(self.engine.steps)))
-        time.sleep(self.engine.encode_seconds)
-        if self.engine.encode_error is not None:
-            raise self.engine.encode_error
-        return _Encoded([list(ids) for ids in sources])
-
     def add(
         self, keys: Sequence[Hashable], encoded: _Encoded, beams: Sequence[int], max_lengths: Sequence[int]
     ) -> Joined:
@@ -72,10 +69,10 @@ class FakeBatch:
         longest = max(len(ids) for ids in sources) + 1
         return Joined(0.001, longest * len(sources), sum(len(ids) + 1 for ids in sources))
 
-    def step(self) -> list[tuple[Hashable, Hypothesis]]:
-        time.sleep(self.engine.step_seconds)
-        self.engine.steps.append(self.rows)
-        self.narrow_steps.append(self.narrow)
+    def step(self, on: FakeEngine | None = None) -> list[tuple[Hashable, Hypothesis]]:
+        engine = on or self.engine
+        engine.step(self.rows)
+        self.stepped_on.append(engine)
         finished = []
         for key, source in list(self.sources.items()):
             complete = len(source.output) == len(source.reversed_ids)
@@ -91,6 +88,14 @@ class FakeBatch:
         del self.sources[key]
 
 
+class FakeMemory:
+    def sequence_bytes(self, source_tokens: int, target_tokens: int, beam: int) -> int:
+        return (source_tokens + 1 + beam * target_tokens) * BYTES_PER_TOKEN
+
+    def encoder_scores_bytes(self, sentences: int, longest: int) -> int:
+        return sentences * (longest + 1) ** 2 * 4
+
+
 class FakeEngine:
     name, version, provider, variant = "fake", "0", "cpu", "fp32"
     source_language, target_language = "en", "de"
@@ -102,9 +107,14 @@ class FakeEngine:
         self.encode_error: Exception | None = None  # raised by every encode call while set
         self.joins: list[list[Hashable]] = []  # keys joined together, in order
         self.steps: list[int] = []  # rows of each step
+        self.intra_op_threads: int | None = None  # a replica's
+        self.memory = FakeMemory()
 
-    def replica(self, intra_op_threads: int | None = None, narrow_threads: int | None = None) -> FakeEngine:
-        return self
+    def replica(self, intra_op_threads: int | None = None) -> FakeEngine:
+        """Another engine on the same records (and ``encode_error`` as set when it is made)."""
+        replica = copy.copy(self)
+        replica.intra_op_threads = intra_op_threads
+        return replica
 
     def warmup(self) -> None:
         pass
@@ -119,11 +129,30 @@ class FakeEngine:
     def max_length(source_tokens: int, cap: int) -> int:
         return min(cap, 2 * source_tokens + 12)
 
+    def encode(self, sources: Sequence[Sequence[int]]) -> _Encoded:
+        self.encoded_on.append((threading.current_thread().name, len(self.steps)))
+        time.sleep(self.encode_seconds)
+        if self.encode_error is not None:
+            raise self.encode_error
+        return _Encoded([list(ids) for ids in sources])
+
     def new_batch(self) -> FakeBatch:
         return FakeBatch(self)
 
-    def sequence_bytes(self, source_tokens: int, target_tokens: int, beam: int) -> int:
-        return (source_tokens + 1 + beam * target_tokens) * BYTES_PER_TOKEN
+    def step(self, rows: int) -> None:
+        """A step of a batch of ``rows`` rows on this engine."""
+        time.sleep(self.step_seconds)
+        self.steps.append(rows)
 
-    def encoder_scores_bytes(self, sentences: int, longest: int) -> int:
-        return sentences * (longest + 1) ** 2 * 4
+
+def fake_job(
+    engine: FakeEngine,
+    sentences: list[str],
+    beam: int = 1,
+    on_segment: Callable[[QueuedSentence], None] = lambda segment: None,
+    on_done: Callable[[ServiceError | None], None] = lambda error: None,
+) -> Job:
+    """A job of one text per sentence, tokenized by ``engine``, of up to 16 output tokens each."""
+    ids = engine.tokenize(sentences)
+    specs = [SplitSentence(0, i, s, row) for i, (s, row) in enumerate(zip(sentences, ids, strict=True))]
+    return Job(specs, DecodeOptions(beam, 16), on_segment=on_segment, on_done=on_done)

@@ -1,4 +1,5 @@
-"""Server configuration: flags over TRANSLATE_* variables over defaults, and errors that name the setting."""
+"""Server configuration: flags over TRANSLATE_* variables over defaults, flat names for the nested engine and
+scheduler settings, errors that name the setting, and the lanes' thread plan it makes."""
 
 from __future__ import annotations
 
@@ -7,18 +8,35 @@ from pathlib import Path
 
 import pytest
 
-from server.config import DEFAULT_MODELS, ServerConfig, parse_config
-from server.lanes import plan_threads
+from common import flags
+from runtime.options import EngineSettings
+from server.config import DEFAULT_MODELS, SchedulerSettings, ServerConfig, parse_config
+from server.threads import plan_threads
+
+
+def plan(**settings):
+    """The thread plan of the default config with ``settings`` by their flag names."""
+    return plan_threads(flags.replace(ServerConfig(), **settings))
 
 
 def test_flags_win_over_the_environment_which_wins_over_defaults():
     environ = {"TRANSLATE_MAX_BATCH_SIZE": "16", "TRANSLATE_SCHEDULER": "continuous", "TRANSLATE_WARMUP": "false"}
     config = parse_config(["--max-batch-size", "8", "--lanes", "32,128"], environ)
-    assert config.max_batch_size == 8 and config.scheduler == "continuous" and config.warmup is False
-    assert config.lanes == (32, 128)
-    assert parse_config([], {}).lanes == ServerConfig().lanes == (64,)
-    assert parse_config(["--lanes", ""], {}).lanes == ()
-    assert parse_config([], {"TRANSLATE_LANES": "16, 256"}).lanes == (16, 256)
+    assert config.scheduling.max_batch_size == 8 and config.scheduling.scheduler == "continuous"
+    assert config.warmup is False and config.scheduling.lanes == (32, 128)
+    assert parse_config([], {}).scheduling.lanes == ServerConfig().scheduling.lanes == (64,)
+    assert parse_config(["--lanes", ""], {}).scheduling.lanes == ()
+    assert parse_config([], {"TRANSLATE_LANES": "16, 256"}).scheduling.lanes == (16, 256)
+
+
+def test_the_engine_and_scheduler_settings_nest_under_flat_flag_and_variable_names():
+    environ = {"TRANSLATE_VARIANT": "int8", "TRANSLATE_INTRA_OP_THREADS": "2", "TRANSLATE_MAX_QUEUE_SIZE": "9"}
+    config = parse_config(["--provider", "cpu", "--encode-apart", "false", "--max-batch-delay-ms", "1"], environ)
+    assert config.engine == EngineSettings(variant="int8", provider="cpu", intra_op_threads=2)
+    assert config.scheduling == SchedulerSettings(max_queue_size=9, encode_apart=False, max_batch_delay_ms=1.0)
+    assert flags.replace(ServerConfig(), provider="cpu", max_batch_size=8, port=1) == ServerConfig(
+        engine=EngineSettings(provider="cpu"), scheduling=SchedulerSettings(max_batch_size=8), port=1
+    )
 
 
 def test_onnx_runtime_threads_do_not_spin_by_default():
@@ -27,24 +45,24 @@ def test_onnx_runtime_threads_do_not_spin_by_default():
 
 
 def test_a_first_lane_that_encodes_apart_leaves_a_thread_per_replica_to_its_encoder():
-    first = lambda **settings: plan_threads(ServerConfig(**settings)).first_lane  # noqa: E731
+    first = lambda **settings: plan(**settings).first_lane  # noqa: E731
     assert first(intra_op_threads=2) == 1  # the Kubernetes ConfigMap's setting
     assert first(intra_op_threads=8, first_lane_replicas=2) == 3
     assert first(intra_op_threads=2, first_lane_replicas=4) == 1
     assert first(intra_op_threads=0) >= 1  # cores less one
     for inline in ({"encode_apart": False}, {"scheduler": "static"}, {"provider": "cuda"}):
-        plan = plan_threads(ServerConfig(intra_op_threads=8, **inline))
-        assert plan.first_lane == 8 and not plan.encode_apart
+        inline_plan = plan(intra_op_threads=8, **inline)
+        assert inline_plan.first_lane == 8 and not inline_plan.encode_apart
 
 
 def test_the_thread_plan_gives_small_batches_their_threads_only_when_work_is_split_into_lanes():
-    assert plan_threads(ServerConfig(intra_op_threads=2)).first_lane_small_batches == 1
-    assert plan_threads(ServerConfig(first_lane_small_batch_threads=0)).first_lane_small_batches is None
-    assert plan_threads(ServerConfig(lanes=())).first_lane_small_batches is None  # one lane: long rows too
-    assert plan_threads(ServerConfig(scheduler="static")).first_lane_small_batches is None
-    assert plan_threads(ServerConfig(intra_op_threads=3)).other_lanes == 3
-    # Longer lanes' narrow sessions, for while another lane has rows: half the cores, on the CPU, with lanes.
-    narrow = lambda **settings: plan_threads(ServerConfig(**settings)).other_lanes_narrow  # noqa: E731
+    assert plan(intra_op_threads=2).first_lane_small_batches == 1
+    assert plan(first_lane_small_batch_threads=0).first_lane_small_batches is None
+    assert plan(lanes=()).first_lane_small_batches is None  # one lane: long rows too
+    assert plan(scheduler="static").first_lane_small_batches is None
+    assert plan(intra_op_threads=3).other_lanes == 3
+    # Longer lanes' narrow replicas, for while another lane has rows: half the cores, on the CPU, with lanes.
+    narrow = lambda **settings: plan(**settings).other_lanes_narrow  # noqa: E731
     assert [narrow(intra_op_threads=n) for n in (1, 2, 3, 8)] == [None, 1, 1, 4]
     assert narrow() == max(1, len(os.sched_getaffinity(0)) // 2)  # intra_op_threads 0: the cores
     assert narrow(intra_op_threads=2, scheduler="static") is None
@@ -53,7 +71,7 @@ def test_the_thread_plan_gives_small_batches_their_threads_only_when_work_is_spl
 
 
 def test_one_lane_when_no_bounds_are_given():
-    assert ServerConfig(lanes=()).lanes == ()
+    assert SchedulerSettings(lanes=()).lanes == ()
 
 
 @pytest.mark.parametrize(
@@ -67,10 +85,31 @@ def test_one_lane_when_no_bounds_are_given():
         ("first_lane_small_batch_threads", -1, "first_lane_small_batch_threads=-1 must be 0"),
     ],
 )
-def test_invalid_settings_are_refused_by_name(field: str, value, message: str):
-    with pytest.raises(ValueError, match="invalid server configuration") as error:
-        ServerConfig(**{field: value})
+def test_invalid_scheduler_settings_are_refused_by_name(field: str, value, message: str):
+    with pytest.raises(ValueError, match="invalid scheduler settings") as error:
+        flags.replace(ServerConfig(), **{field: value})
     assert message in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("provider", "tpu", "provider='tpu': use "),
+        ("max_texts", 0, "max_texts=0 must be at least 1"),
+        ("cache_mib", -1, "cache_mib=-1 must be 0 (no cache) or more"),
+    ],
+)
+def test_invalid_server_settings_are_refused_by_name(field: str, value, message: str):
+    with pytest.raises(ValueError, match="invalid server configuration") as error:
+        flags.replace(ServerConfig(), **{field: value})
+    assert message in str(error.value)
+
+
+def test_an_invalid_nested_setting_is_a_usage_error_under_its_flag_name(capsys):
+    with pytest.raises(SystemExit):
+        parse_config(["--max-batch-size", "0"], {"TRANSLATE_PROVIDER": "tpu"})
+    error = capsys.readouterr().err
+    assert "max_batch_size=0 must be at least 1" in error and "TRANSLATE_PROVIDER: 'tpu': use " in error
 
 
 def test_invalid_flag_exits_with_usage(capsys):

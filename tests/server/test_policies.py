@@ -3,14 +3,9 @@ sentences and sizes (no ONNX Runtime, no threads)."""
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
-from pathlib import Path
-
-import pytest
 
 from server.budget import INITIAL_TARGET_RATIO, PREDICTION_MARGIN, PREDICTION_SLACK_TOKENS, MemoryBudget
-from server.lanes import Lane
 from server.policies import (
     STARVATION_SECONDS,
     Continuous,
@@ -20,7 +15,6 @@ from server.policies import (
     join_later,
     length_groups,
 )
-from tests.server.fake_engine import FakeEngine
 
 
 class Sizes:
@@ -101,39 +95,20 @@ def test_static_admits_only_into_an_empty_batch_and_never_splits_lanes():
     assert not policy.joins_now(waiting, rows=3, join_seconds=0.0, now=100.0)  # however long they waited
 
 
-def test_continuous_joins_a_busy_batch_once_the_wait_pays_and_forgets_a_starving_job_that_left():
+def test_continuous_joins_a_busy_batch_once_the_wait_pays_and_a_starving_sentence_holds_other_lanes():
     policy = Continuous()
-    job = object()
-    waiting = [Sentence(50, enqueued_at=0.0, lane=1, job=job)]
+    waiting = [Sentence(50, enqueued_at=0.0, lane=1)]
     assert policy.splits_lanes and policy.joins_now(waiting, rows=0, join_seconds=1.0, now=0.0)
     assert not policy.joins_now(waiting, rows=4, join_seconds=0.01, now=0.02)  # 0.02 s waited < 4 × 0.01
     assert policy.joins_now(waiting, rows=4, join_seconds=0.01, now=0.05)
-    assert policy.choose(waiting, lambda group: False, lane=1, now=STARVATION_SECONDS + 1) == []
-    assert policy.starving is waiting[0]
-    assert policy.choose([Sentence(3)], lambda group: True, lane=0, now=0.0) == []  # other lanes wait
-    policy.forget(object())
-    assert policy.starving is waiting[0]
-    policy.forget(job)
-    assert policy.starving is None
+    nothing_fits = lambda group: False  # noqa: E731
+    assert policy.choose(waiting, nothing_fits, 1, None, now=STARVATION_SECONDS + 1) == ([], waiting[0])
+    short = Sentence(3)
+    assert policy.choose([short], lambda group: True, 0, waiting[0], now=0.0) == ([], waiting[0])  # others wait
+    assert policy.choose_backlog([short], lambda group: True, [], waiting[0]) == []
+    assert policy.choose_backlog([short], lambda group: True, [], None) == [short]
 
 
 def test_length_groups_cut_sorted_sentences_where_the_length_bucket_changes():
     sentences = [Sentence(n) for n in (3, 10, 16, 17, 30, 200)]
     assert [[s.source_tokens for s in g] for g in length_groups(sentences)] == [[3, 10, 16], [17, 30], [200]]
-
-
-@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="thread names are read from /proc (Linux)")
-def test_a_lane_names_its_thread_for_the_os():
-    """top -H and /proc show which lane burns the CPU (benchmarks/service_overhead.py reads them)."""
-    lane = Lane(3, "65+", "m", 0)
-    lane.engine = FakeEngine()
-    names = []
-
-    def run() -> None:
-        lane.open(lambda: lane.engine, warmup=False)
-        names.append(Path(f"/proc/self/task/{threading.get_native_id()}/comm").read_text().strip())
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join()
-    assert names == ["lane3 65+"] and lane.batch is not None

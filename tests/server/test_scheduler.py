@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from runtime.sessions import OrtModel, RuntimeOptions
-from server.jobs import DecodeOptions, Job
+from runtime.backend import OrtBackend
+from runtime.offline import translate
+from runtime.options import RuntimeOptions
+from server.jobs import Job
 from server.metrics import Metrics
 from server.policies import (
     BACKLOG_AFTER_SECONDS,
@@ -23,10 +25,9 @@ from server.policies import (
     pause_owed,
 )
 from server.scheduler import Scheduler
-from server.text import SplitSentence
-from tests.conftest import own_sentences
-from tests.server.conftest import RunningServer, server_config
-from tests.server.fake_engine import FakeEngine
+from testkit.sentences import own_sentences
+from testkit.servers import RunningServer, server_config
+from tests.server.fake_engine import FakeEngine, fake_job
 
 LONG_TEXT = " ".join(
     f"A man is walking near the water number {i} and a dog follows him" for i in range(6)
@@ -56,7 +57,8 @@ def test_translations_identical_under_both_schedulers(scheduled, tiny_export: Pa
     sentences = own_sentences(15) + [LONG_TEXT]  # continuous: the long one decodes in its own lane
     with ThreadPoolExecutor(16) as pool:
         results = list(pool.map(lambda s: server.translate([s], beam=beam).translations[0].text, sentences))
-    reference = OrtModel(tiny_export, RuntimeOptions(provider="cpu")).translate(
+    reference = translate(
+        OrtBackend(tiny_export, RuntimeOptions(provider="cpu")),
         sentences,
         beam=beam,
         max_output_tokens=200,  # the fixture's server runs without the guard: long decodes
@@ -146,12 +148,6 @@ def _unstarted(config) -> tuple[FakeEngine, Scheduler]:
     return engine, Scheduler([engine], config, Metrics())  # not started: the test drives admission itself
 
 
-def _job(engine, sentences: list[str], beam: int = 1, on_segment=lambda s: None, on_done=lambda e: None) -> Job:
-    ids = engine.tokenize(sentences)
-    specs = [SplitSentence(0, i, s, row) for i, (s, row) in enumerate(zip(sentences, ids, strict=True))]
-    return Job(specs, DecodeOptions(beam, 16), on_segment=on_segment, on_done=on_done)
-
-
 @pytest.mark.parametrize(("policy", "replicas"), [("static", 1), ("continuous", 1), ("continuous", 2)])
 def test_every_request_gets_its_own_answer_once(policy: str, replicas: int):
     """The scheduler over a fake engine (each source comes back reversed, one token per step): requests of
@@ -168,7 +164,7 @@ def test_every_request_gets_its_own_answer_once(policy: str, replicas: int):
     try:
         for i in range(40):
             sentences = own_sentences(1 + i % 3) if i % 7 else [" ".join(own_sentences(3))]
-            job = _job(
+            job = fake_job(
                 engine,
                 sentences,
                 beam=1 + i % 4,
@@ -198,12 +194,12 @@ def test_a_request_joins_the_least_loaded_replica_of_its_lane():
     config = server_config(Path("unused"), scheduler="continuous", lanes=(16,), first_lane_replicas=2)
     engine, scheduler = _unstarted(config)
     assert [lane.name for lane in scheduler.lanes] == ["1-16/0", "1-16/1", "17+"]
-    assert all(lane.engine is engine for lane in scheduler.lanes[:2])  # the first size shares the sessions
-    short = [_job(engine, ["A dog runs."]) for _ in range(3)]
+    assert scheduler.threads.for_lane(0, "cpu").own is None  # the first size shares the model's sessions
+    short = [fake_job(engine, ["A dog runs."]) for _ in range(3)]
     for job in short:
         scheduler.submit(job)
     assert [job.segments[0].lane for job in short] == [0, 1, 0]
-    long = _job(engine, [LONG_TEXT])
+    long = fake_job(engine, [LONG_TEXT])
     scheduler.submit(long)
     assert long.segments[0].lane == 2
 
@@ -217,7 +213,7 @@ class _Answers:
         self.error = None
 
     def job(self, engine, sentences: list[str]) -> Job:
-        return _job(engine, sentences, on_segment=self.segments.append, on_done=self._done)
+        return fake_job(engine, sentences, on_segment=self.segments.append, on_done=self._done)
 
     def _done(self, error) -> None:
         self.error = error
@@ -306,8 +302,8 @@ def test_continuous_admission_by_lane():
     config = server_config(Path("unused"), scheduler="continuous", lanes=(16,), max_batch_size=4, first_lane_replicas=1)
     engine, scheduler = _unstarted(config)
     short_lane, long_lane = scheduler.lanes
-    document = _job(engine, own_sentences(20))  # 20 short sentences, well over 16 tokens in all: the long lane
-    shorts = [_job(engine, ["A dog runs."]) for _ in range(6)]
+    document = fake_job(engine, own_sentences(20))  # 20 short sentences, well over 16 tokens in all: the long lane
+    shorts = [fake_job(engine, ["A dog runs."]) for _ in range(6)]
     for j in [shorts[0], document, *shorts[1:]]:
         scheduler.submit(j)
     assert {s.lane for s in document.segments} == {1} and {j.segments[0].lane for j in shorts} == {0}
@@ -333,15 +329,16 @@ def test_a_first_lane_with_room_takes_the_sentences_the_long_lane_has_no_room_fo
     engine, scheduler = _unstarted(config)
     short_lane, long_lane = scheduler.lanes
     share = int(BACKLOG_SHARE * 8)
-    document = _job(engine, [*own_sentences(17), " ".join(own_sentences(3))])  # 17 short sentences, one long
-    short = _job(engine, ["A dog runs."])
+    document = fake_job(engine, [*own_sentences(17), " ".join(own_sentences(3))])  # 17 short sentences, one long
+    short = fake_job(engine, ["A dog runs."])
     scheduler.submit(document)
     scheduler.submit(short)
     assert {s.lane for s in document.segments} == {1}
-    assert list(scheduler._backlog(short_lane)) == []  # the long lane may yet keep up
+    backlog = lambda: list(scheduler.admissions.backlog(short_lane, time.monotonic()))  # noqa: E731
+    assert backlog() == []  # the long lane may yet keep up
     for segment in document.segments:
         segment.enqueued_at -= BACKLOG_AFTER_SECONDS
-    assert list(scheduler._backlog(short_lane)) == document.segments[8 : 8 + share]  # beyond the long lane's 8
+    assert backlog() == document.segments[8 : 8 + share]  # beyond the long lane's 8
     taken = document.segments[8 : 8 + share - 1]
     assert scheduler._admit(short_lane) == [short.segments[0], *taken]
     assert [s.lane for s in document.segments] == [1] * 8 + [0] * len(taken) + [1] * (18 - 8 - len(taken))
@@ -354,12 +351,10 @@ def test_a_first_lane_with_room_takes_the_sentences_the_long_lane_has_no_room_fo
         long_lane.running[segment] = None  # as _encode_and_join would
     for segment in [short.segments[0], *taken]:
         short_lane.running[segment] = None
-    short_lane.batch.add(
-        taken, short_lane.batch.encode([s.spec.ids for s in taken]), [1] * len(taken), [16] * len(taken)
-    )
+    short_lane.batch.add(taken, engine.encode([s.spec.ids for s in taken]), [1] * len(taken), [16] * len(taken))
     assert scheduler._admit(short_lane) == []  # it has all the backlog it takes
     short_lane.join_seconds = 1.0  # a join would hold up its own rows for long: it has none, so arrivals join at once
-    late = _job(engine, ["A cat sleeps."])
+    late = fake_job(engine, ["A cat sleeps."])
     scheduler.submit(late)
     assert scheduler._admit(short_lane) == late.segments
     short_lane.running[late.segments[0]] = None
@@ -374,7 +369,7 @@ def test_static_never_moves_work_between_lanes():
     config = server_config(Path("unused"), scheduler="static", lanes=(16,), max_batch_size=4)
     engine, scheduler = _unstarted(config)
     (lane,) = scheduler.lanes
-    assert list(scheduler._backlog(lane)) == []
+    assert list(scheduler.admissions.backlog(lane, time.monotonic())) == []
 
 
 def test_a_job_decoding_in_two_lanes_is_answered_once_or_cancelled_from_both():
@@ -457,10 +452,10 @@ def test_the_first_lane_pauses_only_while_a_longer_lane_decodes_what_it_cannot_t
     assert _paused_while([LONG_TEXT], share=0.0) == 0.0
 
 
-def test_a_longer_lane_steps_on_its_narrow_sessions_while_another_lane_has_rows():
-    """A longer lane's replica has narrow sessions (half the cores, on the CPU): it steps on them while another
-    lane has rows, so the two lanes' runs do not ask for more threads than there are cores, and on all of
-    its threads when it decodes alone."""
+def test_a_longer_lane_steps_on_its_narrow_replica_while_another_lane_has_rows():
+    """A longer lane holds a narrow replica (half the cores, on the CPU): it steps on it while another lane has
+    rows, so the two lanes' runs do not ask for more threads than there are cores, and on its own replica (all
+    of its threads) when it decodes alone."""
     engine = FakeEngine(step_seconds=0.005)
     config = server_config(
         Path("unused"),
@@ -474,11 +469,13 @@ def test_a_longer_lane_steps_on_its_narrow_sessions_while_another_lane_has_rows(
     scheduler = Scheduler([engine], config, Metrics())
     assert scheduler.threads.other_lanes_narrow == 1
     scheduler.start()
+    first, longer = scheduler.lanes
+    assert longer.engine.intra_op_threads == 2 and longer.narrow.intra_op_threads == 1 and first.narrow is None
     alone, long, short = _Answers(), _Answers(), _Answers()
     try:
         scheduler.submit(alone.job(engine, [LONG_TEXT]))
         assert alone.done.wait(10) and alone.error is None
-        steps = scheduler.lanes[1].batch.narrow_steps
+        steps = longer.batch.stepped_on
         alone_steps = list(steps)
         scheduler.submit(long.job(engine, [LONG_TEXT]))
         while not scheduler.lanes[1].running:
@@ -487,9 +484,9 @@ def test_a_longer_lane_steps_on_its_narrow_sessions_while_another_lane_has_rows(
         assert short.done.wait(10) and long.done.wait(10) and short.error is None and long.error is None
     finally:
         scheduler.stop(timeout=10)
-    assert alone_steps and not any(alone_steps)
-    assert any(steps[len(alone_steps) :])
-    assert not any(scheduler.lanes[0].batch.narrow_steps)  # the first lane has no narrow sessions
+    assert alone_steps and all(on is longer.engine for on in alone_steps)
+    assert any(on is longer.narrow for on in steps[len(alone_steps) :])
+    assert all(on is engine for on in first.batch.stepped_on)  # the first lane runs on the model's engine
 
 
 def test_a_segment_starving_for_room_stops_other_lanes():
@@ -498,22 +495,23 @@ def test_a_segment_starving_for_room_stops_other_lanes():
     config = server_config(Path("unused"), scheduler="continuous", lanes=(16,), first_lane_replicas=1)
     engine, scheduler = _unstarted(config)
     short_lane, long_lane = scheduler.lanes
-    document = _job(engine, [" ".join(own_sentences(4))])  # one long sentence
+    document = fake_job(engine, [" ".join(own_sentences(4))])  # one long sentence
     scheduler.submit(document)
     long = document.segments[0]
-    held = scheduler.memory.budget_bytes - long.reserved_bytes - engine.encoder_scores_bytes(1, long.source_tokens) + 1
+    scores = engine.memory.encoder_scores_bytes(1, long.source_tokens)
+    held = scheduler.memory.budget_bytes - long.reserved_bytes - scores + 1
     scheduler.memory.reserved_bytes = held
-    assert scheduler._admit(long_lane) == [] and scheduler.policy.starving is None  # not waited long enough yet
-    scheduler.submit(_job(engine, ["A dog runs."]))
+    assert scheduler._admit(long_lane) == [] and scheduler.admissions.starving is None  # not waited long enough yet
+    scheduler.submit(fake_job(engine, ["A dog runs."]))
     assert len(scheduler._admit(short_lane)) == 1  # shorts, which need less, may pass it meanwhile
     scheduler.memory.reserved_bytes = held
     long.enqueued_at -= STARVATION_SECONDS + 0.1
-    assert scheduler._admit(long_lane) == [] and scheduler.policy.starving is long
-    late = _job(engine, ["A cat sleeps."])
+    assert scheduler._admit(long_lane) == [] and scheduler.admissions.starving is long
+    late = fake_job(engine, ["A cat sleeps."])
     scheduler.submit(late)
     assert scheduler._admit(short_lane) == []  # even though it would fit
     scheduler.memory.reserved_bytes = 0  # the short rows finished
-    assert scheduler._admit(long_lane) == document.segments and scheduler.policy.starving is None
+    assert scheduler._admit(long_lane) == document.segments and scheduler.admissions.starving is None
     assert scheduler._admit(short_lane) == late.segments
 
 
@@ -544,11 +542,11 @@ def test_longer_lanes_run_at_lower_os_priority(tiny_export: Path):
         def threads(session) -> int:
             return session.get_session_options().intra_op_num_threads
 
-        short, long = short_lane.engine.model, long_lane.engine.model
+        short, long, narrow = (lane.backend for lane in (short_lane.engine, long_lane.engine, long_lane.narrow))
         assert [threads(short.small_decoder), threads(short.decoder), threads(long.small_decoder)] == [1, 1, 2]
-        # ... and while the first lane has rows, on its narrow sessions: half the cores.
-        assert [threads(long.narrow_decoder), threads(long.narrow_encoder), threads(long.encoder)] == [1, 1, 2]
-        assert short.narrow_decoder is short.decoder
+        # ... and while the first lane has rows, on its narrow replica: half the cores.
+        assert [threads(narrow.decoder), threads(narrow.encoder), threads(long.encoder)] == [1, 1, 2]
+        assert short_lane.narrow is None
         assert short_lane.encoder is not None and long_lane.encoder is None
     finally:
         server.close()
@@ -561,20 +559,20 @@ def test_a_busy_lane_takes_arrivals_in_batches():
     engine, scheduler = _unstarted(config)
     lane = scheduler.lanes[0]
     lane.engine, lane.batch = engine, engine.new_batch()
-    running = [_job(engine, [sentence]) for sentence in own_sentences(4)]
+    running = [fake_job(engine, [sentence]) for sentence in own_sentences(4)]
     for job in running:
         scheduler.submit(job)
     first = scheduler._admit(lane)
     assert first == [job.segments[0] for job in running]  # nothing running: no reason to wait
-    scheduler._encode_and_join(lane, first)
+    scheduler._encode_and_join(lane, first, None)
     assert lane.batch.rows == 4 and lane.join_seconds > 0
     lane.join_seconds = 0.01  # a join holds 4 rows up for 10 ms: 40 ms in all
-    arrival = _job(engine, ["A dog runs."])
+    arrival = fake_job(engine, ["A dog runs."])
     scheduler.submit(arrival)
     assert scheduler._admit(lane) == []
     arrival.segments[0].enqueued_at -= 0.05
     assert scheduler._admit(lane) == arrival.segments
-    crowd = [_job(engine, ["A cat sleeps."]) for _ in range(3)]
+    crowd = [fake_job(engine, ["A cat sleeps."]) for _ in range(3)]
     for job in crowd:
         scheduler.submit(job)
         job.segments[0].enqueued_at -= 0.015  # 45 ms waited in all
@@ -600,5 +598,5 @@ def test_replicas_sharing_the_models_sessions_translate_as_one_lane_does(tiny_ex
         assert first.engine is second.engine
     finally:
         server.close()
-    reference = OrtModel(tiny_export, RuntimeOptions(provider="cpu")).translate(sentences, max_output_tokens=24)
+    reference = translate(OrtBackend(tiny_export, RuntimeOptions(provider="cpu")), sentences, max_output_tokens=24)
     assert results == reference
