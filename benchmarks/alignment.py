@@ -21,11 +21,13 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from common.corpus import corpus_path, read_lines
+from common.corpus import MULTI30K, corpus_path, read_lines
 from export.aligner import build_aligner
 from model.checkpoint import load_checkpoint
+from runtime import offline
+from runtime.backend import OrtBackend
 from runtime.cpu import describe_cpu
-from runtime.sessions import OrtModel, RuntimeOptions
+from runtime.options import RuntimeOptions
 from server.placement import align_units, source_words, unit_spans
 
 # English word -> the starts of its German translations (lower case).
@@ -115,7 +117,7 @@ def reading(alignment: np.ndarray, layer, offset, outputs: int, sources: int) ->
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=Path("exported/default"))
-    parser.add_argument("--data", type=Path, default=Path("../shared/data/multi30k"))
+    parser.add_argument("--data", type=Path, default=MULTI30K)
     parser.add_argument("--split", default="test_2016_flickr")
     parser.add_argument("--sentences", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=3)
@@ -124,16 +126,16 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    model = OrtModel(args.model, RuntimeOptions(intra_op_threads=2))
+    model = OrtBackend(args.model, RuntimeOptions(intra_op_threads=2))
     tokenizer = model.tokenizer
     sources = read_lines(corpus_path(args.data, args.split, "en"))[: args.sentences]
     ids = tokenizer.encode_source(sources)
-    outputs = model.translate_ids(ids)
+    outputs = offline.translate_ids(model, ids)
     # Every layer, not only those the export's aligner keeps: a full aligner from the checkpoint.
     checkpoint, _ = load_checkpoint(Path(model.manifest["checkpoint"]["path"]))
     full = build_aligner(checkpoint, checkpoint.config.n_decoder_layers).SerializeToString()
     session = ort.InferenceSession(full, providers=["CPUExecutionProvider"])
-    every = model.alignments(list(zip(ids, outputs, strict=True)), session)
+    every = model.aligner.alignments(list(zip(ids, outputs, strict=True)), session)
     layers = every[0].shape[0]
     choices = [(layer, offset) for layer in [*range(layers), "mean"] for offset in (0, 1)]
     choices += [(f"{a}+{b}", f"{x}+{y}") for a, x, b, y in COMBINATIONS if max(a, b) < layers]
@@ -162,10 +164,10 @@ def main(argv=None) -> None:
     decode_s, align_s = [], []
     for _ in range(args.repeats):
         started = time.perf_counter()
-        model.translate_ids(ids)
+        offline.translate_ids(model, ids)
         decode_s.append(time.perf_counter() - started)
         started = time.perf_counter()
-        model.align(pairs)
+        model.aligner.align(pairs)
         align_s.append(time.perf_counter() - started)
     print(f"command: python {' '.join(sys.argv)}")
     print(f"machine: {describe_cpu()}; model {args.model}; {len(sources)} {args.split} sentences, greedy fp32")

@@ -19,21 +19,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common.corpus import corpus_path, read_lines  # noqa: E402
+from common.corpus import MULTI30K, corpus_path, read_lines  # noqa: E402
 from runtime.cpu import describe_cpu  # noqa: E402
-from tests.server.test_http import http, start  # noqa: E402
+from testkit.servers import http, start_server  # noqa: E402
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, required=True)
-    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared/data/multi30k")
+    parser.add_argument("--data", type=Path, default=MULTI30K)
     parser.add_argument("--sentences", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     sentences = read_lines(corpus_path(args.data, "test_2016_flickr", "en"))[: args.sentences]
     marked = [f"<p><b>{first}</b> {rest}</p>" for first, rest in (s.split(" ", 1) for s in sentences)]
-    server = start(args.model, max_output_tokens=256, cache_mib=0)
+    server = start_server(args.model, max_output_tokens=256, cache_mib=0)
 
     def over_http(texts: list[str], alternatives: int, format: str = "text") -> Callable[[], None]:
         def send() -> None:

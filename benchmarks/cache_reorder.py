@@ -29,10 +29,14 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
+from runtime.backend import OrtBackend
+from runtime.batch import DecodeBatch
+from runtime.binding import bind_step
+from runtime.caches import KVCache
 from runtime.contract import layer_names
 from runtime.cpu import describe_cpu
-from runtime.search import DecodeBatch, KVCache, new_search, pad_sources
-from runtime.sessions import NO_FUSIONS, OrtModel, RuntimeOptions, bind_step
+from runtime.options import RuntimeOptions
+from runtime.providers import NO_FUSIONS
 
 CASES = [(4, 16), (4, 1000), (128, 16), (128, 1000)]  # (rows, cached tokens per row)
 BEAM = 4
@@ -64,15 +68,14 @@ def session(model_bytes: bytes | str) -> ort.InferenceSession:
     return ort.InferenceSession(model_bytes, options, ["CPUExecutionProvider"], disabled_optimizers=NO_FUSIONS)
 
 
-def filled_batch(model: OrtModel, rows: int, cached: int) -> DecodeBatch:
+def filled_batch(model: OrtBackend, rows: int, cached: int) -> DecodeBatch:
     """A batch of rows / BEAM sources with BEAM rows each, every row's cache holding ``cached`` tokens."""
     c, sources = model.config, rows // BEAM
     rng = np.random.default_rng(0)
     ids = [rng.integers(4, c.vocab_size, 20).tolist() for _ in range(sources)]
-    src_tokens, src_mask = pad_sources(ids, c.pad_id, c.eos_id)
     batch = model.new_batch()
-    searches = [new_search(BEAM, cached + 2, c.eos_id) for _ in range(sources)]
-    batch.add(list(range(sources)), searches, *model.encode(src_tokens, src_mask), src_mask)
+    batch.add(list(range(sources)), model.encode_sources(ids), [BEAM] * sources, [cached + 2] * sources)
+    searches = list(batch.searches.values())
     batch.cache.select(np.repeat(np.arange(sources), BEAM))  # each source's BEAM rows
     batch.cache.reserve(rows, cached + 1)
     for buffer in batch.cache.keys + batch.cache.values:
@@ -94,7 +97,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args()
-    model = OrtModel(args.model, RuntimeOptions(args.variant, "cpu", intra_op_threads=2))
+    model = OrtBackend(args.model, RuntimeOptions(args.variant, "cpu", intra_op_threads=2))
     decoder_path = args.model / model.manifest["variants"][args.variant]["decoder"]
     host_step, graph_step = session(str(decoder_path)), session(gathering_step(decoder_path))
     print(f"command: python benchmarks/cache_reorder.py {shlex.join(sys.argv[1:])}")
@@ -110,7 +113,7 @@ def main() -> int:
         cache: KVCache = batch.cache
         parents = (np.arange(rows) // BEAM * BEAM + np.tile(PARENTS, rows // BEAM)).astype(np.int64)
         changed = np.flatnonzero(parents != np.arange(rows))
-        feeds = batch.step_feeds()
+        feeds = batch.step_inputs().feeds
         host = bind_step(host_step, feeds)
         # Ping-pong: the spare set takes the gathered rows and the step's new entries; the next step reads it.
         spare = [np.empty_like(buffer) for buffer in cache.keys + cache.values]

@@ -18,9 +18,11 @@ from pathlib import Path
 import numpy as np
 import sacrebleu
 
-from common.corpus import corpus_path, read_lines
-from runtime.search import MAX_REPEATS
-from runtime.sessions import OrtModel, RuntimeOptions
+from common.corpus import MULTI30K, corpus_path, read_lines
+from runtime import offline
+from runtime.backend import OrtBackend
+from runtime.options import RuntimeOptions
+from runtime.search import RepetitionGuard
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,11 +34,11 @@ def ranks(values: np.ndarray) -> np.ndarray:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=ROOT / "exported" / "default")
-    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "multi30k")
+    parser.add_argument("--data", type=Path, default=MULTI30K)
     parser.add_argument("--split", default="test_2016_flickr")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "confidence.md")
     args = parser.parse_args()
-    model = OrtModel(args.model, RuntimeOptions(provider="cpu"))
+    model = OrtBackend(args.model, RuntimeOptions(provider="cpu"))
     manifest = json.loads((args.model / "manifest.json").read_text())
     source, target = manifest["source_language"], manifest["target_language"]
     sources = read_lines(corpus_path(args.data, args.split, source))
@@ -44,7 +46,7 @@ def main() -> int:
     ids = model.tokenizer.encode_source(sources)
     hypotheses = []
     for start in range(0, len(ids), 64):
-        hypotheses += model.hypotheses(ids[start : start + 64], 1, 256, MAX_REPEATS)
+        hypotheses += offline.hypotheses(model, ids[start : start + 64], 1, 256, RepetitionGuard())
     outputs = model.tokenizer.decode([h.tokens for h in hypotheses])
     scores = np.array([h.score for h in hypotheses])
     chrf = np.array([sacrebleu.sentence_chrf(o, [r]).score for o, r in zip(outputs, references, strict=True)])

@@ -22,9 +22,12 @@ from pathlib import Path
 
 import numpy as np
 
+from common.corpus import MULTI30K
+from runtime import offline
+from runtime.backend import OrtBackend
 from runtime.cpu import describe_cpu
 from runtime.engine import Engine
-from runtime.sessions import OrtModel, RuntimeOptions
+from runtime.options import RuntimeOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,16 +45,14 @@ def median_time(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def step_seconds(model: OrtModel, length: int, repeats: int) -> float:
+def step_seconds(model: OrtBackend, length: int, repeats: int) -> float:
     """Median time of one decoder step of one row with ``length`` cached tokens and a source of ``length``
     tokens (a search without eos decodes up to there, then steps are timed in place)."""
-    from runtime.search import GreedySearch, pad_sources
+    from runtime.search import Decoding
 
-    c = model.config
-    src = np.random.default_rng(1).integers(4, c.vocab_size, length).tolist()
-    src_tokens, src_mask = pad_sources([src], c.pad_id, c.eos_id)
-    batch = model.new_batch()
-    batch.add([0], [GreedySearch(length + repeats + 3, -1)], *model.encode(src_tokens, src_mask), src_mask)
+    src = np.random.default_rng(1).integers(4, model.config.vocab_size, length).tolist()
+    batch = model.new_batch(Decoding(eos_id=-1))
+    batch.add([0], model.encode_sources([src]), [1], [length + repeats + 3])
     for _ in range(max(0, length - 1)):
         batch.step()
     return median_time(batch.step, repeats)
@@ -64,7 +65,7 @@ def timing_rows(model_dir: Path, repeats: int) -> list[dict]:
     from model.checkpoint import load_checkpoint
 
     torch_model, _ = load_checkpoint()
-    ort_model = OrtModel(model_dir, RuntimeOptions(provider="cpu", spinning=False, small_batch_threads=1))
+    ort_model = OrtBackend(model_dir, RuntimeOptions(provider="cpu", spinning=False, small_batch_threads=1))
     c = ort_model.config
     rows = []
     for length in LENGTHS:
@@ -98,7 +99,7 @@ def timing_rows(model_dir: Path, repeats: int) -> list[dict]:
 def batch_sweep(model_dir: Path, data: Path, repeats: int) -> list[dict]:
     from common.corpus import corpus_path, read_lines
 
-    ort_model = OrtModel(model_dir, RuntimeOptions(provider="cpu", spinning=False, small_batch_threads=1))
+    ort_model = OrtBackend(model_dir, RuntimeOptions(provider="cpu", spinning=False, small_batch_threads=1))
     texts = read_lines(corpus_path(data, "test_2016_flickr", "en"))[:SWEEP_SENTENCES]
     ids = ort_model.tokenizer.encode_source(texts)
     result = []
@@ -108,7 +109,7 @@ def batch_sweep(model_dir: Path, data: Path, repeats: int) -> list[dict]:
         def run():
             outputs.clear()
             for i in range(0, len(ids), batch):
-                outputs.extend(len(o) + 1 for o in ort_model.translate_ids(ids[i : i + batch]))
+                outputs.extend(len(o) + 1 for o in offline.translate_ids(ort_model, ids[i : i + batch]))
 
         seconds = median_time(run, repeats)
         result.append(
@@ -128,7 +129,7 @@ def measure_memory(model_dir: Path, length: int, beam: int) -> None:
     ``length`` steps with ``beam`` rows (a search that never meets eos), next to the server's estimate."""
     import psutil
 
-    from runtime.search import BeamSearch, GreedySearch, pad_sources
+    from runtime.search import Decoding
 
     engine = Engine(model_dir, RuntimeOptions(provider="cpu"))
     engine.warmup(lengths=(8,), beams=(beam,))
@@ -142,19 +143,16 @@ def measure_memory(model_dir: Path, length: int, beam: int) -> None:
 
     thread = threading.Thread(target=sample, daemon=True)
     thread.start()
-    c = engine.config
-    src = np.random.default_rng(0).integers(4, c.vocab_size, length).tolist()
-    src_tokens, src_mask = pad_sources([src], c.pad_id, c.eos_id)
-    batch = engine.new_batch()._batch  # the engine's own batch: a search without eos is not on its interface
-    search = GreedySearch(length + 1, -1) if beam == 1 else BeamSearch(beam, length + 1, -1)
-    batch.add([0], [search], *engine.model.encode(src_tokens, src_mask), src_mask)
+    src = np.random.default_rng(0).integers(4, engine.config.vocab_size, length).tolist()
+    batch = engine.backend.new_batch(Decoding(eos_id=-1))  # the engine's batch, with a search without eos
+    batch.add([0], engine.encode([src]), [beam], [length + 1])
     cache_bytes = 0
     while len(batch):
-        cache_bytes = max(cache_bytes, batch.cache.nbytes + batch.cross_nbytes)
+        cache_bytes = max(cache_bytes, batch.cache_bytes + batch.cross_bytes)
         batch.step()
     running[0] = False
     thread.join()
-    estimate = engine.sequence_bytes(length, length, beam) + engine.encoder_scores_bytes(1, length)
+    estimate = engine.memory.sequence_bytes(length, length, beam) + engine.memory.encoder_scores_bytes(1, length)
     print(
         json.dumps(
             {
@@ -229,7 +227,7 @@ def plots(timings: list[dict], memory: list[dict], out: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=ROOT / "exported/default")
-    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared/data/multi30k")
+    parser.add_argument("--data", type=Path, default=MULTI30K)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--beam", type=int, default=4, help=argparse.SUPPRESS)

@@ -18,9 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from common.corpus import corpus_path, read_lines
+from common.corpus import MULTI30K, corpus_path, read_lines
+from runtime import offline
+from runtime.backend import OrtBackend
 from runtime.cpu import describe_cpu
-from runtime.sessions import OrtModel
 from runtime.translate_file import runtime_options
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,11 +29,11 @@ ROOT = Path(__file__).resolve().parents[1]
 CASES = ((32, 1, 1000), (32, 4, 1000), (1, 1, 150))  # (batch, beam, sentences), as export.benchmark's
 
 
-def rate(model: OrtModel, sources: list[list[int]], batch: int, beam: int) -> tuple[float, list[list[int]]]:
+def rate(model: OrtBackend, sources: list[list[int]], batch: int, beam: int) -> tuple[float, list[list[int]]]:
     """Output tokens (eos included) per second of decoding ``sources`` in chunks of ``batch``, and the outputs."""
     outputs, start = [], time.perf_counter()
     for i in range(0, len(sources), batch):
-        outputs += model.translate_ids(sources[i : i + batch], beam, 256)
+        outputs += offline.translate_ids(model, sources[i : i + batch], beam, 256)
     return sum(len(output) + 1 for output in outputs) / (time.perf_counter() - start), outputs
 
 
@@ -44,10 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--sentences", type=int, help="at most this many per case")
-    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared/data/multi30k")
+    parser.add_argument("--data", type=Path, default=MULTI30K)
     args = parser.parse_args(argv)
     options = runtime_options(args.variant, threads=args.threads)  # translate-file's, as export.benchmark's
-    models = {"base": OrtModel(args.base, options), "this": OrtModel(args.model, options)}
+    models = {"base": OrtBackend(args.base, options), "this": OrtBackend(args.model, options)}
     texts = read_lines(corpus_path(args.data, "test_2016_flickr", "en"))
     print(f"command: python {' '.join(sys.argv)}")
     print(

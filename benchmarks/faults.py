@@ -19,8 +19,8 @@ sys.path.insert(0, str(ROOT))
 
 from client.channel import KEEPALIVE_TIME_MS, KEEPALIVE_TIMEOUT_MS  # noqa: E402
 from runtime.cpu import describe_cpu  # noqa: E402
-from tests.server import netns  # noqa: E402
-from tests.server.test_netns_faults import STUCK_BOUND_S, TABLE_HEADER, Durations, run_faults  # noqa: E402
+from testkit import netns  # noqa: E402
+from testkit.faults import STUCK_BOUND_S, TABLE_HEADER, Durations, run_faults  # noqa: E402
 
 
 def main() -> int:

@@ -29,10 +29,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from client import loadtest, loadtest_report  # noqa: E402
+from common.corpus import MULTI30K  # noqa: E402
 from runtime.cpu import describe_cpu  # noqa: E402
 from server.config import DEFAULT_MODELS  # noqa: E402
-from tests.server.test_http import free_port  # noqa: E402
-from tests.server.test_lifecycle import start_subprocess_server  # noqa: E402
+from testkit.servers import free_port, start_subprocess_server  # noqa: E402
 
 EN_DE, DE_EN = DEFAULT_MODELS
 MIB = 1 << 20
@@ -186,7 +186,7 @@ def mixed(data: Path, tokenizers: dict[str, object], requests: int, clients: int
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "multi30k")
+    parser.add_argument("--data", type=Path, default=MULTI30K)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "front_ends.md")
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=3)

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -36,11 +37,16 @@ import sacrebleu
 import sentencepiece
 from onnx import TensorProto, helper
 
-from common.corpus import corpus_path, read_lines
+from common.corpus import MULTI30K, corpus_path, read_lines
+from runtime import offline
+from runtime.backend import OrtBackend
+from runtime.batch import pad_sources
+from runtime.binding import bind_step, run_in_place
 from runtime.contract import CANDIDATE_OUTPUTS, STEP_OUTPUTS
 from runtime.cpu import describe_cpu
-from runtime.search import default_max_output, pad_sources, source_searches
-from runtime.sessions import NO_FUSIONS, PROVIDERS, OrtModel, RuntimeOptions, bind_step, run_in_place
+from runtime.options import RuntimeOptions
+from runtime.providers import NO_FUSIONS, PROVIDERS
+from runtime.search import Decoding, default_max_output
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = {"sentences": 8, "batches": (1, 4), "repeats": 1, "load_seconds": 2.0, "clients": 2}
@@ -107,7 +113,7 @@ def ct2_translator(work: Path, device: str) -> tuple[Translate | None, str]:
 
     def translate(chunk: list[list[int]], beam: int) -> list[list[int]]:
         pieces = [[to_piece(t) for t in row] + ["</s>"] for row in chunk]
-        limit = max(default_max_output(len(row) + 1, 256) for row in chunk) - 1
+        limit = max(default_max_output(len(row), 256) for row in chunk) - 1
         results = translator.translate_batch(
             pieces, beam_size=beam, max_batch_size=len(chunk), max_decoding_length=limit
         )
@@ -168,23 +174,19 @@ def divergence(model_dir: Path, variant: str, provider: str, sentences: list[str
     """Each graph's every node output on ``provider`` against the CPU provider on the same feeds (the encoder
     over a few test sentences; the decoder step three steps into their beam-2 search, fed as the host decodes
     it): the nodes that differ by more than a relative tolerance, the first few named, in graph order."""
-    host = OrtModel(model_dir, RuntimeOptions(variant, "cpu", io_binding=False, device_cache=False, spinning=False))
+    host = OrtBackend(model_dir, RuntimeOptions(variant, "cpu", io_binding=False, device_cache=False, spinning=False))
     c = host.config
     sources = host.tokenizer.encode_source(sentences[:4])
     src_tokens, src_mask = pad_sources(sources, c.pad_id, c.eos_id)
     batch = host.new_batch()
-    batch.add(
-        list(range(len(sources))),
-        source_searches(sources, 2, c.eos_id, 64),
-        *host.encode(src_tokens, src_mask),
-        src_mask,
-    )
+    limits = [default_max_output(len(source), 64) for source in sources]
+    batch.add(list(range(len(sources))), host.encode_sources(sources), [2] * len(sources), limits)
     for _ in range(3):
         batch.step()
     files = host.manifest["variants"][variant]
     feeds = {
         "encoder": {"src_tokens": src_tokens, "src_mask": src_mask},
-        "decoder": {name: np.array(value) for name, value in batch.step_feeds().items()},
+        "decoder": {name: np.array(value) for name, value in batch.step_inputs().feeds.items()},
     }
     tolerance = 1e-2 if variant == "fp16" else 1e-3
     lines = []
@@ -220,7 +222,7 @@ def divergence(model_dir: Path, variant: str, provider: str, sentences: list[str
     return lines
 
 
-def capture(model: OrtModel, provider: str) -> str:
+def capture(model: OrtBackend, provider: str) -> str:
     """Whether ONNX Runtime captures the decoder step as a CUDA graph at CAPTURE_ROWS greedy rows, and the
     step's time replayed against run normally (or why not)."""
     if provider != "cuda":
@@ -228,10 +230,9 @@ def capture(model: OrtModel, provider: str) -> str:
     c = model.config
     rng = np.random.default_rng(0)
     sources = [rng.integers(4, c.vocab_size, 20).tolist() for _ in range(CAPTURE_ROWS)]
-    src_tokens, src_mask = pad_sources(sources, c.pad_id, c.eos_id)
-    batch = model.new_batch()
-    searches = source_searches(sources, 1, -1, 2 * CAPTURE_STEPS + 10)
-    batch.add(list(range(len(sources))), searches, *model.encode(src_tokens, src_mask), src_mask)
+    batch = model.new_batch(Decoding(eos_id=-1))
+    limits = [2 * CAPTURE_STEPS + 10] * len(sources)
+    batch.add(list(range(len(sources))), model.encode_sources(sources), [1] * len(sources), limits)
     batch.step()  # the feeds of a running decode (a fresh batch's total length is 0, which CUDA's kernel refuses)
     path = str(model.folder / model.manifest["variants"][model.variant]["decoder"])
     times = {}
@@ -242,7 +243,7 @@ def capture(model: OrtModel, provider: str) -> str:
             session = ort.InferenceSession(
                 path, options, [(PROVIDERS["cuda"], provider_options)], disabled_optimizers=NO_FUSIONS
             )
-            bound = bind_step(session, batch.step_feeds(), device=model.device, feeds_on=model.device)
+            bound = bind_step(session, batch.step_inputs().feeds, model.device, feeds_on=model.device)
             for _ in range(3):  # ONNX Runtime captures after its warm-up runs
                 session.run_with_iobinding(bound.binding)
             start = time.perf_counter()
@@ -258,9 +259,9 @@ def capture(model: OrtModel, provider: str) -> str:
 
 
 def serve_under_load(model_dir: Path, provider: str, variant: str, data: Path, seconds: float, clients: int) -> str:
-    sys.path.insert(0, str(ROOT))  # the server helpers of the tests (tests/ is not installed)
+    sys.path.insert(0, str(ROOT))  # testkit's server helpers (testkit/ is not installed)
     from client import loadtest, loadtest_report
-    from tests.server.test_lifecycle import start_subprocess_server
+    from testkit.servers import start_subprocess_server
 
     # Language detection is off: its model is not what this part measures, and one source language needs none.
     flags = ("--provider", provider, "--variant", variant, "--language-detection", "off")
@@ -290,7 +291,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--model", type=Path, required=True, help="an exported folder with fp32 and fp16")
     parser.add_argument("--ct2", type=Path, help="a work folder for CTranslate2's converted model (made if missing)")
     parser.add_argument("--provider", choices=["cuda", "cpu"], default="cuda")
-    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared/data/multi30k")
+    parser.add_argument("--data", type=Path, default=MULTI30K)
     parser.add_argument("--sentences", type=int, default=1000)
     parser.add_argument("--batches", default="1,32,128")
     parser.add_argument("--repeats", type=int, default=3)
@@ -317,17 +318,17 @@ def main(argv: list[str] | None = None) -> int:
     texts = read_lines(corpus_path(args.data, "test_2016_flickr", "en"))[: args.sentences]
     references = read_lines(corpus_path(args.data, "test_2016_flickr", "de"))[: args.sentences]
     options = {"spinning": False} if args.provider == "cpu" else {}
-    # fp32 keeps its cache on the host on CUDA (runtime.sessions.device_cache_for); fp16 is timed both ways.
+    # fp32 keeps its cache on the host on CUDA (runtime.device_cache.device_cache_for); fp16 is timed both ways.
     models = {
-        "fp32": OrtModel(args.model, RuntimeOptions("fp32", args.provider, **options)),
-        "fp16": OrtModel(args.model, RuntimeOptions("fp16", args.provider, device_cache=True, **options)),
-        "fp16, cache on host": OrtModel(args.model, RuntimeOptions("fp16", args.provider, device_cache=False)),
+        "fp32": OrtBackend(args.model, RuntimeOptions("fp32", args.provider, **options)),
+        "fp16": OrtBackend(args.model, RuntimeOptions("fp16", args.provider, device_cache=True, **options)),
+        "fp16, cache on host": OrtBackend(args.model, RuntimeOptions("fp16", args.provider, device_cache=False)),
     }
-    on_cpu = {v: OrtModel(args.model, RuntimeOptions(v, "cpu", spinning=False)) for v in ("fp32", "fp16")}
+    on_cpu = {v: OrtBackend(args.model, RuntimeOptions(v, "cpu", spinning=False)) for v in ("fp32", "fp16")}
     tokenizer = on_cpu["fp32"].tokenizer
     sources = tokenizer.encode_source(texts)
     engines: dict[str, Translate] = {
-        f"ours {name}": (lambda chunk, beam, model=model: model.translate_ids(chunk, beam))
+        f"ours {name}": (lambda chunk, beam, model=model: offline.translate_ids(model, chunk, beam))
         for name, model in models.items()
     }
     ct2, ct2_name = ct2_translator(args.ct2, args.provider) if args.ct2 else (None, "not run: no --ct2")
@@ -348,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.divergence_only:
         return 0
     for beam in (1, 4):
-        expected = {v: rate(model.translate_ids, sources, 32, beam)[1] for v, model in on_cpu.items()}
+        expected = {v: rate(partial(offline.translate_ids, model), sources, 32, beam)[1] for v, model in on_cpu.items()}
         for name in models:
             variant = name.split(",")[0]
             _, outputs = rate(engines[f"ours {name}"], sources, 32, beam)

@@ -27,9 +27,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 from front_ends import resident_bytes  # noqa: E402
 
 from client import loadtest  # noqa: E402
+from common.corpus import MULTI30K  # noqa: E402
 from runtime.cpu import describe_cpu  # noqa: E402
 from server.config import DEFAULT_MODELS  # noqa: E402
-from tests.server.test_lifecycle import start_subprocess_server  # noqa: E402
+from testkit.servers import start_subprocess_server  # noqa: E402
 
 DEPLOY = ROOT / "deploy" / "k8s" / "base"
 REFUSALS = {"RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED"}  # documented answers under overload
@@ -57,7 +58,7 @@ class PeakRss(threading.Thread):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "multi30k")
+    parser.add_argument("--data", type=Path, default=MULTI30K)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "overload.md")
     parser.add_argument("--seconds", type=float, default=60.0)
     args = parser.parse_args()

@@ -39,9 +39,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from client import loadtest, loadtest_report  # noqa: E402
+from common.corpus import MULTI30K  # noqa: E402
 from runtime.cpu import describe_cpu  # noqa: E402
 from server.config import DEFAULT_MODELS  # noqa: E402
-from tests.server.test_lifecycle import start_subprocess_server  # noqa: E402
+from testkit.servers import start_subprocess_server  # noqa: E402
 
 SCHEDULERS = ("static", "continuous")
 MODELS = tuple(DEFAULT_MODELS)  # en→de, de→en
@@ -255,7 +256,7 @@ def comma_list(kind):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared/data/multi30k")
+    parser.add_argument("--data", type=Path, default=MULTI30K)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks")
     parser.add_argument(
         "--split",

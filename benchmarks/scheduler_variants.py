@@ -30,8 +30,9 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.scheduler_matrix import CACHE_MIB, MODELS, PAIRS, Cell, run_load, search_name  # noqa: E402
 from benchmarks.service_overhead import cpu_seconds  # noqa: E402
+from common.corpus import MULTI30K  # noqa: E402
 from runtime.cpu import describe_cpu  # noqa: E402
-from tests.server.test_lifecycle import start_subprocess_server  # noqa: E402
+from testkit.servers import start_subprocess_server  # noqa: E402
 
 METRICS = ("requests_per_s", "window_per_s", "short_p50", "short_p99", "long_p99", "errors", "cpu_s")
 
@@ -170,7 +171,7 @@ def report(measured: dict[str, dict], variants: list[Variant], cell: Cell, loads
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared/data/multi30k")
+    parser.add_argument("--data", type=Path, default=MULTI30K)
     parser.add_argument("--split", default="train")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "scheduler_variants.md")
     parser.add_argument("--variant", type=Variant.parse, action="append", required=True)

@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from client import loadtest, loadtest_report  # noqa: E402
 from runtime.cpu import describe_cpu  # noqa: E402
-from tests.server.test_lifecycle import start_subprocess_server  # noqa: E402
+from testkit.servers import start_subprocess_server  # noqa: E402
 
 SHORT_MAX = 32
 # Long inputs as one run-on sentence each (the server cuts them into pieces of long_input_tokens), and as

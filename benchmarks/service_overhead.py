@@ -42,10 +42,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from client import loadtest, loadtest_report  # noqa: E402
-from common.corpus import read_lines  # noqa: E402
+from common.corpus import MULTI30K, read_lines  # noqa: E402
+from runtime.backend import OrtBackend  # noqa: E402
 from runtime.cpu import describe_cpu  # noqa: E402
-from runtime.search import translate_in_batches  # noqa: E402
-from runtime.sessions import OrtModel  # noqa: E402
+from runtime.offline import translate_ids, translate_in_batches  # noqa: E402
 from runtime.translate_file import parallelism, runtime_options  # noqa: E402
 from server.app import serving_engines  # noqa: E402
 from server.config import DEFAULT_MODEL_DIR, parse_config  # noqa: E402
@@ -53,7 +53,7 @@ from server.jobs import decode_options  # noqa: E402
 from server.metrics import Metrics  # noqa: E402
 from server.scheduler import Scheduler  # noqa: E402
 from server.translations import TranslateOptions, Translations  # noqa: E402
-from tests.server.test_lifecycle import start_subprocess_server  # noqa: E402
+from testkit.servers import start_subprocess_server  # noqa: E402
 
 
 def cpu_seconds(pid: int, thread: int | None = None) -> float:
@@ -179,13 +179,13 @@ class OrtClock:
             setattr(collection.Session, name, original)
 
 
-def offline(model: OrtModel, texts: list[str], batch: int, workers: int, by_length: bool = True) -> float:
+def offline(model: OrtBackend, texts: list[str], batch: int, workers: int, by_length: bool = True) -> float:
     """CPU seconds per sentence of translate-file's translation (its defaults: batches of 32, ``workers``);
     ``by_length=False``: the same batches in the order the texts come (arrival order, as the server sees them),
     not sorted by length."""
-    translate_ids = lambda ids: model.translate_ids(ids, 1, 256, None)  # noqa: E731 (--max-repeats 0, as served)
+    translate_batch = lambda ids: translate_ids(model, ids, 1, 256, None)  # noqa: E731 (--max-repeats 0, as served)
     started = time.process_time()
-    translate_in_batches(model.tokenizer, texts, translate_ids, batch, workers, by_length)
+    translate_in_batches(model.tokenizer, texts, translate_batch, batch, workers, by_length)
     return (time.process_time() - started) / len(texts)
 
 
@@ -193,7 +193,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR)
     parser.add_argument("--variant", default="fp32")
-    parser.add_argument("--data", type=Path, default=Path("../shared/data/multi30k"))
+    parser.add_argument("--data", type=Path, default=MULTI30K)
     parser.add_argument("--sentences", type=int, default=1000)
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
@@ -224,7 +224,7 @@ def main(argv=None) -> None:
     # The sentences the load generator sends, in order (its file profile cycles through the file).
     texts = read_lines(source)[: args.sentences]
     workers, threads = parallelism(0, 0, "cpu", len(os.sched_getaffinity(0)))
-    model = OrtModel(args.model.resolve(), runtime_options(args.variant, threads=threads))  # translate-file's default
+    model = OrtBackend(args.model.resolve(), runtime_options(args.variant, threads=threads))  # translate-file's default
     flags = ("--variant", args.variant, "--max-repeats", "0")
     servers = {"server": start_subprocess_server(args.model.resolve(), *flags, *args.server_flag)[:2]}
     if args.base:

@@ -1,5 +1,5 @@
 """Small batches on one thread or on both (not a test): translate-file's engine with one batch at a time on 2
-intra-op threads, where batches under runtime.sessions.SMALL_BATCH_ROWS rows step either on sessions of one
+intra-op threads, where batches under runtime.backend.SMALL_BATCH_ROWS rows step either on sessions of one
 thread or on the same 2-thread sessions as large batches. Output tokens/s over test_2016_flickr sentences in
 file order, chunked by --batch, for fp32 and int8 and a matrix of small row counts (batch x beam), the two
 settings alternating in one process, medians of --repeats:
@@ -17,9 +17,11 @@ import time
 from datetime import date
 from pathlib import Path
 
-from common.corpus import corpus_path, read_lines
+from common.corpus import MULTI30K, corpus_path, read_lines
+from runtime import offline
+from runtime.backend import OrtBackend
 from runtime.cpu import describe_cpu
-from runtime.sessions import OrtModel, RuntimeOptions
+from runtime.options import RuntimeOptions
 from server.config import DEFAULT_MODEL_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,17 +29,17 @@ ROOT = Path(__file__).resolve().parents[1]
 CASES = [(1, 1), (8, 1), (1, 4), (3, 4)]  # (sentences per batch, beam): 1 to 12 rows, all under SMALL_BATCH_ROWS
 
 
-def rate(model: OrtModel, sources: list[list[int]], batch: int, beam: int) -> float:
+def rate(model: OrtBackend, sources: list[list[int]], batch: int, beam: int) -> float:
     started, tokens = time.perf_counter(), 0
     for start in range(0, len(sources), batch):
-        tokens += sum(len(output) + 1 for output in model.translate_ids(sources[start : start + batch], beam))
+        tokens += sum(len(output) + 1 for output in offline.translate_ids(model, sources[start : start + batch], beam))
     return tokens / (time.perf_counter() - started)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR)
-    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared/data/multi30k")
+    parser.add_argument("--data", type=Path, default=MULTI30K)
     parser.add_argument("--sentences", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, help="append the report to this Markdown file")
@@ -54,7 +56,7 @@ def main() -> int:
     ]
     for variant in ("fp32", "int8"):
         models = {
-            small: OrtModel(args.model, RuntimeOptions(variant, "cpu", 2, spinning=True, small_batch_threads=small))
+            small: OrtBackend(args.model, RuntimeOptions(variant, "cpu", 2, spinning=True, small_batch_threads=small))
             for small in (1, 2)
         }
         texts = read_lines(corpus_path(args.data, "test_2016_flickr", "en"))[: args.sentences]

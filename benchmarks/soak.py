@@ -26,9 +26,8 @@ import sentencepiece as spm  # noqa: E402
 
 from client import loadtest  # noqa: E402
 from runtime.cpu import describe_cpu  # noqa: E402
-from tests.server.test_http import free_port  # noqa: E402
-from tests.server.test_lifecycle import start_subprocess_server  # noqa: E402
-from tests.server.test_tls import make_certificates  # noqa: E402
+from testkit.certificates import make_certificates  # noqa: E402
+from testkit.servers import free_port, start_subprocess_server  # noqa: E402
 
 
 def rss(metrics_port: int) -> float:

@@ -3,7 +3,7 @@
 [--batch 32 --beam 4]``.
 
 test_2016_flickr sentences are translated in chunks of ``--batch`` in file order, as the CTranslate2
-benchmark sends them (``OrtModel.translate_ids``, translate-file's settings on 2 threads: one thread for
+benchmark sends them (``runtime.offline.translate_ids``, translate-file's settings on 2 threads: one thread for
 small batches); every ``DecodeBatch.step`` is timed whole and so is the ``run_with_iobinding`` call inside
 it. What is left is the engine's own per-step work: the search, the cache bookkeeping and binding. Prints
 medians per step over all steps of all repeats (and the mean, which counts the steps that rebind), and
@@ -19,9 +19,10 @@ import sys
 import time
 from pathlib import Path
 
-from common.corpus import corpus_path, read_lines
+from common.corpus import MULTI30K, corpus_path, read_lines
+from runtime import offline
+from runtime.backend import OrtBackend
 from runtime.cpu import describe_cpu
-from runtime.sessions import OrtModel
 from runtime.translate_file import runtime_options
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,14 +32,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--variant", default="int8")
-    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared/data/multi30k")
+    parser.add_argument("--data", type=Path, default=MULTI30K)
     parser.add_argument("--sentences", type=int, default=150)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batch", type=int, default=1, help="sentences decoded together")
     parser.add_argument("--beam", type=int, default=1)
     args = parser.parse_args()
     options = runtime_options(args.variant, threads=2)
-    model = OrtModel(args.model, options)
+    model = OrtBackend(args.model, options)
     sources = model.tokenizer.encode_source(read_lines(corpus_path(args.data, "test_2016_flickr", "en")))
     sources = sources[: args.sentences]
     runs: list[float] = []
@@ -54,8 +55,8 @@ def main() -> int:
         session.run_with_iobinding = timed
     new_batch = model.new_batch
 
-    def timed_batch(pool=None):
-        batch = new_batch(pool)
+    def timed_batch(decoding=None):
+        batch = new_batch(decoding)
         step = batch.step
 
         def timed_step():
@@ -72,7 +73,7 @@ def main() -> int:
     started = time.perf_counter()
     for _ in range(args.repeats):
         for chunk in chunks:
-            model.translate_ids(chunk, args.beam, 256)
+            offline.translate_ids(model, chunk, args.beam, 256)
     translating = time.perf_counter() - started
     outside = [whole - run for whole, run in zip(steps, runs, strict=True)]
     print(f"command: python benchmarks/step_overhead.py {shlex.join(sys.argv[1:])}")

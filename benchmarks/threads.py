@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 from schedulers import run_load, stop_servers, write_report  # noqa: E402
 
 from runtime.cpu import describe_cpu  # noqa: E402
-from tests.server.test_lifecycle import start_subprocess_server  # noqa: E402
+from testkit.servers import start_subprocess_server  # noqa: E402
 
 VARIANTS = {
     "2 threads, spinning": ["--intra-op-threads", "0", "--intra-op-spinning", "true"],

@@ -15,21 +15,22 @@ import sys
 import time
 from pathlib import Path
 
-from common.corpus import read_lines
+from common.corpus import MULTI30K, read_lines
+from runtime import offline
+from runtime.backend import OrtBackend
 from runtime.cpu import describe_cpu
-from runtime.search import translate_in_batches
-from runtime.sessions import OrtModel
+from runtime.offline import translate_in_batches
 from runtime.translate_file import runtime_options
 from server.config import DEFAULT_MODEL_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def rate(model: OrtModel, texts: list[str], beam: int, workers: int) -> float:
+def rate(model: OrtBackend, texts: list[str], beam: int, workers: int) -> float:
     counted: list[int] = []
 
     def translate_ids(ids: list[list[int]]) -> list[list[int]]:
-        outputs = model.translate_ids(ids, beam, 256)
+        outputs = offline.translate_ids(model, ids, beam, 256)
         counted.append(sum(len(output) + 1 for output in outputs))
         return outputs
 
@@ -41,7 +42,7 @@ def rate(model: OrtModel, texts: list[str], beam: int, workers: int) -> float:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR)
-    parser.add_argument("--data", type=Path, default=Path("../shared/data/multi30k"))
+    parser.add_argument("--data", type=Path, default=MULTI30K)
     parser.add_argument("--sentences", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path)
@@ -63,7 +64,7 @@ def main(argv=None) -> None:
     ]
     for variant in ("fp32", "int8"):
         models = {  # the settings translate-file uses
-            threads: OrtModel(args.model, runtime_options(variant, threads=threads))
+            threads: OrtBackend(args.model, runtime_options(variant, threads=threads))
             for threads in {threads for threads, _ in settings.values()}
         }
         for beam in (1, 4):

@@ -5,6 +5,10 @@ from __future__ import annotations
 import gzip
 from pathlib import Path
 
+# Where the Multi30k corpus (SPLIT.LANG.gz) is unless a --data flag says otherwise: beside the repository, in
+# the shared data folder, whatever the working directory.
+MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
+
 
 def read_lines(path: str | Path) -> list[str]:
     """Lines of a plain or gzipped UTF-8 file, without their newlines."""

@@ -6,25 +6,12 @@ from pathlib import Path
 
 import pytest
 
+from common.corpus import MULTI30K
+from testkit.sentences import OWN_SENTENCES, own_sentences
+
 pytest_plugins = ["tests.torch_fixtures"]
 
 ROOT = Path(__file__).resolve().parent.parent
-MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
-
-# Sentences written for these tests (not from the corpus), in the default model's
-# domain, with our own reference translations.
-OWN_SENTENCES = [
-    ("A man is riding a bicycle down the street.", "Ein Mann fährt mit einem Fahrrad die Straße hinunter."),
-    ("Two dogs are playing in the snow.", "Zwei Hunde spielen im Schnee."),
-    ("A woman is sitting on a bench in the park.", "Eine Frau sitzt auf einer Bank im Park."),
-    ("A young boy plays soccer on a green field.", "Ein kleiner Junge spielt Fußball auf einem grünen Feld."),
-    ("Three people are walking on the beach.", "Drei Personen gehen am Strand spazieren."),
-    ("A little girl is eating an ice cream.", "Ein kleines Mädchen isst ein Eis."),
-    ("A black dog is running through the grass.", "Ein schwarzer Hund rennt durch das Gras."),
-    ("Two men are playing basketball.", "Zwei Männer spielen Basketball."),
-    ("A group of people stand in front of a building.", "Eine Gruppe von Menschen steht vor einem Gebäude."),
-    ("A man in a red shirt is climbing a rock.", "Ein Mann in einem roten Hemd klettert einen Felsen hinauf."),
-]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -46,26 +33,8 @@ def provider(request: pytest.FixtureRequest) -> str:
 @pytest.fixture(scope="session")
 def multi30k() -> Path:
     if not (MULTI30K / "test_2016_flickr.en.gz").exists():
-        pytest.skip(f"Multi30k corpus not found at {MULTI30K} (place it in ../shared/data/multi30k)")
+        pytest.skip(f"Multi30k corpus not found at {MULTI30K} (common/corpus.py's MULTI30K: place it there)")
     return MULTI30K
-
-
-def own_sentences(n: int) -> list[str]:
-    """n distinct English sentences of the default model's domain, generated from templates."""
-    subjects = [
-        "A man",
-        "A woman",
-        "A young boy",
-        "A little girl",
-        "Two dogs",
-        "An old man",
-        "Three children",
-        "A black cat",
-    ]
-    verbs = ["is walking", "is running", "is sitting", "is playing", "is standing", "is waiting"]
-    places = ["on the street", "in the park", "near the water", "in front of a building", "on the grass"]
-    sentences = [f"{s} {v} {p}." for s in subjects for v in verbs for p in places]
-    return sentences[:n]
 
 
 def make_tiny_checkpoint(directory: Path, seed: int, metadata: dict) -> Path:
@@ -73,8 +42,8 @@ def make_tiny_checkpoint(directory: Path, seed: int, metadata: dict) -> Path:
     import torch
 
     from model.checkpoint import save_checkpoint
-    from model.config import ModelConfig
     from model.transformer import Transformer
+    from runtime.model_config import ModelConfig
     from runtime.tokenizer import Tokenizer
 
     texts = own_sentences(240) + [german for _, german in OWN_SENTENCES]

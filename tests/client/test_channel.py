@@ -12,8 +12,9 @@ import pytest
 from client.channel import CHANNEL_OPTIONS, KEEPALIVE_TIME_MS, KEEPALIVE_TIMEOUT_MS, SERVICE_CONFIG, channel
 from proto import translate_pb2, translate_pb2_grpc
 from server.config import ServerConfig
-from tests.conftest import ROOT, own_sentences
-from tests.server.conftest import RunningServer, server_config
+from testkit.sentences import own_sentences
+from testkit.servers import RunningServer, server_config
+from tests.conftest import ROOT
 
 
 def test_a_draining_replica_loses_no_request(tiny_export: Path):

@@ -10,7 +10,7 @@ from client import loadtest
 from runtime.cpu import describe_cpu
 from server.errors import ServiceError, grpc_code_of_http
 from server.text import split_sentences
-from tests.server.conftest import RunningServer
+from testkit.servers import RunningServer, start_server
 
 
 @pytest.fixture(scope="module")
@@ -142,9 +142,7 @@ def test_open_loop_with_deadlines_counts_errors(running: RunningServer, tiny_exp
 
 
 def test_http_api_is_driven_the_same_way(tiny_export: Path, tmp_path: Path):
-    from tests.server.test_http import start
-
-    server = start(tiny_export)
+    server = start_server(tiny_export)
     try:
         args = bounded_load(server.server.http_port, server.server.metrics_port, tiny_export, tmp_path)
         assert loadtest.main(["--api", "http", *args]) == 0

@@ -1,5 +1,6 @@
 """Fixtures for the deployment files: the rendered Kubernetes overlays, the compose file, the
-Dockerfile's stages, and a live in-process server to check them against."""
+Dockerfile's stages, and a live in-process server to check them against; and what the deploy tests read
+from a rendered overlay (its translator container, the server's configuration, memory quantities)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,17 @@ import dockerfile
 import pytest
 import yaml
 
+from server.config import ServerConfig, parse_config
+from testkit.servers import RunningServer, server_config
 from tests.deploy import kustomize
-from tests.server.conftest import RunningServer, server_config
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 OVERLAYS = ROOT / "deploy" / "k8s" / "overlays"
 OVERLAY_NAMES = sorted(p.name for p in OVERLAYS.iterdir())
+# Server.drain (server/app.py) gives the scheduler this long to stop after the gRPC drain.
+SCHEDULER_STOP_SECONDS = 5
+QUANTITY = {"Mi": 1, "Gi": 1024}
 
 
 @pytest.fixture(scope="package")
@@ -39,6 +44,23 @@ def find(manifests: list[kustomize.Manifest], kind: str, name: str | None = None
     matches = [m for m in manifests if m["kind"] == kind and name in (None, m["metadata"]["name"])]
     assert len(matches) == 1, f"expected one {kind} {name or ''}, found {len(matches)}"
     return matches[0]
+
+
+def mib(quantity: str) -> int:
+    return int(quantity[:-2]) * QUANTITY[quantity[-2:]]
+
+
+def pod_spec(manifests: list[kustomize.Manifest]) -> dict:
+    return find(manifests, "Deployment", "translator")["spec"]["template"]["spec"]
+
+
+def container(manifests: list[kustomize.Manifest]) -> dict:
+    (only,) = pod_spec(manifests)["containers"]
+    return only
+
+
+def server_environment(manifests: list[kustomize.Manifest]) -> ServerConfig:
+    return parse_config([], environ=find(manifests, "ConfigMap", "translator-config")["data"])
 
 
 @pytest.fixture(scope="session")

@@ -13,8 +13,7 @@ from compose_spec import PyCompose
 
 from client.loadtest import main as loadtest
 from server.config import parse_config
-from tests.deploy.conftest import DEPLOY, ROOT
-from tests.deploy.test_kubernetes import SCHEDULER_STOP_SECONDS
+from tests.deploy.conftest import DEPLOY, ROOT, SCHEDULER_STOP_SECONDS
 
 
 def test_compose_file_follows_the_specification():

@@ -73,7 +73,7 @@ def test_cuda_image_serves_fp16_on_cuda(dockerfile_stages):
     for env in dockerfile_stages["runtime-cuda"].all("ENV"):
         environment.update(zip(env.value[::2], env.value[1::2], strict=True))
     config = parse_config([], environ={k: v for k, v in environment.items() if k.startswith("TRANSLATE_")})
-    assert (config.provider, config.variant) == ("cuda", "fp16")
+    assert (config.engine.provider, config.engine.variant) == ("cuda", "fp16")
 
 
 # The first onnxruntime-gpu on PyPI built for CUDA 13 (1.26.0 requires nvidia-cuda-runtime-cu12, 1.27.0

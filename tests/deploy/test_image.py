@@ -28,8 +28,8 @@ import grpc
 import pytest
 
 from proto import translate_pb2, translate_pb2_grpc
-from tests.conftest import own_sentences
-from tests.server.conftest import RunningServer, server_config
+from testkit.sentences import own_sentences
+from testkit.servers import RunningServer, server_config
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = "localhost/python:3.11-bookworm"

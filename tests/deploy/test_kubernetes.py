@@ -12,34 +12,23 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from common import flags
 from server.app import SERVICE_NAME
-from server.config import MIB, ServerConfig, parse_config
-from tests.deploy import kustomize
-from tests.deploy.conftest import OVERLAY_NAMES, OVERLAYS, find
+from server.config import MIB, ServerConfig
+from tests.deploy.conftest import (
+    OVERLAY_NAMES,
+    OVERLAYS,
+    SCHEDULER_STOP_SECONDS,
+    container,
+    find,
+    mib,
+    pod_spec,
+    server_environment,
+)
 
 # Native gRPC probes are GA since 1.27; the newest schemas the package ships catch removals.
 KUBERNETES_VERSIONS = ["1.27.0", kubernetes_validate.latest_version()]
 CRD_KINDS = {"ServiceMonitor"}
-# Server.drain (server/app.py) gives the scheduler this long to stop after the gRPC drain.
-SCHEDULER_STOP_SECONDS = 5
-QUANTITY = {"Mi": 1, "Gi": 1024}
-
-
-def mib(quantity: str) -> int:
-    return int(quantity[:-2]) * QUANTITY[quantity[-2:]]
-
-
-def pod_spec(manifests: list[kustomize.Manifest]) -> dict:
-    return find(manifests, "Deployment", "translator")["spec"]["template"]["spec"]
-
-
-def container(manifests: list[kustomize.Manifest]) -> dict:
-    (only,) = pod_spec(manifests)["containers"]
-    return only
-
-
-def server_environment(manifests: list[kustomize.Manifest]) -> ServerConfig:
-    return parse_config([], environ=find(manifests, "ConfigMap", "translator-config")["data"])
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed: compared only where it is")
@@ -136,11 +125,11 @@ def test_probes_use_the_grpc_health_service(overlays, overlay):
 @pytest.mark.parametrize("overlay", OVERLAY_NAMES)
 def test_config_map_is_a_valid_server_config(overlays, overlay):
     data = find(overlays[overlay], "ConfigMap", "translator-config")["data"]
-    fields = {"TRANSLATE_" + name.upper() for name in ServerConfig.__dataclass_fields__}
+    fields = {"TRANSLATE_" + name.upper() for name in flags.names(ServerConfig)}
     assert set(data) <= fields, f"not server settings: {sorted(set(data) - fields)}"
     config = server_environment(overlays[overlay])
     cpu = container(overlays[overlay])["resources"]["requests"]["cpu"]
-    assert config.intra_op_threads == int(cpu), "ONNX Runtime threads match the CPU request"
+    assert config.engine.intra_op_threads == int(cpu), "ONNX Runtime threads match the CPU request"
 
 
 @pytest.mark.parametrize("overlay", OVERLAY_NAMES)
@@ -200,7 +189,7 @@ def test_gpu_overlay_runs_fp16_on_one_gpu(overlays):
     assert pod_spec(gpu)["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod_spec(gpu)["tolerations"]
     config = server_environment(gpu)
-    assert (config.provider, config.variant) == ("cuda", "fp16")
+    assert (config.engine.provider, config.engine.variant) == ("cuda", "fp16")
     assert container(gpu)["image"].endswith("-cuda") and not container(cpu)["image"].endswith("-cuda")
 
 

@@ -15,8 +15,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from server.config import ServerConfig
-from tests.deploy.conftest import DEPLOY, OVERLAY_NAMES
-from tests.deploy.test_kubernetes import container, mib
+from tests.deploy.conftest import DEPLOY, OVERLAY_NAMES, container, mib
 
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "translation.json"
 ALERTS = DEPLOY / "prometheus" / "alerts.yml"

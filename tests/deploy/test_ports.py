@@ -7,8 +7,7 @@ import pytest
 import yaml
 
 from server.config import ServerConfig, parse_config
-from tests.deploy.conftest import DEPLOY, OVERLAY_NAMES, find
-from tests.deploy.test_kubernetes import container, server_environment
+from tests.deploy.conftest import DEPLOY, OVERLAY_NAMES, container, find, server_environment
 
 GRPC, HTTP, METRICS = ServerConfig.port, ServerConfig.http_port, ServerConfig.metrics_port
 

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from model.attention import MultiHeadAttention, causal_mask, scaled_dot_product_attention
-from model.config import ModelConfig
+from runtime.model_config import ModelConfig
 
 
 def test_attention_equals_torch_without_mask():

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from model.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from model.config import ModelConfig
 from model.transformer import Transformer
+from runtime.model_config import ModelConfig
 from runtime.tokenizer import Tokenizer
 
 TEXTS = ["a man rides a horse", "zwei hunde spielen im schnee", "a dog runs", "ein mann fährt fahrrad"] * 50

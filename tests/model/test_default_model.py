@@ -10,7 +10,7 @@ import sacrebleu
 
 from model.checkpoint import DEFAULT_CHECKPOINT, DEFAULT_DE_EN_CHECKPOINT, load_checkpoint
 from model.translate import TorchTranslator
-from tests.conftest import OWN_SENTENCES
+from testkit.sentences import OWN_SENTENCES
 
 ENGLISH = [en for en, _ in OWN_SENTENCES]
 GERMAN = [de for _, de in OWN_SENTENCES]

@@ -27,10 +27,11 @@ import atheris
 with atheris.instrument_imports(include=["server"]):
     from server.errors import InvalidRequest
     from server.files import read_document
-    from server.markup import WORD, Document, MarkupError, Piece, parse
+    from server.html_tree import MarkupError
+    from server.markup import WORD, Document, Piece, parse
     from server.placement import AlignedSentence, place
     from server.text import TextLimits, segment_texts, split_sentences
-    from tests.server.conftest import RunningServer, server_config  # the rest of server/, for http and grpc
+    from testkit.servers import DOCUMENTED_CODES, RunningServer, free_port, server_config  # the rest of server/
 
 Provider = atheris.FuzzedDataProvider
 CHOICES = b"\xff"  # never in UTF-8: an input is its text, then the bytes a target draws its choices from
@@ -150,8 +151,6 @@ class Served:
     """A server on the given model (the tiny one in CI), started once per fuzzing process."""
 
     def __init__(self, model: Path) -> None:
-        from tests.server.test_http import free_port
-
         config = server_config(model, http_port=free_port(), max_output_tokens=8, max_batch_delay_ms=1.0)
         self.running = RunningServer(config)
         self.http = http.client.HTTPConnection("127.0.0.1", self.running.server.http_port, timeout=60)
@@ -187,8 +186,6 @@ GRPC_METHODS = ["Translate", "TranslateStream", "Detect", "GetModelInfo", "ListM
 
 def grpc_target(served: Served) -> Callable[[bytes], None]:
     import grpc
-
-    from tests.server.test_reliability import DOCUMENTED_CODES
 
     calls = {
         name: getattr(served.running.channel, "unary_stream" if name == "TranslateStream" else "unary_unary")(

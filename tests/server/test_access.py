@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,9 +14,8 @@ import pytest
 
 from proto import translate_pb2
 from server.access import request_id
-from tests.conftest import own_sentences
-from tests.server.conftest import RunningServer, server_config
-from tests.server.test_http import free_port, http
+from testkit.sentences import own_sentences
+from testkit.servers import RunningServer, free_port, http, server_config
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,7 @@ def test_errors_get_an_id_and_a_line_too(server: RunningServer, caplog):
     with pytest.raises(grpc.RpcError) as error:
         server.stub.Translate(translate_pb2.TranslateRequest(texts=["Hi."], source_language="fr"))
     generated = dict(error.value.trailing_metadata())["x-request-id"]
-    assert len(generated) == 32 and int(generated, 16) >= 0
+    assert re.fullmatch("[0-9a-f]{32}", generated), generated
     (line,) = [entry for entry in access_lines(caplog) if entry["request_id"] == generated]
     assert line["status"] == "INVALID_ARGUMENT" and line["model"] == ""
 

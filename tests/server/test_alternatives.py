@@ -11,16 +11,15 @@ import grpc
 import pytest
 
 from proto import translate_pb2
-from tests.conftest import own_sentences
-from tests.server.conftest import RunningServer
-from tests.server.test_http import http, start
+from testkit.sentences import own_sentences
+from testkit.servers import RunningServer, http, start_server
 
 LIBRETRANSLATE = {"source": "en", "target": "de"}
 
 
 @pytest.fixture(scope="module")
 def server(tiny_export: Path) -> Iterator[RunningServer]:
-    running = start(tiny_export)  # greedy by default, max_beam_size 8
+    running = start_server(tiny_export)  # greedy by default, max_beam_size 8
     yield running
     running.close()
 

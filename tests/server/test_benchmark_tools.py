@@ -12,12 +12,14 @@ from pathlib import Path
 import grpc
 
 from proto import translate_pb2, translate_pb2_grpc
-from tests.conftest import own_sentences
+from testkit.sentences import own_sentences
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import grpc_floor  # noqa: E402
 import service_overhead  # noqa: E402
+
+from runtime import offline
 
 
 def test_the_floor_server_answers_each_text_with_itself_after_its_delay():
@@ -72,20 +74,20 @@ def test_the_in_process_core_translates_every_text_once(tiny_export: Path):
         core.stop()
 
 
-def test_offline_batches_go_by_length_or_in_arrival_order(tiny_export: Path):
-    from runtime.sessions import OrtModel
+def test_offline_batches_go_by_length_or_in_arrival_order(tiny_export: Path, monkeypatch):
+    from runtime.backend import OrtBackend
     from runtime.translate_file import runtime_options
 
-    model = OrtModel(tiny_export, runtime_options("fp32", threads=1))
+    model = OrtBackend(tiny_export, runtime_options("fp32", threads=1))
     texts = own_sentences(10)
     ids = model.tokenizer.encode_source(texts)
-    translate_ids, batches = model.translate_ids, []
+    translate_ids, batches = service_overhead.translate_ids, []
 
-    def recording(sources, *args):
+    def recording(backend, sources, *args):
         batches.append([list(s) for s in sources])
-        return translate_ids(sources, *args)
+        return translate_ids(backend, sources, *args)
 
-    model.translate_ids = recording
+    monkeypatch.setattr(service_overhead, "translate_ids", recording)
     assert service_overhead.offline(model, texts, 4, 2, by_length=False) > 0
     assert sorted(batches) == sorted([ids[i : i + 4] for i in range(0, 10, 4)])  # consecutive, in file order
     batches.clear()
@@ -102,18 +104,18 @@ def test_offline_batches_go_by_length_or_in_arrival_order(tiny_export: Path):
 def test_the_ort_clock_counts_cpu_inside_runs_only_while_entered(tiny_export: Path):
     from onnxruntime.capi import onnxruntime_inference_collection as collection
 
-    from runtime.sessions import OrtModel
+    from runtime.backend import OrtBackend
     from runtime.translate_file import runtime_options
 
-    model = OrtModel(tiny_export, runtime_options("fp32", threads=1))
+    model = OrtBackend(tiny_export, runtime_options("fp32", threads=1))
     sources = model.tokenizer.encode_source(own_sentences(6))
     originals = collection.Session.run, collection.Session.run_with_iobinding
     started = time.thread_time()
     with service_overhead.OrtClock() as clock:
-        model.translate_ids(sources, 2, 32)
+        offline.translate_ids(model, sources, 2, 32)
     spent = time.thread_time() - started
     assert 0 < clock.seconds <= spent
     assert (collection.Session.run, collection.Session.run_with_iobinding) == originals
     counted = clock.seconds
-    model.translate_ids(sources, 2, 32)
+    offline.translate_ids(model, sources, 2, 32)
     assert clock.seconds == counted

@@ -13,10 +13,9 @@ from runtime.search import Hypothesis
 from server.cache import ENTRY_OVERHEAD_BYTES, HEADER, TranslationCache
 from server.config import ServerConfig
 from server.jobs import DecodeOptions
-from tests.conftest import own_sentences
-from tests.server.conftest import RunningServer, server_config
+from testkit.sentences import own_sentences
+from testkit.servers import RunningServer, free_port, http, server_config
 from tests.server.fake_engine import FakeEngine
-from tests.server.test_http import free_port, http
 
 
 def test_entries_are_kept_by_model_options_and_ids():

@@ -12,8 +12,7 @@ from common.corpus import corpus_path, read_lines
 from proto import translate_pb2
 from server.detect import LanguageDetector
 from server.errors import InvalidRequest
-from tests.server.conftest import RunningServer, server_config
-from tests.server.test_http import free_port, http
+from testkit.servers import RunningServer, free_port, http, server_config
 
 GERMAN, ENGLISH = "Ein Mann fährt mit dem Fahrrad die Straße entlang.", "A man rides his bike down the street."
 

@@ -17,23 +17,11 @@ from client.channel import aio_channel
 from client.loadtest_report import percentile
 from proto import translate_pb2, translate_pb2_grpc
 from server.access import ATTEMPT_HEADER
-from tests.conftest import own_sentences
-from tests.server.test_http import free_port
-from tests.server.test_lifecycle import start_subprocess_server
+from testkit.faults import REPLICA_FLAGS
+from testkit.sentences import own_sentences
+from testkit.servers import free_port, start_subprocess_server
 
 CLIENTS = 8
-FLAGS = (
-    "--lanes",
-    "",
-    "--intra-op-threads",
-    "1",
-    "--grace-seconds",
-    "5",
-    "--max-output-tokens",
-    "16",
-    "--warmup",
-    "false",
-)
 
 
 class Load(threading.Thread):
@@ -76,7 +64,7 @@ class Load(threading.Thread):
 
 def test_a_killed_replica_and_a_rolling_restart_lose_nothing(tiny_export: Path, capsys):
     ports = [free_port() for _ in range(3)]
-    replicas = [start_subprocess_server(tiny_export, "--port", str(port), *FLAGS)[0] for port in ports]
+    replicas = [start_subprocess_server(tiny_export, "--port", str(port), *REPLICA_FLAGS)[0] for port in ports]
     load = Load("ipv4:" + ",".join(f"127.0.0.1:{port}" for port in ports))
     phases = [("steady", time.monotonic())]
     load.start()
@@ -86,13 +74,13 @@ def test_a_killed_replica_and_a_rolling_restart_lose_nothing(tiny_export: Path, 
         replicas[0].send_signal(signal.SIGKILL)
         replicas[0].wait(10)
         time.sleep(1)
-        replicas[0] = start_subprocess_server(tiny_export, "--port", str(ports[0]), *FLAGS)[0]
+        replicas[0] = start_subprocess_server(tiny_export, "--port", str(ports[0]), *REPLICA_FLAGS)[0]
         time.sleep(1)
         phases.append(("rolling restart", time.monotonic()))
         for k, port in enumerate(ports):
             replicas[k].send_signal(signal.SIGTERM)
             assert replicas[k].wait(30) == 0  # drained cleanly
-            replicas[k] = start_subprocess_server(tiny_export, "--port", str(port), *FLAGS)[0]
+            replicas[k] = start_subprocess_server(tiny_export, "--port", str(port), *REPLICA_FLAGS)[0]
         phases.append(("after", time.monotonic()))
         time.sleep(1)
     finally:

@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 
 from server.files import FileStore, read_document
-from tests.server.conftest import RunningServer, server_config
-from tests.server.test_http import free_port, http
+from testkit.servers import RunningServer, free_port, http, server_config
 
 docx = pytest.importorskip("docx", reason="python-docx (the files extra) not installed")
 srt = pytest.importorskip("srt", reason="srt (the files extra) not installed")

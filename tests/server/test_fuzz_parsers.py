@@ -9,7 +9,8 @@ import os
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.markup import MarkupError, parse
+from server.html_tree import MarkupError
+from server.markup import parse
 from server.text import split_sentences
 
 # Text shaped like what callers send: words, punctuation, line breaks, markup and its special characters.

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from proto import translate_pb2
-from tests.conftest import own_sentences
-from tests.server.conftest import RunningServer, server_config
+from testkit.sentences import own_sentences
+from testkit.servers import RunningServer, http, server_config, start_server
 
 HOSTILE = [
     "J",
@@ -33,6 +33,8 @@ def server(tiny_export: Path) -> Iterator[RunningServer]:
 
 
 def test_hostile_inputs_finish_within_the_guards_bound_flagged(server: RunningServer):
+    repetition = {"model": "tiny-test", "reason": "repetition"}
+    before = server.count("translate_output_guard_total", repetition)
     started = time.monotonic()
     with ThreadPoolExecutor(len(HOSTILE)) as pool:  # under load: all at once, beside a beam search
         futures = [pool.submit(server.translate, [text]) for text in HOSTILE]
@@ -44,12 +46,15 @@ def test_hostile_inputs_finish_within_the_guards_bound_flagged(server: RunningSe
             translation.input_tokens + translation.segments
         )
     assert {t.guard for t in translations} <= {"", "repetition", "length"}
-    assert sum(t.guard == "repetition" for t in translations) >= len(translations) // 2
-    counted = server.metric("translate_output_guard_total", {"model": "tiny-test", "reason": "repetition"})
-    assert counted >= sum(t.guard == "repetition" for t in translations)
+    flagged = sum(t.guard == "repetition" for t in translations)
+    assert flagged >= len(translations) // 2
+    # A text is flagged when one of its sentences was stopped; each stopped sentence is counted.
+    counted = server.count("translate_output_guard_total", repetition) - before
+    assert flagged <= counted <= sum(t.segments for t in translations), (flagged, counted)
 
 
 def test_every_translation_carries_its_confidence(server: RunningServer):
+    before = server.count("translate_confidence_count", {"model": "tiny-test"})
     sentences = own_sentences(3)
     translations = server.translate(sentences).translations
     assert all(-20 < t.confidence < 0 and not t.low_confidence for t in translations)
@@ -61,7 +66,8 @@ def test_every_translation_carries_its_confidence(server: RunningServer):
     assert whole == pytest.approx(
         sum(s.confidence * w for s, w in zip(segments, weights, strict=True)) / sum(weights), rel=0.05
     )
-    assert server.metric("translate_confidence_count", {"model": "tiny-test"}) >= 3
+    observed = len(translations) + 2 * len(segments)  # the three sentences, streamed, then as one text
+    assert server.count("translate_confidence_count", {"model": "tiny-test"}) - before == observed
 
 
 def test_min_confidence_flags_and_never_drops(server: RunningServer):
@@ -79,9 +85,7 @@ def test_min_confidence_flags_and_never_drops(server: RunningServer):
 
 
 def test_the_http_api_gives_confidence_and_flags(server: RunningServer, tiny_export: Path):
-    from tests.server.test_http import http, start
-
-    running = start(tiny_export, max_output_tokens=256)
+    running = start_server(tiny_export, max_output_tokens=256)
     try:
         sentences = own_sentences(2)
         expected = server.translate(sentences).translations

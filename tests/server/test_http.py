@@ -4,7 +4,6 @@ form posts), JSON with list q, /languages, and every error status."""
 from __future__ import annotations
 
 import json
-import socket
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -13,41 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import own_sentences
-from tests.server.conftest import RunningServer, server_config
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def http(server: RunningServer, path: str, body: object = None, form: dict | None = None, method: str | None = None):
-    """(status, headers, parsed JSON body) of one request to the server's HTTP API."""
-    url = f"http://127.0.0.1:{server.server.http_port}{path}"
-    data, headers = None, {}
-    if form is not None:
-        data = urllib.parse.urlencode(form, doseq=True).encode()
-    elif body is not None:
-        data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        headers["Content-Type"] = "application/json"
-    request = urllib.request.Request(url, data=data, headers=headers, method=method)
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status, response.headers, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, error.headers, json.loads(error.read())
-
-
-def start(tiny_export: Path, **overrides) -> RunningServer:
-    config = server_config(tiny_export, http_port=free_port(), max_batch_delay_ms=5.0, max_output_tokens=16)
-    return RunningServer(config.__class__(**{**vars(config), **overrides}))
+from testkit.sentences import own_sentences
+from testkit.servers import RunningServer, http, start_server
 
 
 @pytest.fixture(scope="module")
 def server(tiny_export: Path) -> Iterator[RunningServer]:
-    running = start(tiny_export)
+    running = start_server(tiny_export)
     yield running
     running.close()
 
@@ -75,6 +46,8 @@ def test_deep_translators_libretranslate_backend_translates_as_grpc_does(server:
 def test_json_with_a_list_keeps_order_and_empty_texts(server: RunningServer):
     sentences = own_sentences(4)
     expected = [t.text for t in server.translate(sentences).translations]
+    ok = {"method": "HTTP /translate", "code": "OK"}
+    before = server.count("translate_requests_total", ok)
     status, headers, body = http(
         server,
         "/translate",
@@ -86,7 +59,7 @@ def test_json_with_a_list_keeps_order_and_empty_texts(server: RunningServer):
     assert (status, body["translatedText"]) == (200, expected[0])
     status, _, body = http(server, "/translate", form={"q": sentences[:2], "source": "en", "target": "de"})
     assert (status, body["translatedText"]) == (200, expected[:2])  # a form's repeated q is a list
-    assert server.metric("translate_requests_total", {"method": "HTTP /translate", "code": "OK"}) >= 3
+    assert server.count("translate_requests_total", ok) - before == 3
 
 
 @pytest.mark.parametrize(
@@ -120,9 +93,11 @@ def test_json_with_a_list_keeps_order_and_empty_texts(server: RunningServer):
     ],
 )
 def test_bad_requests_are_400_with_a_message(server: RunningServer, request_body, message: str):
+    invalid = {"method": "HTTP /translate", "code": "INVALID_ARGUMENT"}
+    before = server.count("translate_requests_total", invalid)
     status, _, body = http(server, "/translate", request_body)
     assert status == 400 and message in body["error"], body
-    assert server.metric("translate_requests_total", {"method": "HTTP /translate", "code": "INVALID_ARGUMENT"}) >= 1
+    assert server.count("translate_requests_total", invalid) - before == 1
 
 
 def test_unknown_paths_methods_and_large_bodies_answer_json(server: RunningServer):
@@ -134,7 +109,7 @@ def test_unknown_paths_methods_and_large_bodies_answer_json(server: RunningServe
 
 
 def test_overload_is_429_with_retry_after(tiny_export: Path):
-    server = start(tiny_export, memory_budget_mib=1, default_beam_size=8, max_output_tokens=256)
+    server = start_server(tiny_export, memory_budget_mib=1, default_beam_size=8, max_output_tokens=256)
     try:  # too small for a long text's segments in beam 8
         status, headers, body = http(
             server, "/translate", {"q": "walking " * 1000 + ".", "source": "en", "target": "de"}
@@ -146,7 +121,7 @@ def test_overload_is_429_with_retry_after(tiny_export: Path):
 
 
 def test_deadline_is_504_and_draining_is_503(tiny_export: Path):
-    server = start(tiny_export, http_timeout_s=1e-6)
+    server = start_server(tiny_export, http_timeout_s=1e-6)
     try:
         status, _, body = http(server, "/translate", {"q": "A man is walking.", "source": "en", "target": "de"})
         assert status == 504 and "deadline" in body["error"]

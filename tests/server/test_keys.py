@@ -20,8 +20,7 @@ import pytest
 from proto import translate_pb2
 from server.errors import InvalidRequest, Overloaded, PermissionDenied, Unauthenticated
 from server.keys import KEY_METADATA, WINDOW_SECONDS, KeyGuard, KeysFileError, Limits, digest, main, read_keys
-from tests.server.conftest import RunningServer, server_config
-from tests.server.test_http import free_port, http
+from testkit.servers import RunningServer, free_port, http, server_config
 
 KEY, OTHER_KEY = "k-team-a-1234567890", "k-team-b-0987654321"
 

@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 
 from server.text import TextLimits, segment_texts, split_sentences
-from tests.conftest import own_sentences
-from tests.server.conftest import RunningServer, server_config
-from tests.server.test_http import free_port, http
+from testkit.sentences import own_sentences
+from testkit.servers import RunningServer, free_port, http, server_config
 
 PARAGRAPHS = [  # written for these tests, after real news and help-page paragraphs
     (

@@ -7,10 +7,8 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
-from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -24,46 +22,9 @@ from server.jobs import DecodeOptions, Job
 from server.metrics import Metrics
 from server.scheduler import Scheduler
 from server.text import SplitSentence
-from tests.conftest import own_sentences
-from tests.server.conftest import RunningServer, server_config
+from testkit.sentences import own_sentences
+from testkit.servers import RunningServer, server_config, start_subprocess_server
 from tests.server.fake_engine import FakeEngine
-
-
-def server_command(model: Path) -> list[str]:
-    """``python -m server`` for this folder, every port chosen by the system."""
-    return [
-        sys.executable,
-        "-m",
-        "server",
-        "--model",
-        str(model),
-        "--port",
-        "0",
-        "--metrics-port",
-        "0",
-        "--http-port",
-        "0",
-    ]
-
-
-def start_subprocess_server(
-    model: Path, *flags: str, cwd: Path | None = None, wrapper: Sequence[str] = ()
-) -> tuple[subprocess.Popen, int, int]:
-    """``python -m server`` on free ports; ``cwd``: the checkout whose server runs (default this one);
-    ``wrapper``: a command that runs it (e.g. ``ip netns exec NAME``)."""
-    cmd = [*wrapper, *server_command(model), "--host", "127.0.0.1", "--provider", "cpu", "--cache-mib", "0", *flags]
-    process = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=cwd)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        line = process.stderr.readline()
-        match = re.search(r"gRPC on \S+:(\d+), HTTP API on .*, metrics on \S+:(\d+)", line)
-        if match:  # from here on stderr (access-log lines) is drained, so a full pipe never blocks the server
-            threading.Thread(target=process.stderr.read, daemon=True).start()
-            return process, int(match.group(1)), int(match.group(2))
-        if process.poll() is not None:
-            break
-    process.kill()
-    raise AssertionError("server did not start")
 
 
 def in_flight(metrics_port: int) -> float:

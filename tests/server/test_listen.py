@@ -14,8 +14,7 @@ import pytest
 from proto import translate_pb2, translate_pb2_grpc
 from server.config import ServerConfig
 from server.listen import ListenError, addresses, grpc_address, listen
-from tests.server.conftest import RunningServer, server_config
-from tests.server.test_http import free_port
+from testkit.servers import RunningServer, free_port, server_config
 
 
 def has_ipv6_loopback() -> bool:

@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from server.errors import InvalidRequest
-from server.markup import WORD, MarkupError, Piece, parse
+from server.html_tree import MarkupError
+from server.markup import WORD, Piece, parse
 from server.placement import AlignedSentence, place, source_words, unit_spans
 
 # Strings that must come back byte-identical in both formats.
@@ -141,9 +142,9 @@ def test_a_comment_left_open_at_the_end_runs_to_the_end():
     """Newer Pythons report a comment left open at the end of the input ("<!-- x > y") as a comment holding
     the rest of the text (3.11 reads it as text up to its first ">"): its raw part is the rest of the text, not
     the text up to the first ">"."""
-    from server.markup import _Tree
+    from server.html_tree import HtmlTree
 
-    tree = _Tree("A dog <!-- runs > away")
+    tree = HtmlTree("A dog <!-- runs > away")
     tree.updatepos(0, len("A dog "))  # where html.parser's end-of-input branch stands when it reports the comment
     tree.handle_comment(" runs > away")
     assert tree.root.children[-1].text == "<!-- runs > away"

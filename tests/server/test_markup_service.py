@@ -13,9 +13,8 @@ import pytest
 
 from proto import translate_pb2
 from server.markup import parse
-from tests.conftest import own_sentences
-from tests.server.conftest import RunningServer
-from tests.server.test_http import http, start
+from testkit.sentences import own_sentences
+from testkit.servers import RunningServer, http, start_server
 
 SNIPPETS = [
     '<p>A man in a <b>red</b> shirt rides a <a href="https://example.com/?a=1&amp;b=2" title="Bikes &amp; more">bike'
@@ -42,7 +41,7 @@ def skeleton(html: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def server(tiny_export: Path) -> Iterator[RunningServer]:
-    running = start(tiny_export, max_output_tokens=24)
+    running = start_server(tiny_export, max_output_tokens=24)
     yield running
     running.close()
 

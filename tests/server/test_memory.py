@@ -12,10 +12,10 @@ import psutil
 import pytest
 
 from runtime.engine import Engine
-from runtime.sessions import RuntimeOptions
+from runtime.options import RuntimeOptions
 from server.config import MIB
-from tests.conftest import OWN_SENTENCES, own_sentences
-from tests.server.conftest import RunningServer, server_config
+from testkit.sentences import OWN_SENTENCES, own_sentences
+from testkit.servers import RunningServer, server_config
 
 LONG_TOKENS = 1000
 
@@ -28,8 +28,8 @@ def wide_export(tmp_path_factory) -> Path:
 
     from export.__main__ import main as export_main
     from model.checkpoint import save_checkpoint
-    from model.config import ModelConfig
     from model.transformer import Transformer
+    from runtime.model_config import ModelConfig
     from runtime.tokenizer import Tokenizer
 
     texts = own_sentences(240) + [german for _, german in OWN_SENTENCES]
@@ -71,7 +71,7 @@ def test_concurrent_long_inputs_stay_within_the_memory_budget(wide_export: Path)
     n = len(engine.tokenize([text])[0])
     assert n > 0.95 * LONG_TOKENS
     max_output = 16
-    one = engine.sequence_bytes(n, max_output, 4) + engine.encoder_scores_bytes(1, n)
+    one = engine.memory.sequence_bytes(n, max_output, 4) + engine.memory.encoder_scores_bytes(1, n)
     budget_mib = math.ceil(1.5 * one / MIB)  # room for one such request being encoded at a time, not eight
     server = RunningServer(
         server_config(

@@ -13,18 +13,19 @@ import grpc
 import pytest
 
 from proto import translate_pb2
-from runtime.search import MAX_REPEATS
-from runtime.sessions import OrtModel, RuntimeOptions
+from runtime import offline
+from runtime.backend import OrtBackend
+from runtime.options import RuntimeOptions
+from runtime.search import RepetitionGuard
 from server.errors import InvalidRequest
 from server.jobs import DecodeOptions, Job
 from server.metrics import Metrics
 from server.models import Models
 from server.scheduler import Scheduler
 from server.text import SplitSentence
-from tests.conftest import own_sentences
-from tests.server.conftest import RunningServer, server_config
+from testkit.sentences import own_sentences
+from testkit.servers import RunningServer, free_port, http, server_config
 from tests.server.fake_engine import FakeEngine
-from tests.server.test_http import free_port, http
 
 LIMIT = 16
 
@@ -76,8 +77,8 @@ def two(tiny_export: Path, tiny_reverse_export: Path) -> Iterator[RunningServer]
 
 
 def reference(folder: Path, texts: list[str], beam: int = 1) -> list[str]:
-    runtime = OrtModel(folder, RuntimeOptions(provider="cpu"))
-    return runtime.translate(texts, beam, max_output_tokens=LIMIT, max_repeats=MAX_REPEATS)
+    runtime = OrtBackend(folder, RuntimeOptions(provider="cpu"))
+    return offline.translate(runtime, texts, beam, max_output_tokens=LIMIT, guard=RepetitionGuard())
 
 
 def translate(server: RunningServer, texts: list[str], **choice) -> translate_pb2.TranslateResponse:
@@ -99,11 +100,13 @@ def test_each_pair_is_translated_by_its_own_model(two: RunningServer, tiny_expor
 
 
 def test_an_unknown_pair_is_invalid_argument_naming_the_pairs(two: RunningServer):
+    unmatched = {"code": "INVALID_ARGUMENT", "model": ""}
+    before = two.count("translate_requests_total", unmatched)
     with pytest.raises(grpc.RpcError) as error:
         translate(two, ["Hallo."], source_language="fr", target_language="en")
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "this server translates en→de (tiny-test), de→en (tiny-de-en)" in error.value.details()
-    assert two.metric("translate_requests_total", {"code": "INVALID_ARGUMENT", "model": ""}) >= 1
+    assert two.count("translate_requests_total", unmatched) - before == 1
 
 
 def test_list_models_and_model_info_describe_every_model(two: RunningServer):
@@ -137,13 +140,17 @@ def test_the_http_api_serves_both_pairs(two: RunningServer):
 
 
 def test_metrics_carry_the_model(two: RunningServer):
+    names = ("tiny-test", "tiny-de-en")
+    counters = ("translate_input_tokens_total", "translate_decoder_step_duration_seconds_count")
+    ok = {name: {"method": "Translate", "code": "OK", "model": name} for name in names}
+    requests = {name: two.count("translate_requests_total", ok[name]) for name in names}
+    before = {(counter, name): two.count(counter, {"model": name}) for counter in counters for name in names}
     for language in ("de", "en"):
         translate(two, own_sentences(2), source_language=language)
         translate(two, [" ".join(own_sentences(3))], source_language=language)  # over 16 tokens: the 17+ lane
-    for name in ("tiny-test", "tiny-de-en"):
-        assert two.metric("translate_requests_total", {"method": "Translate", "code": "OK", "model": name}) >= 1
-        assert two.metric("translate_input_tokens_total", {"model": name}) > 0
-        assert two.metric("translate_decoder_step_duration_seconds_count", {"model": name}) > 0
+    for name in names:
+        assert two.count("translate_requests_total", ok[name]) - requests[name] == 2
+        assert all(two.count(counter, {"model": name}) > before[counter, name] for counter in counters), name
         deadline = time.monotonic() + 5  # the lane sets its gauge right after the answer goes out
         while two.metric("translate_lane_rows", {"model": name, "lane": "17+"}) is None:
             assert time.monotonic() < deadline, "no translate_lane_rows for the lane that decoded"
@@ -215,7 +222,7 @@ def test_the_models_share_one_memory_budget():
         lane.engine, lane.batch = engine, engine.new_batch()
     scheduler.submit(_job(a, 200, [], "a"))
     first = scheduler._admit(lane_a)
-    scheduler._encode_and_join(lane_a, first)
+    scheduler._encode_and_join(lane_a, first, None)
     assert first and scheduler.memory.reserved_bytes == first[0].reserved_bytes
     scheduler.submit(_job(b, 200, [], "b"))  # fits the budget alone, not beside model a's segment
     assert first[0].reserved_bytes + lane_b.waiting[0].reserved_bytes > scheduler.memory.budget_bytes

@@ -13,8 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from tests.server.conftest import RunningServer, server_config
-from tests.server.test_http import free_port, http
+from testkit.servers import RunningServer, free_port, http, server_config
 
 # The suite runs the same examples every time (a red CI names a real change); OPENAPI_RANDOM=1 explores anew.
 DERANDOMIZE = not os.environ.get("OPENAPI_RANDOM")

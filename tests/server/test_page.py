@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.server.conftest import RunningServer, server_config
-from tests.server.test_http import free_port, http
+from testkit.servers import RunningServer, free_port, http, server_config
 
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 pytestmark = pytest.mark.skipif(

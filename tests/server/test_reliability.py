@@ -21,13 +21,16 @@ from hypothesis import strategies as st
 
 from proto import translate_pb2, translate_pb2_grpc
 from server.config import MIB
+from testkit.servers import (
+    DOCUMENTED_CODES,
+    RunningServer,
+    http,
+    server_command,
+    server_config,
+    start_server,
+    start_subprocess_server,
+)
 from tests.conftest import ROOT
-from tests.server.conftest import RunningServer, server_config
-from tests.server.test_http import http
-from tests.server.test_http import start as start_http
-from tests.server.test_lifecycle import server_command, start_subprocess_server
-
-DOCUMENTED_CODES = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED}
 
 
 class MetricSampler:
@@ -288,7 +291,7 @@ def http_server(tiny_export: Path):
     # The threads the server starts (its event loop's, its executors'), told from those other tests left
     # running in this process, whose CPU time is not the request's.
     earlier = {thread.ident for thread in threading.enumerate()} - {threading.get_ident()}
-    server = start_http(tiny_export)
+    server = start_server(tiny_export)
     server.cpu_seconds = lambda: sum(
         _thread_cpu(thread.ident) for thread in threading.enumerate() if thread.ident not in earlier
     )

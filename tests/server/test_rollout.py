@@ -15,8 +15,8 @@ import grpc
 import pytest
 
 from proto import translate_pb2, translate_pb2_grpc
+from testkit.servers import server_command, start_subprocess_server
 from tests.conftest import make_tiny_checkpoint
-from tests.server.test_lifecycle import server_command, start_subprocess_server
 
 
 @pytest.fixture(scope="module")

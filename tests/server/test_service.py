@@ -12,20 +12,23 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from proto import translate_pb2
-from runtime.search import MAX_REPEATS
-from runtime.sessions import OrtModel, RuntimeOptions
-from tests.conftest import own_sentences
-from tests.server.conftest import RunningServer, server_config
+from runtime import offline
+from runtime.backend import OrtBackend
+from runtime.options import RuntimeOptions
+from runtime.search import RepetitionGuard
+from testkit.sentences import own_sentences
+from testkit.servers import RunningServer, server_config
 
 
 @pytest.mark.parametrize("beam", [1, 3])
 def test_translations_equal_the_runtime_decoder(running: RunningServer, tiny_export: Path, beam: int):
     sentences = own_sentences(12)
-    expected = OrtModel(tiny_export, RuntimeOptions(provider="cpu")).translate(
+    expected = offline.translate(
+        OrtBackend(tiny_export, RuntimeOptions(provider="cpu")),
         sentences,
         beam=beam,
         max_output_tokens=24,
-        max_repeats=MAX_REPEATS,  # the server's runaway-output guard
+        guard=RepetitionGuard(),  # the server's runaway-output guard
     )
     response = running.translate(sentences, beam=beam)
     assert [t.text for t in response.translations] == expected
@@ -138,13 +141,14 @@ DOCUMENTED_METRICS = [
 
 
 def test_metrics_port_exposes_documented_metrics(running: RunningServer):
+    before = running.count("translate_input_tokens_total")
     running.translate(["A man is walking.", "walking " * 100 + "."])
     body = urllib.request.urlopen(f"http://127.0.0.1:{running.server.metrics_port}/metrics", timeout=10).read().decode()
     for name in DOCUMENTED_METRICS:
         assert f"\n{name}" in body, name
     assert 'length_bucket="1-16"' in body and 'length_bucket="65-128"' in body
     assert running.metric("translate_memory_budget_bytes") == 512 * 2**20
-    assert running.metric("translate_input_tokens_total") > 100
+    assert running.count("translate_input_tokens_total") - before > 100
     assert running.metric("process_resident_memory_bytes") > 10 * 2**20
     assert running.wait_for_metric("translate_inflight_sequences", 0) == 0
     assert running.metric("translate_attention_scores_bytes") > 0

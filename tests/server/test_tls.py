@@ -16,71 +16,13 @@ import grpc
 import pytest
 
 from proto import translate_pb2, translate_pb2_grpc
-from tests.server.conftest import RunningServer, server_config
-
-
-def openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+from testkit.certificates import make_certificates
+from testkit.servers import RunningServer, free_port, server_config
 
 
 @pytest.fixture(scope="module")
 def certificates(tmp_path_factory) -> Path:
     return make_certificates(tmp_path_factory.mktemp("certs"))
-
-
-def make_certificates(d: Path) -> Path:
-    """A CA, and a server and a client certificate it signs (for localhost), in ``d``."""
-    d.mkdir(exist_ok=True)
-    openssl(
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.pem",
-        "-days",
-        "1",
-        "-subj",
-        "/CN=test-ca",
-        cwd=d,
-    )
-    (d / "san.cnf").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
-    for name in ("server", "client"):
-        openssl(
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            f"{name}.key",
-            "-out",
-            f"{name}.csr",
-            "-subj",
-            f"/CN={name}",
-            cwd=d,
-        )
-        openssl(
-            "x509",
-            "-req",
-            "-in",
-            f"{name}.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            f"{name}.pem",
-            "-days",
-            "1",
-            "-extfile",
-            "san.cnf",
-            cwd=d,
-        )
-    return d
 
 
 def translate(port: int, credentials: grpc.ChannelCredentials | None) -> str:
@@ -140,8 +82,6 @@ def https_translate(port: int, ca: Path) -> str:
 
 def test_certificates_reload_without_a_restart(tiny_export: Path, certificates: Path, tmp_path: Path):
     """New files (from another CA) reach new connections of both front ends; the server never restarts."""
-    from tests.server.test_http import free_port
-
     served = tmp_path / "served"
     served.mkdir()
     for name in ("server.pem", "server.key"):
@@ -206,7 +146,6 @@ def test_the_container_health_check_speaks_tls(tiny_export: Path, certificates: 
 @pytest.mark.parametrize("api", ["grpc", "http"])
 def test_the_load_generator_speaks_mutual_tls(tiny_export: Path, certificates: Path, tmp_path: Path, api: str):
     from client import loadtest
-    from tests.server.test_http import free_port
 
     d = certificates
     config = server_config(

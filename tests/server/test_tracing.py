@@ -13,9 +13,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from proto import translate_pb2
-from tests.conftest import own_sentences
-from tests.server.conftest import RunningServer, server_config
-from tests.server.test_http import free_port, http
+from testkit.sentences import own_sentences
+from testkit.servers import RunningServer, free_port, http, server_config
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER = f"00-{TRACE_ID}-00f067aa0ba902b7-01"  # a W3C traceparent: the caller's span

@@ -3,7 +3,7 @@ Translate calls through the callers' service config (client/channel.py) until SI
 every call (start, latency, code, the attempt that answered) and, every SAMPLE_SECONDS, the calls each
 replica's subchannel had started (from channelz), so a test sees when a replica stopped receiving calls.
 
-    python -m tests.server.fault_client --target ipv4:10.231.0.11:50051,... --out calls.json
+    python -m testkit.fault_client --target ipv4:10.231.0.11:50051,... --out calls.json
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from grpc_channelz.v1.channelz import ChannelzServicer
 from client.channel import aio_channel
 from proto import translate_pb2, translate_pb2_grpc
 from server.access import ATTEMPT_HEADER
-from tests.conftest import own_sentences
+from testkit.sentences import own_sentences
 
 SAMPLE_SECONDS = 0.1
 
