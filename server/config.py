@@ -165,8 +165,8 @@ class ServerConfig:
     max_file_texts: int = setting(1024, "/translate_file: the most texts (lines, paragraphs, subtitles) in a file")
     language_detection: LanguageDetection = setting(
         "accurate",
-        "source auto and /detect (server/detect.py): accurate (+72 MiB resident for en and de; 98-99% right on "
-        "1-3 words), light (+10 MiB; 65-99% on 1-3 words), or off (auto refused; lingua not loaded)",
+        "source auto and /detect (server/detect.py): accurate (+184 MiB resident for en and de; 86-99% right on "
+        "1-3 words), light (+77 MiB; 64-98% on 1-3 words), or off (auto refused; lingua not loaded)",
     )
     warmup: bool = setting(True, "decode a few inputs before reporting SERVING, so first requests are not slow")
     tls_cert: Path | None = setting(None, "TLS certificate (PEM) for gRPC and HTTPS; reloaded when the file changes")

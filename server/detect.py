@@ -1,16 +1,32 @@
-"""Language detection for ``source: "auto"`` and ``/detect``, among the languages the served models read.
+"""Language detection for ``source: "auto"`` and ``/detect``: which served language a text is in, or which
+language no model reads it is in.
 
-lingua (its models ship inside its wheel; nothing is downloaded), restricted to the served source languages. A
-request's texts are detected together, as one language: one request is translated by one model. Measured on
-test_2016_flickr restricted to en and de (2-core x86-64), by ``--language-detection``:
+lingua (its models ship inside its wheel; nothing is downloaded) weighs a text twice: among the served source
+languages (and NEAR, in accurate mode) in the ``--language-detection`` mode, and among all 75 languages it knows
+by their trigrams (its light mode, whatever the server's). A request's texts are detected together, as one
+language: one request is translated by one model. ``best`` (source "auto") answers a served language, or refuses
+with InvalidRequest (400 / INVALID_ARGUMENT, which server/models.py completes with the server's pairs):
 
-| mode | resident memory (against off) | sentences right (en / de) | their first 1-3 words right (en / de) |
-|---|---|---|---|
-| accurate (lingua's every n-gram model; the default) | +72 MiB | 100% / 100% | 97.7% / 99.2% |
-| light (its trigrams only) | +10 MiB | 99.8% / 100% | 64.8% / 98.8% |
+- a language no model reads: a NEAR one NEAR_ODDS times likelier than the served language found, or any other
+  FAR_ODDS times likelier by trigrams (names it: "source=auto detected French (fr, 100%), ...");
+- uncertain: the served language found less than MIN_LEAD times likelier than the next served one (under
+  52.4% where two are served; "A man" is English 51%, German 49%);
+- nothing to detect: no letters, or too few, of any language lingua knows ("12345").
 
-py3langid, restricted the same way, named 100% of the sentences and 89% of random 1-3-word snippets (lingua
-accurate 96%). A sentence costs lingua accurate about 0.1 ms. "off" refuses "auto".
+Nonsense mostly reads as some language no model reads ("asdfgh qwerty zxcv" as Maori) and is refused as that.
+``detect`` (/detect) reports without refusing: the unserved language first, with the others lingua weighed, where
+it is the verdict; else the served languages, their shares of the served languages' likelihoods.
+
+Measured on test_2016_flickr with en and de served (``python benchmarks/language_detection.py``, 2026-11-27, AMD
+EPYC x86-64, 2 cores, AVX-512; benchmarks/language_detection.md). Before, lingua weighed the served languages
+alone: +82 / +10 MiB, 100% of the sentences right, French ones taken for English or German.
+
+| mode | resident (against off) | sentences right, en / de | first 1-3 words right | French refused | per sentence |
+|---|---|---|---|---|---|
+| accurate (every n-gram model; the default) | +184 MiB | 99.7% / 99.9% | 85.5% / 98.6% | 99.6% as French | 0.4 ms |
+| light (trigrams only) | +77 MiB | 99.6% / 99.9% | 64.0% / 98.4% | 97.7% as French | 0.2 ms |
+
+"off" refuses "auto".
 """
 
 from __future__ import annotations
@@ -26,6 +42,22 @@ from server.errors import InvalidRequest
 # ends detect on their event loop).
 DETECT_CHARS = 2000
 TAG = re.compile(r"<[^>]*>")  # markup's tags say nothing of its language (and their names look English)
+# Languages whose accurate models the accurate mode holds beside the served ones: the most spoken Latin-script
+# languages after English (Spanish, French, Portuguese). Latin script is where trigrams alone, all the light mode
+# has, confuse short texts ("Le chat dort sur le canapé." reads as Tagalog). The three add about 60 MiB resident
+# (+124 MiB without them, +184 with), the accurate models of all 75 languages 1.2 GiB.
+NEAR = ("es", "fr", "pt")
+# How much likelier than the served language found a language no model reads must be to be the verdict: a NEAR
+# one by its accurate models, any other by lingua's trigrams, which err more on short texts. Measured on
+# test_2016_flickr (benchmarks/language_detection.md): NEAR_ODDS 2 and 3 both keep 99.7% of the English sentences
+# and refuse 99.6% and 99.0% of the French ones as French (73% and 55% of their first 1-3 words); FAR_ODDS 30 and
+# 100 keep 99.4% and 99.7% (accurate) or 99.3% and 99.6% (light) of the English sentences (the rest read as
+# Danish, Tagalog, Sotho...), and 100 still names "Le chat dort sur le canapé." French rather than Tagalog.
+NEAR_ODDS = 2.0
+FAR_ODDS = 100.0
+# The served language found must be this many times likelier than the next served one (52.4% of two): every
+# test_2016_flickr sentence clears it in both modes; in accurate mode "A man" and "An" (English 51%) do not.
+MIN_LEAD = 1.1
 
 
 @dataclass(frozen=True)
@@ -43,47 +75,110 @@ def _lingua_language(code: str):
         return None
 
 
+def _name(code: str) -> str:
+    """'French' for 'fr'."""
+    return _lingua_language(code).name.title()
+
+
+def _build(builder, mode: LanguageDetection):
+    if mode == "light":
+        builder = builder.with_low_accuracy_mode()
+    return builder.with_preloaded_language_models().build()
+
+
+def _likelihoods(detector, text: str) -> dict[str, float]:
+    """Language code → lingua's confidence (0-1, summing to 1), best first, those with no chance left out."""
+    return {
+        value.language.iso_code_639_1.name.lower(): value.value
+        for value in detector.compute_language_confidence_values(text)
+        if value.value > 0
+    }
+
+
+def _listed(likelihoods: dict[str, float]) -> list[Detected]:
+    found = (Detected(code, round(100 * value, 2)) for code, value in likelihoods.items())
+    return [detected for detected in found if detected.confidence > 0]
+
+
 class LanguageDetector:
+    """Which served language a text is in, or that it is in none: lingua over the served languages and
+    ``near_languages`` in the server's mode (their likelihoods: ``near``), and over all 75 languages it knows by
+    trigrams (``everyone``)."""
+
     def __init__(self, languages: Iterable[str], mode: LanguageDetection = "accurate") -> None:
         self.languages = sorted(set(languages))
         self.mode = mode
-        self._detector = None
+        # Light mode holds trigrams only, which ``everyone`` weighs already for NEAR.
+        self.near_languages = NEAR if mode == "accurate" else ()
+        self._near = self._everyone = None
         if mode == "off":  # lingua is not even imported
             return
-        known = {code: _lingua_language(code) for code in self.languages}
+        known = {code: _lingua_language(code) for code in {*self.languages, *self.near_languages}}
         if unknown := sorted(code for code, language in known.items() if language is None):
             raise ValueError(f"no language detection for {', '.join(unknown)} (lingua knows ISO 639-1 codes)")
-        if len(self.languages) > 1:
-            from lingua import LanguageDetectorBuilder
+        from lingua import LanguageDetectorBuilder
 
-            builder = LanguageDetectorBuilder.from_languages(*known.values())
-            if mode == "light":
-                builder = builder.with_low_accuracy_mode()
-            self._detector = builder.with_preloaded_language_models().build()
+        self._near = _build(LanguageDetectorBuilder.from_languages(*known.values()), mode)
+        # Light whatever the mode: the accurate models of all 75 languages hold 1.2 GiB (NEAR).
+        self._everyone = _build(LanguageDetectorBuilder.from_all_languages(), "light")
 
     def detect(self, text: str, format: str = "text") -> list[Detected]:
-        """The languages text may be in, best first (those with no chance left out; none for text without
-        letters of any of them)."""
+        """The languages text may be in, best first: a language no model reads first where it is the verdict
+        (with the others lingua weighed), else the served languages (those with no chance left out; none for
+        text without letters of any language lingua knows)."""
+        near, everyone = self._read(text, format)
+        if unserved := self._unserved(near, everyone):
+            return _listed(unserved[1])
+        return _listed(self._served(near))
+
+    def best(self, texts: Sequence[str], format: str = "text") -> Detected:
+        """The served language of texts taken together; InvalidRequest when they are in a language no model
+        reads, in none that can be told, or in one not MIN_LEAD times likelier than the next served one."""
+        near, everyone = self._read("\n".join(texts), format)
+        if unserved := self._unserved(near, everyone):
+            language, likelihoods = unserved
+            raise InvalidRequest(
+                f"source=auto detected {_name(language)} ({language}, {100 * likelihoods[language]:.0f}%), which "
+                f"no model here translates from (they read {', '.join(self.languages)})"
+            )
+        if not (served := self._served(near)):
+            raise InvalidRequest(
+                "source=auto: the language of the text cannot be detected (it has no words, or too few, of any "
+                "language the detector knows); give the source language"
+            )
+        (language, share), *others = served.items()
+        if others and share < MIN_LEAD * others[0][1]:
+            raise InvalidRequest(
+                f"source=auto: the language of the text is uncertain ({_name(language)} {100 * share:.0f}%, "
+                f"{_name(others[0][0])} {100 * others[0][1]:.0f}%; detection needs {MIN_LEAD} times the next); "
+                "give the source language"
+            )
+        return Detected(language, round(100 * share, 2))
+
+    def _read(self, text: str, format: str) -> tuple[dict[str, float], dict[str, float]]:
+        """The likelihoods of text's languages among the served ones and ``near_languages``, and among all
+        lingua knows."""
         if self.mode == "off":
             raise InvalidRequest("language detection is off on this server (--language-detection off); give source")
         if format == "html":
             text = TAG.sub(" ", text[: 4 * DETECT_CHARS])
         text = text[:DETECT_CHARS]
-        if self._detector is None:  # one language served: text in it, if it has letters at all
-            return [Detected(self.languages[0], 100.0)] if any(c.isalpha() for c in text) else []
-        values = self._detector.compute_language_confidence_values(text)
-        return [
-            Detected(value.language.iso_code_639_1.name.lower(), round(100 * value.value, 2))
-            for value in values
-            if value.value > 0
-        ]
+        return _likelihoods(self._near, text), _likelihoods(self._everyone, text)
 
-    def best(self, texts: Sequence[str], format: str = "text") -> Detected:
-        """The language of texts taken together; InvalidRequest when none can be told."""
-        found = self.detect("\n".join(texts), format)
-        if not found:
-            raise InvalidRequest(
-                f"source=auto: the language of the text cannot be detected (it has no words of "
-                f"{', '.join(self.languages)}); give the source language"
-            )
-        return found[0]
+    def _served(self, near: dict[str, float]) -> dict[str, float]:
+        """The served languages' shares of their likelihoods together, best first."""
+        served = {code: value for code, value in near.items() if code in self.languages}
+        return {code: value / sum(served.values()) for code, value in served.items()}
+
+    def _unserved(self, near: dict[str, float], everyone: dict[str, float]) -> tuple[str, dict[str, float]] | None:
+        """The language no model reads that is the verdict, if one is, and the likelihoods that found it: one
+        beyond ``near_languages``, FAR_ODDS times likelier by trigrams than the language ``near`` found; else one
+        of ``near_languages``, NEAR_ODDS times likelier than the served language found."""
+        far = next((code for code in everyone if code not in self.languages and code not in self.near_languages), None)
+        if far and everyone[far] >= FAR_ODDS * everyone.get(next(iter(near), ""), 0.0):
+            return far, everyone
+        served = next((code for code in near if code in self.languages), "")
+        unserved = next((code for code in near if code not in self.languages), None)
+        if unserved and near[unserved] >= NEAR_ODDS * near.get(served, 0.0):
+            return unserved, near
+        return None

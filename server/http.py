@@ -8,8 +8,8 @@
     POST /translate_file, GET /download_file/NAME   a file (server/files.py), translated, downloaded once
     GET  /             a page to try it (server/page/: plain HTML and JavaScript on this API)
     GET  /frontend/settings, GET /spec   what LibreTranslate's page reads; the OpenAPI document (server/openapi.py)
-    POST /detect      q (a string): [{"confidence": 0-100, "language": code}], best first, among the languages
-                      the served models read (server/detect.py)
+    POST /detect      q (a string): [{"confidence": 0-100, "language": code}], best first: a language no model
+                      reads first where it is the verdict, else the served ones (server/detect.py)
 
 ``source`` and ``target`` choose among the server's models (``server.models``); ``source: "auto"`` detects the
 texts' language (together: one request, one model) and the answer carries ``detectedLanguage``
@@ -247,8 +247,8 @@ class HttpApi:
         return web.Response(body=data, content_type="application/octet-stream", headers=headers)
 
     async def detect(self, request: web.Request) -> web.Response:
-        """LibreTranslate's /detect: [{"confidence": 0-100, "language": code}], best first, among the served
-        source languages."""
+        """LibreTranslate's /detect: [{"confidence": 0-100, "language": code}], best first: a language no model
+        reads first where it is the verdict, else the served source languages (server/detect.py)."""
         exchange = Exchange("HTTP /detect", request[REQUEST_ID])
         return await self._answer(exchange, lambda: self._detect(request, exchange))
 

@@ -57,8 +57,12 @@ class Models:
         self, texts: Sequence[str], model: str = "", target: str = "", format: str = "text"
     ) -> tuple[Engine, Detected]:
         """The model for texts whose source language is to be detected (among the served source languages),
-        and what was detected. InvalidRequest names the detected language when no model takes it."""
-        detected = self.detector.best(texts, format)
+        and what was detected. InvalidRequest names the detected language when no model takes it, and the
+        server's pairs whenever detection fails."""
+        try:
+            detected = self.detector.best(texts, format)
+        except InvalidRequest as error:
+            raise InvalidRequest(f"{error}; this server translates {self.describe()}") from error
         try:
             return self.resolve(model, detected.language, target), detected
         except InvalidRequest as error:

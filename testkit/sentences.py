@@ -1,4 +1,5 @@
-"""Sentences the tests and benchmarks send: in the default model's domain, written for them (not from the corpus)."""
+"""Sentences the tests and benchmarks send: in the default model's domain, written for them (not from the corpus);
+and short texts cut from the corpus's sentences."""
 
 from __future__ import annotations
 
@@ -34,3 +35,8 @@ def own_sentences(n: int) -> list[str]:
     places = ["on the street", "in the park", "near the water", "in front of a building", "on the grass"]
     sentences = [f"{s} {v} {p}." for s in subjects for v in verbs for p in places]
     return sentences[:n]
+
+
+def first_words(sentences: list[str]) -> list[str]:
+    """Each sentence's first one, two or three words, in turn: short texts, where language detectors differ."""
+    return [" ".join(s.split()[: 1 + i % 3]) for i, s in enumerate(sentences)]
