@@ -3,15 +3,17 @@ translations, keeping its structure.
 
 - .txt: each line is a text; every line, blank ones and line endings included, is kept.
 - .html: the whole document is one text, as ``format=html`` (the markup kept by server/markup.py).
-- .srt: each subtitle's lines, joined, are a text; every subtitle's index and timing are kept.
+- .srt and .vtt: each cue's lines, or each speaker's where dialogue dashes start lines, are a text through the
+  markup path, with the cue's tags and line breaks; numbers, timings, cue settings and WebVTT's header and
+  NOTE, STYLE and REGION blocks are kept byte for byte (server/subtitles.py).
 - .docx: each paragraph (body and table cells) is a text, its runs inline spans through the markup path;
   paragraphs, runs and their formatting are kept, a run's text being what the aligner placed inside it.
 - .pptx: the same for each paragraph of every shape's text (tables and groups included), slide by slide.
 - .odt: the same for each paragraph and heading, its runs being its text and its spans (text:span); other
   elements in it (line breaks, frames, links) stay where they are, untranslated.
 
-.docx, .pptx, .odt and .srt need the ``files`` extra (python-docx, python-pptx, odfpy, srt), imported when such
-a file arrives.
+.docx, .pptx and .odt need the ``files`` extra (python-docx, python-pptx, odfpy), imported when such a file
+arrives.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ from html.parser import HTMLParser
 from pathlib import Path, PurePath
 
 from server.errors import InvalidRequest
+from server.subtitles import read_subtitles
 
-SUFFIXES = (".txt", ".html", ".htm", ".srt", ".docx", ".pptx", ".odt")
+SUFFIXES = (".txt", ".html", ".htm", ".srt", ".vtt", ".docx", ".pptx", ".odt")
 RUN_TAG = "span"  # an inline element (server/markup.py): the aligner puts it around the words it enclosed
 
 
@@ -52,8 +55,9 @@ def read_document(name: str, data: bytes) -> Document:
         raise InvalidRequest(f"{name!r} is not UTF-8 text (byte {data[e.start]:#04x} at {e.start})") from e
     if suffix == ".txt":
         return _lines(text)
-    if suffix == ".srt":
-        return _subtitles(text, name)
+    if suffix in (".srt", ".vtt"):
+        texts, write = read_subtitles(text, name, vtt=suffix == ".vtt")
+        return Document(texts, "html", lambda out: write(out).encode())
     return Document([text], "html", lambda out: out[0].encode())
 
 
@@ -69,22 +73,6 @@ def _lines(text: str) -> Document:
         return "".join(result).encode()
 
     return Document([bodies[i] for i in translated], "text", write)
-
-
-def _subtitles(text: str, name: str) -> Document:
-    srt = _optional("srt")
-    try:
-        subtitles = list(srt.parse(text))
-    except (srt.SRTParseError, OverflowError) as e:  # a time too large for a timedelta: the fuzzer's find
-        raise InvalidRequest(f"{name!r} is not a valid .srt file ({type(e).__name__}: {e})") from e
-    spoken = [i for i, s in enumerate(subtitles) if s.content.strip()]
-
-    def write(out: list[str]) -> bytes:
-        for i, translation in zip(spoken, out, strict=True):
-            subtitles[i].content = translation
-        return srt.compose(subtitles, reindex=False).encode()
-
-    return Document([" ".join(subtitles[i].content.split()) for i in spoken], "text", write)
 
 
 def _office(kind: str, data: bytes, load, paragraphs, runs, set_text, save) -> Document:

@@ -17,7 +17,7 @@ from server.files import FileStore, read_document
 from testkit.servers import RunningServer, free_port, http, server_config
 
 docx = pytest.importorskip("docx", reason="python-docx (the files extra) not installed")
-srt = pytest.importorskip("srt", reason="srt (the files extra) not installed")
+srt = pytest.importorskip("srt", reason="srt (the test extra) not installed")
 pptx = pytest.importorskip("pptx", reason="python-pptx (the files extra) not installed")
 odf = pytest.importorskip("odf", reason="odfpy (the files extra) not installed")
 
@@ -70,11 +70,67 @@ def test_a_text_file_keeps_every_line(site: RunningServer):
     assert out.split("\r\n")[0::2] == translate(site, ["A man is walking.", "A woman reads a book."])
 
 
-def test_a_subtitle_file_keeps_its_timing(site: RunningServer):
-    source = "1\n00:00:01,000 --> 00:00:02,500\nA man\nis walking.\n\n2\n00:00:03,000 --> 00:00:04,000\nA dog.\n\n"
-    before, after = list(srt.parse(source)), list(srt.parse(translated(site, "film.srt", source.encode()).decode()))
+SUBTITLES = """1
+00:00:01,000 --> 00:00:02,500
+{\\an8}<i>A man in a blue shirt walks 5 km
+to the old market every day.</i>
+
+2
+00:00:03,000 --> 00:00:04,000
+- A <b>black</b> dog is running.
+- <font color="red">Two</font> children are playing.
+
+3
+00:00:05,000 --> 00:00:06,000
+<i>- A woman sings.
+- A man plays the guitar.</i>
+
+"""
+
+
+def test_a_subtitle_file_keeps_timings_tags_line_breaks_and_dialogue_dashes(site: RunningServer):
+    out = translated(site, "film.srt", SUBTITLES.encode()).decode()
+    before, after = list(srt.parse(SUBTITLES)), list(srt.parse(out))
     assert [(s.index, s.start, s.end) for s in after] == [(s.index, s.start, s.end) for s in before]
-    assert [s.content for s in after] == translate(site, ["A man is walking.", "A dog."])
+    assert [line for line in out.splitlines() if not line or line[0].isdigit()] == [
+        line for line in SUBTITLES.splitlines() if not line or line[0].isdigit()
+    ]
+    wrapped, dialogue, italic = [s.content.split("\n") for s in after]
+    assert len(wrapped) == 2 and wrapped[0].startswith("{\\an8}<i>") and wrapped[1].endswith("</i>")
+    assert len(dialogue) == 2 and all(line.startswith("- ") for line in dialogue)
+    assert dialogue[0].count("<b>") == dialogue[0].count("</b>") == 1
+    assert dialogue[1].count('<font color="red">') == dialogue[1].count("</font>") == 1
+    assert italic[0].startswith("<i>- ") and italic[1].startswith("- ") and italic[1].endswith("</i>")
+
+
+WEBVTT = """WEBVTT - a film
+
+NOTE the speakers' names
+are kept --> as they are
+
+STYLE
+::cue(.loud) { font-weight: bold }
+
+intro
+00:00:01.000 --> 00:00:02.500 align:start line:10%
+<v Bob>Tom &amp; Jerry walk 5 km
+to the <c.loud>old</c> market.
+
+00:00:03.000 --> 00:00:04.000
+- A dog &lt;3 runs.
+- <i>Two</i> children play.
+"""
+
+
+def test_a_webvtt_file_keeps_its_header_settings_blocks_tags_and_lines(site: RunningServer):
+    out = translated(site, "film.vtt", WEBVTT.encode()).decode()
+    blocks, sent = out.split("\n\n"), WEBVTT.split("\n\n")
+    assert blocks[:3] == sent[:3] and len(blocks) == len(sent)
+    first, second = blocks[3].split("\n"), blocks[4].rstrip("\n").split("\n")
+    assert first[:2] == sent[3].split("\n")[:2] and second[0] == sent[4].split("\n")[0]  # name, timing, settings
+    first, second = first[2:], second[1:]
+    assert len(first) == 2 and first[0].startswith("<v Bob>") and first[1].count("<c.loud>") == 1
+    assert len(second) == 2 and all(line.startswith("- ") for line in second) and second[1].count("<i>") == 1
 
 
 def test_an_html_file_keeps_its_markup(site: RunningServer):
