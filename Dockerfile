@@ -12,14 +12,16 @@
 # Stages bind-mount the wheel (RUN --mount) so it never becomes an image layer: BuildKit is needed
 # (the default builder since Docker 23, and always with docker compose v2).
 
-ARG PYTHON_IMAGE=python:3.11-slim
+# Base images name their registry: podman and buildah resolve no short names unless registries.conf lists
+# registries to search (Debian's does not).
+ARG PYTHON_IMAGE=docker.io/library/python:3.11-slim
 # The index torch's CPU wheel (and what it needs) comes from. Builds without a registry point both
 # arguments at local sources: deploy/README.md, section "Images", has the commands (`make image` passes them).
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 # onnxruntime-gpu wheels on PyPI are built for CUDA 12 and cuDNN 9 up to 1.26 and for CUDA 13 from 1.27 (their
 # metadata's nvidia-cuda-runtime requirement); this tag ships CUDA 12 and cuDNN 9, so runtime-cuda keeps
 # onnxruntime-gpu below 1.27: a CUDA 13 build on it would not load its CUDA provider and serve on the CPU.
-ARG CUDA_IMAGE=nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04
+ARG CUDA_IMAGE=docker.io/nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04
 
 FROM ${PYTHON_IMAGE} AS build
 ARG TORCH_INDEX_URL

@@ -66,7 +66,7 @@ gpu-check: $(STAMP)
 
 # The CPU server image, with docker, podman or buildah (deploy/README.md, section "Images": offline too).
 IMAGE ?= translation-service:dev
-PYTHON_IMAGE ?= python:3.11-slim
+PYTHON_IMAGE ?= docker.io/library/python:3.11-slim
 TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 image:
 	deploy/image/build.sh $(IMAGE) runtime --build-arg PYTHON_IMAGE=$(PYTHON_IMAGE) \

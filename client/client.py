@@ -1,14 +1,17 @@
 """A command-line client: ``translate-client`` (or ``python -m client.client``) ``[--target HOST:PORT]
 [--from LANG] [--to LANG] [--model NAME[@VERSION]] [--beam N] [--max-output-tokens N] [--timeout SECONDS]
-[--batch LINES]``.
+[--batch LINES] [--api-key KEY]``.
 
 Reads source lines on stdin and prints one translation per line (a blank line stays blank). On error it
-prints the gRPC status code and message and exits non-zero.
+prints the gRPC status code and message and exits non-zero. Where the server has API keys (server/keys.py),
+the key goes as the ``x-api-key`` metadata: ``--api-key``, or the TRANSLATE_API_KEY environment variable,
+which keeps it out of the shell's history and the process list.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -16,6 +19,9 @@ import grpc
 
 from client.channel import channel
 from proto import translate_pb2, translate_pb2_grpc
+from server.keys import KEY_METADATA
+
+API_KEY_VARIABLE = "TRANSLATE_API_KEY"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -32,7 +38,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-output-tokens", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=60.0, help="deadline per request, in seconds")
     parser.add_argument("--batch", type=int, default=32, help="lines per request")
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get(API_KEY_VARIABLE, ""),
+        help=f"the API key, where the server has keys (default: ${API_KEY_VARIABLE})",
+    )
     args = parser.parse_args(argv)
+    metadata = ((KEY_METADATA, args.api_key),) if args.api_key else ()
     lines = [line.rstrip("\n") for line in sys.stdin]
     options = translate_pb2.TranslateOptions(beam_size=args.beam, max_output_tokens=args.max_output_tokens)
     with channel(args.target) as connection:
@@ -50,13 +62,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                     target_language=args.target_language,
                 )
                 try:
-                    translations = iter(stub.Translate(request, timeout=args.timeout).translations)
+                    translations = iter(stub.Translate(request, timeout=args.timeout, metadata=metadata).translations)
                 except grpc.RpcError as error:
-                    print(f"error: {error.code().name}: {error.details()}", file=sys.stderr)
+                    print(f"error: {error.code().name}: {error.details()}{hint(error.code())}", file=sys.stderr)
                     return 1
             for line in batch:
                 print(next(translations).text if line.strip() else "", flush=True)
     return 0
+
+
+def hint(code: grpc.StatusCode) -> str:
+    """What this client can do about a refusal: the server's message speaks of metadata, not of flags."""
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return f" (translate-client: --api-key KEY or {API_KEY_VARIABLE})"
+    return ""
 
 
 if __name__ == "__main__":

@@ -113,7 +113,7 @@ def prepare(args, work: Path) -> tuple[Path, Path, Callable[[int], int], Callabl
         marian = base_sized_marian(work / "marian", DEFAULT_CHECKPOINT / "sentencepiece.model")
         checkpoint = work / "checkpoint"
         if not checkpoint.exists():
-            import_marian(marian, checkpoint)
+            import_marian(marian, checkpoint, metadata={"source_language": "en", "target_language": "de"})
     else:
         checkpoint, marian = args.checkpoint, work / "marian"
     # What the work folder was made from: a checkpoint whose weights changed since makes everything again,

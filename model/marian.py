@@ -1,4 +1,5 @@
-"""Marian / OPUS-MT models in the Hugging Face format: ``python -m model.marian import --hf DIR --out DIR``.
+"""Marian / OPUS-MT models in the Hugging Face format: ``python -m model.marian import --hf DIR --out DIR``, and
+``python -m model.marian fetch NAME --out DIR`` to put such a folder on disk from the Hugging Face Hub.
 
 A Hugging Face MarianMT folder holds config.json (a MarianConfig), model.safetensors
 (or pytorch_model.bin), source.spm, target.spm and vocab.json. Its network is our
@@ -19,6 +20,7 @@ import argparse
 import dataclasses
 import json
 import pickle
+import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -99,6 +101,8 @@ DECODER_MODULES = (
 EMBEDDING_NAMES = ("model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight")
 POSITION_NAMES = ("model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight")
 DECODER_POSITIONS = POSITION_NAMES[1]
+UNDETERMINED = "und"  # ISO 639's code for a language not named: what a folder without languages would serve as
+HUB_WEIGHTS = (WEIGHTS_FILE, PICKLED_WEIGHTS_FILE)  # of a Hub repository's weights, the first it has is fetched
 LAYOUTS = ("ours", "opus-mt")
 DEFAULT_LAYOUT = "opus-mt"  # the one CTranslate2's stock converter accepts
 
@@ -336,13 +340,17 @@ def folded_start_token(
     return token
 
 
+def read_configs(directory: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """config.json and tokenizer_config.json ({} where there is none)."""
+    tokenizer_path = directory / TOKENIZER_CONFIG_FILE
+    return _read_json(directory / CONFIG_FILE), _read_json(tokenizer_path) if tokenizer_path.is_file() else {}
+
+
 def load_marian(directory: str | Path) -> tuple[Transformer, Tokenizer, dict[str, Any]]:
     """Our model (eval mode) and tokenizer of a Hugging Face Marian folder, and checkpoint metadata
     (name, languages) from its tokenizer_config.json."""
     directory = Path(directory)
-    hf_config = _read_json(directory / CONFIG_FILE)
-    tokenizer_path = directory / TOKENIZER_CONFIG_FILE
-    tokenizer_config = _read_json(tokenizer_path) if tokenizer_path.is_file() else {}
+    hf_config, tokenizer_config = read_configs(directory)
     tokenizer = read_tokenizer(directory)
     config = model_config(hf_config, tokenizer_config, tokenizer, directory)
     weights = read_weights(directory)
@@ -354,13 +362,18 @@ def load_marian(directory: str | Path) -> tuple[Transformer, Tokenizer, dict[str
         config = dataclasses.replace(config, decoder_start_id=start)
     model = Transformer(config)
     model.load_state_dict(state, strict=True)
-    metadata = {
+    return model.eval(), tokenizer, marian_metadata(directory, hf_config, tokenizer_config)
+
+
+def marian_metadata(directory: Path, hf_config: dict[str, Any], tokenizer_config: dict[str, Any]) -> dict[str, Any]:
+    """A Marian folder's checkpoint metadata: its name, and its languages as tokenizer_config.json names them
+    (UNDETERMINED where it names none)."""
+    return {
         "name": hf_config.get("_name_or_path") or directory.name,
-        "source_language": tokenizer_config.get("source_lang") or "und",
-        "target_language": tokenizer_config.get("target_lang") or "und",
+        "source_language": tokenizer_config.get("source_lang") or UNDETERMINED,
+        "target_language": tokenizer_config.get("target_lang") or UNDETERMINED,
         "imported_from": {"format": "huggingface-marian", "path": str(directory)},
     }
-    return model.eval(), tokenizer, metadata
 
 
 # --- writing -----------------------------------------------------------------
@@ -533,12 +546,58 @@ def save_marian(
 
 
 def import_marian(hf_dir: Path, out: Path, force: bool = False, metadata: dict[str, Any] | None = None) -> Path:
-    """Read a Hugging Face Marian folder and write it as our checkpoint (written whole or not at all)."""
+    """Read a Hugging Face Marian folder and write it as our checkpoint (written whole or not at all). A model
+    whose languages neither the folder nor ``metadata`` names is refused: served as "und", no request could
+    choose it by its languages, and the server's language detection, on by default, knows no "und"."""
     if out.exists() and not force:
         raise MarianError(f"{out} already exists, use --force to override")
-    model, tokenizer, found = load_marian(hf_dir)
+    metadata = {**marian_metadata(hf_dir, *read_configs(hf_dir)), **(metadata or {})}
+    if unnamed := [side for side in ("source", "target") if metadata[f"{side}_language"] == UNDETERMINED]:
+        flags = " and ".join(f"--{side}-language" for side in unnamed)
+        raise MarianError(
+            f"{hf_dir / TOKENIZER_CONFIG_FILE} names no {' and no '.join(unnamed)} language: give {flags} "
+            "(ISO 639-1 codes, as in the model's name: opus-mt-en-fr is en to fr); requests choose a model by them"
+        )
+    model, tokenizer, _ = load_marian(hf_dir)
     with staged_folder(out) as folder:
-        save_checkpoint(folder, model, tokenizer, {**found, **(metadata or {})})
+        save_checkpoint(folder, model, tokenizer, metadata)
+    return out
+
+
+def fetch_marian(repo_id: str, out: Path, force: bool = False) -> Path:
+    """The files an import reads of a MarianMT model on the Hugging Face Hub (``Helsinki-NLP/opus-mt-en-fr``),
+    downloaded into ``out`` (written whole or not at all): the one command here that uses the network."""
+    if out.exists() and not force:
+        raise MarianError(f"{out} already exists, use --force to override")
+    try:
+        from huggingface_hub import HfApi, hf_hub_download
+        from huggingface_hub.errors import HTTPError, RepositoryNotFoundError
+    except ImportError as e:
+        raise MarianError(f"fetching needs huggingface_hub ({e}): pip install -e '.[marian]'") from e
+
+    wanted = [CONFIG_FILE, *kind_spec("marian")["files"]]
+    try:
+        files = set(HfApi().list_repo_files(repo_id))
+        weights = [name for name in HUB_WEIGHTS if name in files][:1]
+        if missing := [name for name in wanted if name not in files] + ([] if weights else [" or ".join(HUB_WEIGHTS)]):
+            raise MarianError(f"{repo_id} is not a MarianMT model folder: it has no {', '.join(missing)}")
+        optional = [TOKENIZER_CONFIG_FILE] if TOKENIZER_CONFIG_FILE in files else []
+        with staged_folder(out) as folder:
+            for name in [*wanted, *optional, *weights]:
+                hf_hub_download(repo_id, name, local_dir=folder)
+            shutil.rmtree(folder / ".cache", ignore_errors=True)  # the download's own bookkeeping
+    except RepositoryNotFoundError as e:
+        raise MarianError(
+            f"{repo_id}: no such model on the Hugging Face Hub, or a private one (OPUS-MT's are named like "
+            "Helsinki-NLP/opus-mt-en-fr: https://huggingface.co/Helsinki-NLP)"
+        ) from e
+    except (OSError, HTTPError) as e:
+        raise MarianError(
+            f"cannot fetch {repo_id} from the Hugging Face Hub ({type(e).__name__}: {e}). Without a network here, "
+            f"run this command where huggingface.co can be reached (or set HF_ENDPOINT to a mirror) and copy {out} "
+            f"over, or download {', '.join([*wanted, TOKENIZER_CONFIG_FILE])} and {' or '.join(HUB_WEIGHTS)} from "
+            f"https://huggingface.co/{repo_id}/tree/main into one folder"
+        ) from e
     return out
 
 
@@ -549,17 +608,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     imports.add_argument("--hf", type=Path, required=True, help="Hugging Face MarianMT folder (on disk)")
     imports.add_argument("--out", type=Path, required=True, help="checkpoint folder to write")
     imports.add_argument("--name", help="model name (default: the folder's)")
-    imports.add_argument("--source-language", help="source language code (default: tokenizer_config.json's)")
-    imports.add_argument("--target-language", help="target language code (default: tokenizer_config.json's)")
+    imports.add_argument(
+        "--source-language",
+        help="source language, ISO 639-1 (default: tokenizer_config.json's source_lang; required without one)",
+    )
+    imports.add_argument(
+        "--target-language",
+        help="target language, ISO 639-1 (default: tokenizer_config.json's target_lang; required without one)",
+    )
     imports.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    fetch = commands.add_parser("fetch", help="download a MarianMT model's folder from the Hugging Face Hub")
+    fetch.add_argument("repo_id", help="the model's name on the Hub, e.g. Helsinki-NLP/opus-mt-en-fr")
+    fetch.add_argument("--out", type=Path, required=True, help="folder to write (then: import --hf OUT)")
+    fetch.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     args = parser.parse_args(argv)
-    overrides = {"name": args.name, "source_language": args.source_language, "target_language": args.target_language}
     try:
-        out = import_marian(args.hf, args.out, args.force, {k: v for k, v in overrides.items() if v})
+        if args.command == "fetch":
+            done = f"fetched {args.repo_id} to {fetch_marian(args.repo_id, args.out, args.force)}"
+        else:
+            given = {
+                "name": args.name,
+                "source_language": args.source_language,
+                "target_language": args.target_language,
+            }
+            metadata = {k: v for k, v in given.items() if v}
+            done = f"imported {args.hf} to {import_marian(args.hf, args.out, args.force, metadata)}"
     except MarianError as e:
         print(f"marian: {e}", file=sys.stderr)
         return 1
-    print(f"imported {args.hf} to {out}", file=sys.stderr)
+    print(done, file=sys.stderr)
     return 0
 
 

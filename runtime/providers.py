@@ -3,9 +3,17 @@ session on it, made the same way for every graph the engine runs."""
 
 from __future__ import annotations
 
+import re
+import shutil
+import subprocess
+
 import onnxruntime as ort
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+# PyPI's onnxruntime-gpu is built for CUDA 12 and cuDNN 9 up to 1.26 and for CUDA 13 from this release on (the
+# wheels' nvidia-cuda-runtime requirement; the Dockerfile's CUDA image pins below it).
+FIRST_CUDA_13_ONNXRUNTIME = "1.27"
+DRIVER_CUDA = re.compile(r"CUDA Version:\s*(\d+)\.(\d+)")  # nvidia-smi's header: the newest CUDA the driver runs
 # ONNX Runtime fusions that make our graphs slower on the CPU, disabled in every session: fused
 # SkipLayerNormalization is 3-4x slower than Add + LayerNormalization (see export/builder.py).
 NO_FUSIONS = ["SkipLayerNormFusion"]
@@ -24,10 +32,54 @@ def resolve_provider(requested: str) -> str:
     if requested not in PROVIDERS:
         raise ValueError(f"provider {requested!r}: use cpu, cuda or auto")
     if PROVIDERS[requested] not in available:
+        fix = f"; {install_cuda_build()}" if requested == "cuda" else ""
         raise ProviderUnavailable(
-            f"provider {requested!r} is not available in this onnxruntime build (has {available})"
+            f"provider {requested!r} is not available in this onnxruntime build (has {available}){fix}"
         )
     return requested
+
+
+def driver_cuda_version() -> tuple[int, int] | None:
+    """The newest CUDA version this machine's NVIDIA driver supports, as nvidia-smi reports it; None without
+    nvidia-smi or when it reports none (no GPU, no driver loaded)."""
+    nvidia_smi = shutil.which("nvidia-smi")
+    if nvidia_smi is None:
+        return None
+    try:
+        report = subprocess.run([nvidia_smi], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = DRIVER_CUDA.search(report)
+    return (int(found[1]), int(found[2])) if found else None
+
+
+def onnxruntime_gpu_for_this_machine() -> tuple[str | None, str]:
+    """(the onnxruntime-gpu requirement for this machine's CUDA, or None where nvidia-smi cannot tell; why)."""
+    cuda_12, cuda_13 = f"onnxruntime-gpu<{FIRST_CUDA_13_ONNXRUNTIME}", f"onnxruntime-gpu>={FIRST_CUDA_13_ONNXRUNTIME}"
+    cuda = driver_cuda_version()
+    if cuda is None:
+        return None, (
+            f"choose by the CUDA version nvidia-smi shows on the GPU machine (none found here): '{cuda_12}' for "
+            f"CUDA 12, '{cuda_13}' for CUDA 13 or later"
+        )
+    version = f"this machine's NVIDIA driver supports CUDA {cuda[0]}.{cuda[1]} (nvidia-smi)"
+    if cuda[0] < 12:
+        return None, f"{version}; PyPI's onnxruntime-gpu needs CUDA 12 or later: update the driver"
+    return (cuda_12 if cuda[0] == 12 else cuda_13), version
+
+
+def install_cuda_build() -> str:
+    """What to run where this onnxruntime is the CPU build and CUDA was asked for."""
+    requirement, why = onnxruntime_gpu_for_this_machine()
+    if requirement is None:
+        return f"install onnxruntime-gpu in place of onnxruntime: {why}"
+    return f"{why}: pip uninstall -y onnxruntime && pip install '{requirement}'"
+
+
+def reinstall_cuda_build() -> str:
+    """What to run where the installed onnxruntime-gpu could not load its CUDA provider (built for another CUDA)."""
+    requirement, why = onnxruntime_gpu_for_this_machine()
+    return why if requirement is None else f"{why}: pip install '{requirement}'"
 
 
 def open_session(path: str, provider: str, threads: int, spinning: bool, memory_arena: bool) -> ort.InferenceSession:
@@ -46,6 +98,6 @@ def open_session(path: str, provider: str, threads: int, spinning: bool, memory_
         raise ProviderUnavailable(
             f"provider {provider!r}: ONNX Runtime could not use {providers[0]} for {path} and fell "
             f"back to {session.get_providers()[0]}; on CUDA, onnxruntime-gpu must be built for this "
-            "machine's CUDA (PyPI's: CUDA 12 up to 1.26, CUDA 13 from 1.27, both with cuDNN 9)"
+            f"machine's CUDA, with cuDNN 9: {reinstall_cuda_build()}"
         )
     return session

@@ -28,6 +28,16 @@ def test_only_the_load_generator_is_behind_a_profile(compose):
     assert compose["services"]["loadgen"]["depends_on"]["translator"]["condition"] == "service_healthy"
 
 
+def test_pulled_images_name_their_registry(compose):
+    """podman and buildah resolve no short names (prom/prometheus) unless registries.conf lists registries to
+    search, and Debian's lists none: "short-name ... did not resolve to an alias"."""
+    text = (ROOT / "Dockerfile").read_text()
+    bases = re.findall(r"^ARG \w+_IMAGE=(\S+)", text, re.M)
+    pulled = [service["image"] for service in compose["services"].values() if "build" not in service]
+    assert len(bases) == 2 and len(pulled) == 2
+    assert all(image.startswith("docker.io/") for image in bases + pulled), bases + pulled
+
+
 @pytest.mark.parametrize("service", ["translator", "loadgen"])
 def test_built_services_name_a_dockerfile_stage(compose, dockerfile_stages, service):
     build = compose["services"][service]["build"]

@@ -12,6 +12,7 @@ import sys
 import pytest
 import tomllib
 
+from runtime.providers import FIRST_CUDA_13_ONNXRUNTIME
 from server.app import SERVICE_NAME
 from server.config import parse_config
 from tests.deploy.conftest import ROOT, Stage
@@ -76,18 +77,15 @@ def test_cuda_image_serves_fp16_on_cuda(dockerfile_stages):
     assert (config.engine.provider, config.engine.variant) == ("cuda", "fp16")
 
 
-# The first onnxruntime-gpu on PyPI built for CUDA 13 (1.26.0 requires nvidia-cuda-runtime-cu12, 1.27.0
-# nvidia-cuda-runtime-cu13): a CUDA 12 base needs a release before it, a CUDA 13 base this one or later.
-FIRST_CUDA_13_ONNXRUNTIME = "1.27.0"
-
-
 def test_the_cuda_image_installs_an_onnxruntime_built_for_its_cuda():
     """A CUDA 13 onnxruntime-gpu on a CUDA 12 base cannot load its CUDA provider, and ONNX Runtime then serves
-    on the CPU: the image's pin must match its base's CUDA major version."""
+    on the CPU: the image's pin must match its base's CUDA major version. The first onnxruntime-gpu on PyPI built
+    for CUDA 13 (1.26.0 requires nvidia-cuda-runtime-cu12, 1.27.0 nvidia-cuda-runtime-cu13) is the one
+    runtime/providers.py's advice names."""
     from packaging.specifiers import SpecifierSet
 
     text = (ROOT / "Dockerfile").read_text()
-    cuda = int(re.search(r"^ARG CUDA_IMAGE=nvidia/cuda:(\d+)\.", text, re.M).group(1))
+    cuda = int(re.search(r"^ARG CUDA_IMAGE=docker\.io/nvidia/cuda:(\d+)\.", text, re.M).group(1))
     (pin,) = re.findall(r"'onnxruntime-gpu([^']*)'", text)
     allowed = SpecifierSet(pin)
     last_cuda_12 = "1.26.0"

@@ -25,6 +25,7 @@ ALLOWED = {  # docs/architecture.md, "may import (ours)"
         "server.access",
         "server.config",
         "server.errors",
+        "server.keys",
         "server.metrics",
     },
     "testkit": {"testkit", "server", "client", "runtime", "proto", "common"},

@@ -8,6 +8,7 @@ last, the decoder started from <pad>) are built and saved here.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -207,3 +208,61 @@ def test_target_language_token_stays_one_piece(marian):
     multilingual = Tokenizer(tokenizer.source, tokenizer.target, vocab)
     [with_code] = multilingual.encode_source([">>fr<< Two dogs are playing."])
     assert with_code == [vocab[">>fr<<"], *tokenizer.encode_source(["Two dogs are playing."])[0]]
+
+
+@pytest.mark.parametrize("names", [{}, {"source_lang": "en"}], ids=["neither", "no target"])
+def test_an_import_whose_languages_nothing_names_is_refused(marian, tmp_path, capsys, names):
+    """Served as "und", no request could choose the model by its languages: the flags must name them."""
+    folder = shutil.copytree(marian()[0], tmp_path / "unnamed")
+    (folder / "tokenizer_config.json").write_text(json.dumps(names))
+    out = tmp_path / "checkpoint"
+    assert main(["import", "--hf", str(folder), "--out", str(out)]) == 1
+    unnamed = "--target-language" if names else "--source-language and --target-language"
+    assert f"names no {'' if names else 'source and no '}target language: give {unnamed} (" in capsys.readouterr().err
+    assert not out.exists()
+    flags = ["--source-language", "en", "--target-language", "fr"]
+    assert main(["import", "--hf", str(folder), "--out", str(out), *flags[2 if names else 0 :]]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert (config["source_language"], config["target_language"]) == ("en", "fr")
+
+
+def test_fetch_downloads_what_the_import_reads(marian, tmp_path, monkeypatch, capsys):
+    """The Hub stood in for by a built folder with more files than the import reads: only those come, the
+    safetensors weights rather than the pickled ones, and what comes imports."""
+    import huggingface_hub
+
+    hub = shutil.copytree(marian()[0], tmp_path / "hub")
+    (hub / "pytorch_model.bin").write_bytes(b"not fetched")
+    (hub / "tf_model.h5").write_bytes(b"not fetched")
+    fetched = []
+
+    def download(repo_id: str, filename: str, local_dir: Path) -> str:
+        fetched.append(filename)
+        (Path(local_dir) / ".cache" / "huggingface").mkdir(parents=True, exist_ok=True)
+        return shutil.copy(hub / filename, local_dir)
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_files", lambda self, repo_id: sorted(os.listdir(hub)))
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
+    out = tmp_path / "opus-mt-en-de"
+    assert main(["fetch", "Helsinki-NLP/opus-mt-en-de", "--out", str(out)]) == 0
+    assert "fetched Helsinki-NLP/opus-mt-en-de to" in capsys.readouterr().err
+    expected = ["config.json", "source.spm", "target.spm", "vocab.json", "tokenizer_config.json", "model.safetensors"]
+    assert fetched == expected and sorted(os.listdir(out)) == sorted(expected)
+    assert main(["import", "--hf", str(out), "--out", str(tmp_path / "checkpoint")]) == 0
+    assert main(["fetch", "Helsinki-NLP/opus-mt-en-de", "--out", str(out)]) == 1  # not over a folder without --force
+    assert "already exists, use --force to override" in capsys.readouterr().err
+
+
+def test_fetch_without_a_network_says_what_to_do(tmp_path, monkeypatch, capsys):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # what a machine without the Hub sees, at once
+    out = tmp_path / "opus-mt-en-fr"
+    assert main(["fetch", "Helsinki-NLP/opus-mt-en-fr", "--out", str(out)]) == 1
+    error = capsys.readouterr().err
+    assert error.startswith("marian: cannot fetch Helsinki-NLP/opus-mt-en-fr from the Hugging Face Hub (")
+    assert "run this command where huggingface.co can be reached" in error
+    assert "https://huggingface.co/Helsinki-NLP/opus-mt-en-fr/tree/main" in error
+    assert not out.exists()
+    with pytest.raises(SystemExit):
+        main(["fetch", "--out", str(out)])  # no model name: argparse's usage error
