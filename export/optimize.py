@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import onnx
@@ -34,16 +37,37 @@ def optimize(source: Path, target: Path) -> Path:
 INT8_QUANTIZATION = {"activations": "uint8, dynamic", "weights": "int8, per channel", "reduce_range": True}
 
 
+# What ONNX Runtime's quantizer logs on the root logger for every graph not run through its quant_pre_process
+# (shape inference and optimization): the pipeline quantizes the graph as built and optimizes it afterwards, so
+# the advice is not a fault, yet it came twice per model and read like one.
+PRE_PROCESSING_ADVICE = "Please consider to run pre-processing before quantization"
+
+
+def _not_pre_processing_advice(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith(PRE_PROCESSING_ADVICE)
+
+
+@contextlib.contextmanager
+def _without_pre_processing_advice() -> Iterator[None]:
+    root = logging.getLogger()
+    root.addFilter(_not_pre_processing_advice)
+    try:
+        yield
+    finally:
+        root.removeFilter(_not_pre_processing_advice)
+
+
 def quantize_int8(source: Path, target: Path) -> Path:
     """Dynamic int8 quantization of the MatMul weights (activations quantized on the fly), for CPU."""
-    quantize_dynamic(
-        source,
-        target,
-        op_types_to_quantize=["MatMul"],
-        weight_type=QuantType.QInt8,
-        per_channel=True,
-        reduce_range=INT8_QUANTIZATION["reduce_range"],
-        # Shape inference stops at contrib operators (the decoder's attention): the rest is float.
-        extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
-    )
+    with _without_pre_processing_advice():
+        quantize_dynamic(
+            source,
+            target,
+            op_types_to_quantize=["MatMul"],
+            weight_type=QuantType.QInt8,
+            per_channel=True,
+            reduce_range=INT8_QUANTIZATION["reduce_range"],
+            # Shape inference stops at contrib operators (the decoder's attention): the rest is float.
+            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+        )
     return target

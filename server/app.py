@@ -24,7 +24,7 @@ from server.config import ServerConfig
 from server.http import HttpApi
 from server.keys import RELOAD_CHECK_SECONDS as KEYS_RELOAD_SECONDS
 from server.keys import KeyGuard
-from server.listen import MetricsEndpoint, bound, grpc_address, listen
+from server.listen import MetricsEndpoint, bound, grpc_address, hostport, listen, local_address
 from server.metrics import Metrics
 from server.models import Models
 from server.scheduler import Scheduler
@@ -79,13 +79,22 @@ class Server:
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info(
-            "serving %s: gRPC on %s, HTTP API on %s, metrics on %s; event loop: %s",
+            "serving %s: gRPC on %s, HTTP API on %s, metrics on %s%s; event loop: %s",
             self.models.describe(),
             grpc_address(self.config.host, self.port),
             " ".join(self.http_addresses) or "off",
             " ".join(self.metrics_http.addresses),
+            f"; the page at {self.page_url}" if self.page_url else "",
             type(asyncio.get_running_loop()).__module__.split(".")[0],
         )
+
+    @property
+    def page_url(self) -> str:
+        """Where a browser on this host opens the page at / (server/page/); "" when the HTTP API is off."""
+        if self.http_runner is None:
+            return ""
+        scheme = "https" if self.certificates is not None else "http"
+        return f"{scheme}://{hostport(local_address(self.config.host), self.http_port)}/"
 
     async def _reload_certificates(self) -> None:
         """The HTTP API's certificate follows its files (gRPC checks them itself at each handshake)."""

@@ -167,7 +167,7 @@ def spec(models: Models, max_alternatives: int) -> dict[str, Any]:
             },
             "/detect": {
                 "post": {
-                    "summary": "Detect a text's language among the served source languages",
+                    "summary": "Detect a text's language, served or not (one no model reads comes first)",
                     "requestBody": _body("DetectRequest", "DetectRequest"),
                     "responses": {
                         "200": _ok("Best first", {"type": "array", "items": _ref("Detected")}),
@@ -177,7 +177,7 @@ def spec(models: Models, max_alternatives: int) -> dict[str, Any]:
             },
             "/translate_file": {
                 "post": {
-                    "summary": "Translate a file (.txt, .html, .srt, .docx, .pptx, .odt), keeping its structure",
+                    "summary": "Translate a file (.txt, .html, .srt, .vtt, .docx, .pptx, .odt), keeping its structure",
                     "requestBody": {"required": True, "content": {"multipart/form-data": {"schema": _ref("FileForm")}}},
                     "responses": {
                         "200": _ok("Where to download it, once", _ref("TranslatedFile"), model_header),

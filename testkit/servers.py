@@ -148,13 +148,14 @@ def server_command(model: Path) -> list[str]:
 
 
 def start_subprocess_server(
-    model: Path, *flags: str, cwd: Path | None = None, wrapper: Sequence[str] = ()
+    model: Path, *flags: str, cwd: Path | None = None, wrapper: Sequence[str] = (), start_timeout_s: float = 60
 ) -> tuple[subprocess.Popen, int, int]:
     """``python -m server`` on free ports; ``cwd``: the checkout whose server runs (default this one);
-    ``wrapper``: a command that runs it (e.g. ``ip netns exec NAME``)."""
+    ``wrapper``: a command that runs it (e.g. ``ip netns exec NAME``); ``start_timeout_s``: how long it may take
+    to serve (longer where it exports the default models first)."""
     cmd = [*wrapper, *server_command(model), "--host", "127.0.0.1", "--provider", "cpu", "--cache-mib", "0", *flags]
     process = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=cwd)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + start_timeout_s
     while time.monotonic() < deadline:
         line = process.stderr.readline()
         match = re.search(r"gRPC on \S+:(\d+), HTTP API on .*, metrics on \S+:(\d+)", line)

@@ -126,4 +126,20 @@ def test_the_startup_line_names_the_bound_addresses(tiny_export: Path, caplog):
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("serving "))
     expected = f"gRPC on 127.0.0.1:{port}, HTTP API on 127.0.0.1:{http_port}, metrics on 127.0.0.1:{metrics_port}"
     assert expected in line, line
-    assert line.endswith("; event loop: asyncio"), line  # RunningServer's own loop (python -m server: uvloop)
+    # RunningServer's own loop (python -m server: uvloop)
+    assert line.endswith(f"; the page at http://127.0.0.1:{http_port}/; event loop: asyncio"), line
+
+
+def test_the_page_the_startup_line_names_answers_under_the_default_host(default_host_server: RunningServer):
+    url = default_host_server.server.page_url
+    assert url == f"http://127.0.0.1:{default_host_server.server.http_port}/"
+    status, body = get(url)
+    assert status == 200 and body.startswith(b"<!doctype html>"), body[:200]
+
+
+def test_without_the_http_api_the_startup_line_names_no_page(tiny_export: Path, caplog):
+    caplog.set_level(logging.INFO, logger="server.app")
+    running = RunningServer(server_config(tiny_export, host="127.0.0.1", http_port=0))
+    running.close()
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("serving "))
+    assert "HTTP API on off" in line and "page" not in line, line
