@@ -56,7 +56,7 @@ def main() -> int:
         if len(s) > LINE_CHARACTERS
     ][: args.sentences]
     sources, references = [s for s, _ in pairs], [r for _, r in pairs]
-    server = start_server(args.model, max_output_tokens=256, max_texts=len(pairs) * 2)
+    server = start_server(args.model, max_output_tokens=256, batch_limit=len(pairs) * 2)
 
     def translate(texts: list[str], format: str) -> list[str]:
         status, _, answer = http(

@@ -102,7 +102,9 @@ class Scheduler:
             if not self.accepting:
                 raise ShuttingDown("the server is shutting down; retry on another replica")
             waiting = self.waiting
-            if waiting + len(segments) > self.settings.max_queue_size:
+            # A request alone is taken whole however many sentences it has (--char-limit bounds them): it
+            # could never be taken otherwise; the memory budget admits its sentences as they fit.
+            if waiting and waiting + len(segments) > self.settings.max_queue_size:
                 self.metrics.rejected.labels("queue_full").inc()
                 backlog = self.throughput.seconds_for(sum(s.source_tokens for lane in self.lanes for s in lane.waiting))
                 raise Overloaded(

@@ -6,18 +6,14 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import islice
 
 import sentencex
 
 from server.errors import InvalidRequest
 
 LINE_BREAK = re.compile(r"(\s*\n\s*)")  # a line break with the whitespace around it
-# A word holding a letter or digit: at least one token, as SentencePiece's pieces never span whitespace. Matched
-# only from a word's start (linear in the text), and counted only up to the limit: a text with more such words
-# than max_source_tokens is refused before it is parsed or tokenized (4 MiB of "{a} " took 2.5 s of CPU to
-# refuse after both; now 0.01 s).
-COUNTED_WORD = re.compile(r"(?<!\S)[^\s\w]*\w")
+CLAUSE_ENDS = (", ", "; ", ": ", " - ", " – ", " — ")  # where a sentence over the token bound is cut first
+NO_LIMIT = -1  # --char-limit and --batch-limit: as LibreTranslate's
 
 
 def split_sentences(text: str, language: str = "en") -> list[tuple[str, str]]:
@@ -54,7 +50,7 @@ class SplitSentence:
     ids: list[int]
     truncated: bool = False
     separator: str = " "  # the whitespace that follows it in its text (a line break keeps the layout)
-    chunk: int = 0  # a sentence over long_input_tokens is cut into pieces: which piece of it this is
+    chunk: int = 0  # a sentence over the segment bound (TextLimits.sentence_tokens) is cut: which piece this is
 
 
 class AfterSplit:
@@ -69,38 +65,101 @@ class AfterSplit:
 
 @dataclass(frozen=True)
 class TextLimits:
-    max_texts: int
-    max_source_tokens: int
+    batch_limit: int  # texts per request (NO_LIMIT: any number)
+    char_limit: int  # characters per request, all texts together (NO_LIMIT: any number)
+    max_source_tokens: int  # tokens per sentence: a longer one is cut
     long_input_tokens: int
     long_input: str  # split | truncate | reject
 
-
-def _chunks(ids: list[int], size: int) -> list[list[int]]:
-    return [ids[i : i + size] for i in range(0, len(ids), size)]
+    @property
+    def sentence_tokens(self) -> int:
+        """The most tokens a segment holds: no policy lets one over long_input_tokens through."""
+        return min(self.max_source_tokens, self.long_input_tokens)
 
 
 def check_texts(texts: Sequence[str], limits: TextLimits, field: str = "texts", keep_empty: bool = False) -> None:
-    """Raises InvalidRequest naming the field for no texts, too many, an empty one (unless kept), or one with
-    more words than max_source_tokens."""
+    """Raises InvalidRequest naming the field for no texts, too many, more characters than char_limit in all, or
+    an empty one (unless kept). Cheap (no parsing, no tokenizing): it bounds what the request's later stages cost."""
     if not texts:
         raise InvalidRequest(f"{field}: at least one text is required")
-    if len(texts) > limits.max_texts:
+    if limits.batch_limit != NO_LIMIT and len(texts) > limits.batch_limit:
         raise InvalidRequest(
-            f"{field}: {len(texts)} texts, the limit is {limits.max_texts} (max_texts); send several requests"
+            f"{field}: {len(texts)} texts, the limit is {limits.batch_limit} (batch_limit); send several requests"
+        )
+    characters = sum(map(len, texts))
+    if limits.char_limit != NO_LIMIT and characters > limits.char_limit:
+        raise InvalidRequest(
+            f"{field}: {characters:,} characters, over the limit of {limits.char_limit:,} (char_limit); "
+            "send the text in parts"
         )
     for i, text in enumerate(texts):
         if not text.strip() and not keep_empty:
             raise InvalidRequest(f"{field}[{i}] is empty")
-        check_words(text, limits, f"{field}[{i}]")
 
 
-def check_words(text: str, limits: TextLimits, name: str) -> None:
-    """Raises InvalidRequest when the text has more words than max_source_tokens: it has more tokens."""
-    if next(islice(COUNTED_WORD.finditer(text), limits.max_source_tokens, None), None) is not None:
-        raise InvalidRequest(
-            f"{name} has more than {limits.max_source_tokens} words, so more tokens than the limit "
-            f"({limits.max_source_tokens}, max_source_tokens); send it in parts"
-        )
+def _chunks(sentence: str, ids: list[int], separator: str, bound: int) -> list[tuple[str, list[int], str]]:
+    """The sentence's ids in pieces of ``bound`` tokens, each with the whole sentence as its source."""
+    chunks = [ids[i : i + bound] for i in range(0, len(ids), bound)]
+    return [(sentence, chunk, separator if k == len(chunks) - 1 else " ") for k, chunk in enumerate(chunks)]
+
+
+def _cut_at(text: str, size: int) -> int:
+    """Where to end the first part of ``text`` of at most ``size`` characters: after its last clause in the
+    second half of that window, else at its last space there, else at its last space, else at ``size``."""
+    window = text[:size]
+    clause = max(window.rfind(end) for end in CLAUSE_ENDS)
+    if clause >= size // 2:
+        return clause + 1
+    space = max(window.rfind(" "), window.rfind("\t"))
+    return space if space > 0 else size
+
+
+def _bounded(
+    sentence: str, ids: list[int], separator: str, bound: int, tokenize: Callable[[list[str]], list[list[int]]]
+) -> list[tuple[str, list[int], str]]:
+    """The sentence as parts of at most ``bound`` tokens (source, ids, the whitespace after it), cut at clause
+    or word boundaries into parts of the characters that many tokens took on average (one tokenizer call per
+    level, linear in the sentence); a part still over it is cut again, one without spaces at a character."""
+    if len(ids) <= bound:
+        return [(sentence, ids, separator)] if ids else []
+    size = max(1, len(sentence) * bound // len(ids) * 9 // 10)  # a margin: tokens are not spread evenly
+    parts: list[tuple[str, str]] = []
+    rest = sentence
+    while rest:
+        end = _cut_at(rest, size) if len(rest) > size else len(rest)
+        part, rest = rest[:end], rest[end:]
+        gap = rest[: len(rest) - len(rest.lstrip())]
+        parts.append((part.strip(), gap if rest.strip() else separator))
+        rest = rest[len(gap) :]
+    parts = [(part, gap) for part, gap in parts if part]
+    if len(parts) == 1:  # nothing to cut at (a single token of many characters): the token level
+        return _chunks(sentence, ids, separator, bound)
+    ids_of_parts = tokenize([part for part, _ in parts])
+    return [
+        piece
+        for (part, gap), part_ids in zip(parts, ids_of_parts, strict=True)
+        for piece in _bounded(part, part_ids, gap, bound, tokenize)
+    ]
+
+
+def _sentence_ids(
+    splits: Sequence[list[tuple[str, str]]],
+    texts: Sequence[str],
+    tokenize: Callable[[list[str]], list[list[int]]],
+    tokenized: Sequence[list[int]] | None,
+) -> list[list[list[int]]]:
+    """Each text's sentences' ids, in one tokenizer call: a text that is one sentence as sent (the usual
+    request) takes its ``tokenized`` ids when the caller has them."""
+    given = [
+        tokenized is not None and [sentence for sentence, _ in split] == [text]
+        for split, text in zip(splits, texts, strict=True)
+    ]
+    asked = [sentence for split, known in zip(splits, given, strict=True) if not known for sentence, _ in split]
+    found = iter(tokenize(asked) if asked else [])
+    return [
+        [tokenized[i]] if known and tokenized is not None else [next(found) for _ in split]
+        for i, (split, known) in enumerate(zip(splits, given, strict=True))
+    ]
 
 
 def segment_texts(
@@ -117,42 +176,40 @@ def segment_texts(
 
     Every text is split into sentences of its ``language`` (the model translates sentences), each
     remembering the whitespace after it (``separator``), so that translations keep the text's lines and
-    paragraphs. A text
-    over long_input_tokens follows the policy: ``split`` (its sentences are
-    translated in one batch; a sentence still over the limit is cut into
-    pieces), ``truncate`` (sentences are kept up to long_input_tokens tokens in
-    all), or ``reject``. ``tokenized``: the texts' ids, when the caller has them already.
+    paragraphs. A sentence over ``limits.sentence_tokens`` is cut at clause or word boundaries into pieces
+    within it, never refused. A text over long_input_tokens follows the policy: ``split`` (its sentences are
+    translated in one batch), ``truncate`` (sentences are kept up to long_input_tokens tokens in all), or
+    ``reject``. ``tokenized``: the texts' ids, when the caller has them already.
     """
     check_texts(texts, limits, field, keep_empty)
+    splits = [(split_sentences(text, language) or [(text.strip(), "")]) if text.strip() else [] for text in texts]
     result: list[list[SplitSentence]] = []
-    for i, (text, ids) in enumerate(zip(texts, tokenized or tokenize(list(texts)), strict=True)):
-        if not text.strip():
+    for i, (split, by_sentence) in enumerate(
+        zip(splits, _sentence_ids(splits, texts, tokenize, tokenized), strict=True)
+    ):
+        if not split:
             result.append([])
             continue
-        if len(ids) > limits.max_source_tokens:
-            raise InvalidRequest(
-                f"{field}[{i}] has {len(ids)} tokens; the limit is {limits.max_source_tokens} (max_source_tokens)"
-            )
-        long = len(ids) > limits.long_input_tokens
+        tokens = sum(map(len, by_sentence))
+        long = tokens > limits.long_input_tokens
         if long:
             on_long_input(limits.long_input)
             if limits.long_input == "reject":
                 raise InvalidRequest(
-                    f"{field}[{i}] has {len(ids)} tokens, over long_input_tokens={limits.long_input_tokens}, and the "
+                    f"{field}[{i}] has {tokens} tokens, over long_input_tokens={limits.long_input_tokens}, and the "
                     "long-input policy is reject; split the text or ask for the split policy"
                 )
-        sentences = split_sentences(text, language) or [(text.strip(), "")]
         budget = limits.long_input_tokens if long and limits.long_input == "truncate" else None
         pieces: list[tuple[str, list[int], str, int]] = []
-        sources = [sentence for sentence, _ in sentences]
-        # A text that is one sentence as sent (the usual request) is tokenized once.
-        by_sentence = [ids] if sources == [text] else tokenize(sources)
-        for (sentence, separator), sentence_ids in zip(sentences, by_sentence, strict=True):
+        for (sentence, separator), sentence_ids in zip(split, by_sentence, strict=True):
             if budget is not None:
                 sentence_ids = sentence_ids[:budget]
                 budget -= len(sentence_ids)
-            chunks = _chunks(sentence_ids, limits.long_input_tokens)
-            pieces += [(sentence, ids, separator if k == len(chunks) - 1 else " ", k) for k, ids in enumerate(chunks)]
+            if budget is None:
+                parts = _bounded(sentence, sentence_ids, separator, limits.sentence_tokens, tokenize)
+            else:  # the kept ids are no longer the text's: cut them as they are
+                parts = _chunks(sentence, sentence_ids, separator, limits.sentence_tokens)
+            pieces += [(source, ids, gap, k) for k, (source, ids, gap) in enumerate(parts)]
             if budget == 0:
                 break
         if not pieces:

@@ -105,22 +105,21 @@ def placeholders(data: bytes) -> None:
 
 def sentences(data: bytes) -> None:
     """Sentence splitting and limits (server/text.py): the sentences, with their separators, are the text; a
-    text becomes segments or an InvalidRequest, and no segment is longer than long_input_tokens, a truncated
-    text no longer in all, and no text over max_source_tokens is taken."""
+    text becomes segments or an InvalidRequest, and no segment is longer than long_input_tokens or
+    max_source_tokens, and a truncated text no longer than long_input_tokens in all."""
     text, fdp = _split(data)
     texts = text.split("\x00")[:4]  # up to 4 texts, as a request's
     for text in texts:
         split = split_sentences(text)
         leading = text[: len(text) - len(text.lstrip())]
         assert leading + "".join(s + separator for s, separator in split) == (text if split else leading)
-    limits = TextLimits(4, fdp.ConsumeIntInRange(1, 64), fdp.ConsumeIntInRange(1, 16), fdp.PickValueInList(LONG))
+    limits = TextLimits(4, -1, fdp.ConsumeIntInRange(1, 64), fdp.ConsumeIntInRange(1, 16), fdp.PickValueInList(LONG))
     try:
         segmented = segment_texts(texts, _characters, limits)
     except InvalidRequest:
         return
-    for text, segments in zip(texts, segmented, strict=True):
-        assert len(_characters([text])[0]) <= limits.max_source_tokens
-        assert all(len(s.ids) <= limits.long_input_tokens for s in segments)
+    for segments in segmented:
+        assert all(len(s.ids) <= limits.sentence_tokens for s in segments)
         if any(s.truncated for s in segments):
             assert sum(len(s.ids) for s in segments) <= limits.long_input_tokens
 

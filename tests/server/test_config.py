@@ -95,7 +95,8 @@ def test_invalid_scheduler_settings_are_refused_by_name(field: str, value, messa
     ("field", "value", "message"),
     [
         ("provider", "tpu", "provider='tpu': use "),
-        ("max_texts", 0, "max_texts=0 must be at least 1"),
+        ("batch_limit", 0, "batch_limit=0 must be -1 (no limit) or at least 1"),
+        ("char_limit", -2, "char_limit=-2 must be -1 (no limit) or at least 1"),
         ("cache_mib", -1, "cache_mib=-1 must be 0 (no cache) or more"),
     ],
 )

@@ -64,11 +64,16 @@ def test_the_text_is_its_sentences_and_separators():
     assert "  " + "".join(s + sep for s, sep in pieces) == text
 
 
-def test_a_long_sentence_cut_into_pieces_keeps_its_separator():
-    text = "one two three four five six\n\nseven."
+def test_a_long_sentence_is_cut_at_clauses_and_words_keeping_its_separator():
+    text = "one two three four five six\n\nseven eight, nine ten eleven."
     tokenize = lambda texts: [[len(w) for w in t.split()] for t in texts]  # noqa: E731
-    (specs,) = segment_texts([text], tokenize, TextLimits(4, 100, 4, "split"))
-    assert [(len(s.ids), s.separator) for s in specs] == [(4, " "), (2, "\n\n"), (1, "")]
+    specs = segment_texts([text], tokenize, TextLimits(4, -1, 100, 4, "split"))[0]
+    assert [(s.source, s.separator, s.chunk) for s in specs] == [
+        ("one two three", " ", 0),
+        ("four five six", "\n\n", 1),
+        ("seven eight,", " ", 0),
+        ("nine ten eleven.", "", 1),
+    ]
 
 
 def test_a_one_sentence_text_is_tokenized_once_and_given_ids_not_again():
@@ -78,10 +83,10 @@ def test_a_one_sentence_text_is_tokenized_once_and_given_ids_not_again():
         calls.append(list(texts))
         return [[len(w) for w in t.split()] for t in texts]
 
-    (specs,) = segment_texts(["A dog runs."], tokenize, TextLimits(4, 100, 64, "split"))
+    (specs,) = segment_texts(["A dog runs."], tokenize, TextLimits(4, -1, 100, 64, "split"))
     assert calls == [["A dog runs."]] and specs[0].ids == [1, 3, 5]
     calls.clear()
-    (specs,) = segment_texts(["A dog runs."], tokenize, TextLimits(4, 100, 64, "split"), tokenized=[[7, 8]])
+    (specs,) = segment_texts(["A dog runs."], tokenize, TextLimits(4, -1, 100, 64, "split"), tokenized=[[7, 8]])
     assert calls == [] and specs[0].ids == [7, 8]
 
 
@@ -94,12 +99,13 @@ def server(tiny_export: Path) -> Iterator[RunningServer]:
 
 def test_line_breaks_and_paragraphs_come_back_as_sent(server: RunningServer):
     a, b, c, d = own_sentences(4)
-    sentences = server.translate([a, b, c, d]).translations
+    sentences = server.translate([a, b, c, d], mirror_formatting=False).translations  # the layout alone
     t = [s.text for s in sentences]
     text = f"{a} {b}\n{c}\n\n  {d}\n"
     expected = f"{t[0]} {t[1]}\n{t[2]}\n\n  {t[3]}\n"
-    assert server.translate([text]).translations[0].text == expected
-    status, _, body = http(server, "/translate", {"q": text, "source": "en", "target": "de"})
+    assert server.translate([text], mirror_formatting=False).translations[0].text == expected
+    fields = {"q": text, "source": "en", "target": "de", "mirror_formatting": False}
+    status, _, body = http(server, "/translate", fields)
     assert (status, body["translatedText"]) == (200, expected)
 
 

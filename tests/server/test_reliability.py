@@ -310,8 +310,8 @@ def _thread_cpu(ident: int | None) -> float:
 def test_no_request_under_the_size_limit_costs_a_second_of_cpu_before_translation(http_server: RunningServer, name):
     """Each is refused (400, naming the problem) before any decoding; what it costs is the CPU time of the
     server's threads and the client's (not that of threads other tests left in this process, which once took
-    this case over its limit in the full suite). Markup's bounds and the word count refuse most in
-    milliseconds; what remains is linear in the size: on an Intel Xeon with AVX-512, one 4 MiB word takes
+    this case over its limit in the full suite). The character limit (--char-limit) refuses each in
+    milliseconds; without it what remains is linear in the size: on an Intel Xeon with AVX-512, one 4 MiB word takes
     0.53 s (the tokenizer 0.35-0.5 s; the protected patterns are skipped, as the text holds none of their
     characters), a 4 MiB run of digits and letters 0.94 s (the patterns' scan 0.55 s); 1.5 s here leaves room
     for slower CPUs."""
