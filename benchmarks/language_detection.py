@@ -6,7 +6,9 @@ models' languages (en and de served), in each ``--language-detection`` mode.
 Resident memory: a fresh process's VmRSS after building the detector, against before it (lingua not imported: what
 ``off`` holds). Accuracy, on test_2016_flickr: English and German sentences, and their first one to three words
 (testkit.sentences.first_words), that source "auto" (LanguageDetector.best) takes as their language; French ones,
-which no model reads, that it refuses as French. Time: per English or German sentence, one thread.
+which no model reads, that it refuses as French. Time: per English or German sentence, one thread. Confidence
+(accurate mode): the top confidence /detect gives each English and German sentence at each calibration power
+(server/detect.py's SHARPNESS; 1 is lingua's own), and what it gives the first 1-3 words it takes wrongly.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import argparse
 import gc
 import re
 import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -27,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from common.corpus import MULTI30K, corpus_path, read_lines  # noqa: E402
 from runtime.cpu import describe_cpu  # noqa: E402
-from server.detect import LanguageDetector  # noqa: E402
+from server.detect import SHARPNESS, Detected, LanguageDetector  # noqa: E402
 from server.errors import InvalidRequest  # noqa: E402
 from testkit.sentences import first_words  # noqa: E402
 
@@ -79,6 +82,35 @@ def row(mode: str, data: Path) -> tuple[str, str]:
     return accuracy, f"| {mode} | {' | '.join(verdict(detector, text) for text in EXAMPLES)} |"
 
 
+def top(found: list[Detected]) -> tuple[str, float]:
+    """The first language found and its confidence ("" and 0 where none was)."""
+    return (found[0].language, found[0].confidence) if found else ("", 0.0)
+
+
+def confidence_cells(detector: LanguageDetector, lines: list[str], language: str) -> list[str]:
+    """The sentences' confidence in language (0 where another comes first): 5th percentile / median / share at
+    95 or more; and of their first words taken as another language, the median confidence and how many reach 95."""
+    tops = [confidence if found == language else 0.0 for found, confidence in map(top, map(detector.detect, lines))]
+    high = sum(c >= 95 for c in tops) / len(tops)
+    spread = f"{statistics.quantiles(tops, n=20)[0]:.1f} / {statistics.median(tops):.1f} / {100 * high:.1f}%"
+    short = map(top, map(detector.detect, first_words(lines)))
+    wrong = [confidence for found, confidence in short if found not in ("", language)]
+    return [spread, f"{statistics.median(wrong):.1f}, {sum(c >= 95 for c in wrong)} of {len(wrong)}"]
+
+
+def confidence_rows(data: Path) -> list[str]:
+    """A line per calibration power (accurate mode): each served language's cells, and "A man"'s confidence."""
+    corpus = {language: read_lines(corpus_path(data, "test_2016_flickr", language)) for language in SERVED}
+    detector = LanguageDetector(SERVED, "accurate")
+    rows = []
+    for power in (1, 2, 3, 4):
+        detector.sharpness = power
+        cells = [cell for language, lines in corpus.items() for cell in confidence_cells(detector, lines, language)]
+        cells.append(f"{top(detector.detect('A man'))[1]:.1f}")
+        rows.append(f"| {power}{' (SHARPNESS)' if power == SHARPNESS else ''} | {' | '.join(cells)} |")
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=MULTI30K)
@@ -106,6 +138,12 @@ def main() -> int:
         f"| mode | {' | '.join(f'`{text}`' for text in EXAMPLES)} |",
         f"|---|{'---|' * len(EXAMPLES)}",
         *(examples for _, examples in rows),
+        "",
+        "| calibration power | en sentences: 5th percentile / median / ≥ 95 | en first words taken wrongly: median, "
+        "≥ 95 | de sentences: 5th percentile / median / ≥ 95 | de first words taken wrongly: median, ≥ 95 "
+        "| `A man` |",
+        "|---|---|---|---|---|---|",
+        *confidence_rows(args.data),
     ]
     args.out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

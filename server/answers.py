@@ -116,6 +116,12 @@ def summary(texts: Sequence[str], parts: Sequence[DecodedSentence], min_confiden
     )
 
 
+def as_sent(text: str) -> TextTranslation:
+    """A text that is its own translation, without the model: confidence 0, the most a mean log-probability
+    can be."""
+    return TextTranslation(text, 0, 0, 0, False, 0.0, "", False)
+
+
 def variants(segments: list[DecodedSentence], alternatives: int) -> list[list[DecodedSentence]]:
     """The segments as translated, then their alternatives: alternative i of a text is each of its sentences'
     i-th alternative, or the sentence's translation where it has fewer (as Argos Translate, LibreTranslate's

@@ -54,6 +54,7 @@ class Server:
     http_addresses: tuple[str, ...] = ()  # what the HTTP API listens on once started (host:port each)
     certificates: Certificates | None = None  # TLS for both front ends, reloaded when the files change
     keys: KeyGuard | None = None  # API keys and limits (server/keys.py), reloaded when their file changes
+    http_api: HttpApi | None = None  # its /health turns ok with gRPC's health service
     _reloading_keys: asyncio.Task | None = None
     _reloading: asyncio.Task | None = None
 
@@ -78,6 +79,8 @@ class Server:
             self._reloading_keys = asyncio.create_task(self._reload_keys())
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        if self.http_api is not None:
+            self.http_api.serving = True
         log.info(
             "serving %s: gRPC on %s, HTTP API on %s, metrics on %s%s; event loop: %s",
             self.models.describe(),
@@ -213,8 +216,10 @@ def create_server(config: ServerConfig, metrics: Metrics | None = None) -> Serve
         port = server.add_insecure_port(address)
     metrics_http = MetricsEndpoint(config.host, config.metrics_port, metrics.registry)
     # A client that goes away cancels its handler, and so its job (as a cancelled RPC does).
-    http_api = HttpApi(models, translations, config, access, keys).application()
-    http_runner = web.AppRunner(http_api, handler_cancellation=True, access_log=None) if config.http_port else None
+    http_api = HttpApi(models, translations, config, access, keys)
+    http_runner = (
+        web.AppRunner(http_api.application(), handler_cancellation=True, access_log=None) if config.http_port else None
+    )
     return Server(
         server,
         port,
@@ -229,6 +234,7 @@ def create_server(config: ServerConfig, metrics: Metrics | None = None) -> Serve
         http_runner,
         certificates=certificates,
         keys=keys,
+        http_api=http_api,
     )
 
 

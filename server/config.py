@@ -29,6 +29,9 @@ MIB = 1 << 20
 # continuous' throughput from 0.90x static's to 0.96x and cut long p99 from 10.2 to 8.9 s, doubling the single
 # sentences' p99 (still 0.08x static's); 0.3 changed nothing measurable and 0.7 pushed that p99 past static's.
 LONG_LANE_SHARE = 0.5
+# --char-limit: LibreTranslate's default is none; this bounds what one request costs before any translation (its
+# parsing, splitting and tokenizing are linear in it) while a long document (about 1,500 sentences) goes whole.
+CHAR_LIMIT = 100_000
 
 
 Scheduling = Literal["continuous", "static"]
@@ -119,8 +122,13 @@ class ServerConfig:
     )
     max_concurrent_rpcs: int = setting(512, "RPCs in flight")
     memory_budget_mib: int = setting(512, "the admission budget: caches and attention scores of admitted sentences")
-    max_texts: int = setting(64, "texts per request")
-    max_source_tokens: int = setting(1024, "source tokens per text")
+    batch_limit: int = setting(-1, "texts per request, as LibreTranslate's --batch-limit; -1: no limit")
+    char_limit: int = setting(
+        CHAR_LIMIT, "characters per request, all its texts together, as LibreTranslate's --char-limit; -1: no limit"
+    )
+    max_source_tokens: int = setting(
+        1024, "source tokens per sentence: a longer one is cut at a clause or word boundary, never refused"
+    )
     long_input_tokens: int = setting(128, "texts over this many tokens follow --long-input")
     long_input: LongInput = setting("split", "what happens to long texts")
     max_beam_size: int = setting(8, "the largest beam a request may ask for")
@@ -163,6 +171,18 @@ class ServerConfig:
     )
     file_ttl_s: float = setting(600.0, "a translated file not downloaded by then is deleted")
     max_file_texts: int = setting(1024, "/translate_file: the most texts (lines, paragraphs, subtitles) in a file")
+    cors_origins: tuple[str, ...] = setting(
+        ("*",),
+        "the web origins whose pages may call the HTTP API from a browser (CORS), e.g. https://a.example,"
+        "https://b.example; * any page (as LibreTranslate; with API keys, the key then travels from the browser); "
+        "'': none",
+    )
+    suggestions: bool = setting(False, "accept POST /suggest (LibreTranslate's suggested translations; off: 403)")
+    suggestions_file: Path | None = setting(
+        None,
+        "the JSON-lines file /suggest appends to where there is no Redis URL (none: suggestions.jsonl in the "
+        "files folder where one is set, else in the working directory)",
+    )
     language_detection: LanguageDetection = setting(
         "accurate",
         "source auto and /detect (server/detect.py): accurate (+184 MiB resident for en and de; 86-99% right on "
@@ -184,7 +204,6 @@ class ServerConfig:
         for name in (
             "max_concurrent_rpcs",
             "memory_budget_mib",
-            "max_texts",
             "max_source_tokens",
             "long_input_tokens",
             "max_beam_size",
@@ -192,6 +211,9 @@ class ServerConfig:
         ):
             if getattr(self, name) < 1:
                 problems.append(f"{name}={getattr(self, name)} must be at least 1")
+        for name in ("batch_limit", "char_limit"):
+            if getattr(self, name) == 0 or getattr(self, name) < -1:
+                problems.append(f"{name}={getattr(self, name)} must be -1 (no limit) or at least 1")
         if not 0 <= self.http_port <= 65535:
             problems.append(f"http_port={self.http_port} must be a port number, or 0 to disable the HTTP API")
         for name in ("keepalive_time_s", "keepalive_timeout_s", "min_client_ping_interval_s"):

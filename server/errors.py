@@ -9,6 +9,7 @@
 | Overloaded       | RESOURCE_EXHAUSTED | 429  | queue full, or the request needs more memory than the budget  |
 |                  |                    |      | or a key over its requests per minute (HTTP adds Retry-After) |
 | ShuttingDown     | UNAVAILABLE        | 503  | the server is draining (SIGTERM)                              |
+| Unavailable      | UNAVAILABLE        | 503  | a store the request needs is out of reach (Redis, /suggest)   |
 | DeadlineExceeded | DEADLINE_EXCEEDED  | 504  | the caller's deadline (HTTP: http_timeout_s) passed while     |
 |                  |                    |      | queued or decoding                                            |
 | Cancelled        | CANCELLED          | 499  | the caller went away (nobody reads the answer)                |
@@ -50,6 +51,11 @@ class Overloaded(ServiceError):
 
 
 class ShuttingDown(ServiceError):
+    code = grpc.StatusCode.UNAVAILABLE
+    http_status = 503
+
+
+class Unavailable(ServiceError):
     code = grpc.StatusCode.UNAVAILABLE
     http_status = 503
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
-from server.config import LanguageDetection
+from server.config import ServerConfig
 from server.files import SUFFIXES
 from server.keys import KeyGuard
 from server.models import AUTO, Models
@@ -69,19 +69,19 @@ def languages(models: Models) -> list[dict[str, Any]]:
     return [{"code": code, "name": LANGUAGE_NAMES.get(code, code), "targets": codes} for code, codes in targets.items()]
 
 
-def frontend_settings(models: Models, keys: KeyGuard, detection: LanguageDetection) -> dict[str, Any]:
-    """LibreTranslate's page settings: no character limit (limits are in tokens), whether keys are on and
-    required, the file formats it translates; the page starts from auto (where detection is on) and the default
-    model's target."""
+def frontend_settings(models: Models, keys: KeyGuard, config: ServerConfig) -> dict[str, Any]:
+    """LibreTranslate's page settings: the characters a request may hold (-1: any), whether keys are on and
+    required, whether /suggest takes suggestions, the file formats it translates; the page starts from auto
+    (where detection is on) and the default model's target."""
     default = models.default
     target = default.target_language
-    source = AUTO if detection != "off" else default.source_language
+    source = AUTO if config.language_detection != "off" else default.source_language
     return {
-        "charLimit": -1,
+        "charLimit": config.char_limit,
         "frontendTimeout": FRONTEND_TIMEOUT_MS,
         "apiKeys": keys.enabled,
         "keyRequired": keys.anonymous is None,
-        "suggestions": False,
+        "suggestions": config.suggestions,
         "filesTranslation": True,
         "supportedFilesFormat": list(SUFFIXES),
         "language": {

@@ -1,7 +1,8 @@
 """The LibreTranslate-compatible HTTP API (aiohttp), on the same scheduler as gRPC.
 
     POST /translate   JSON or form: q (a string, or a list of strings in JSON), source, target,
-                      format ("text" or "html"), min_confidence (ours); answers {"translatedText": str | [str],
+                      format ("text" or "html"), min_confidence, mirror_formatting and pass_through (ours,
+                      default true: server/formatting.py); answers {"translatedText": str | [str],
                       "confidence": float | [float]} and, when a text is flagged, "flags": [str] | [[str]]
                       ("repetition", "length": a runaway-output guard stopped it; "low_confidence")
     GET  /languages   [{"code", "name", "targets"}]
@@ -10,14 +11,23 @@
     GET  /frontend/settings, GET /spec   what LibreTranslate's page reads; the OpenAPI document (server/openapi.py)
     POST /detect      q (a string): [{"confidence": 0-100, "language": code}], best first: a language no model
                       reads first where it is the verdict, else the served ones (server/detect.py)
+    GET  /health      {"status": "ok"} once the server serves (as gRPC's health service), else 503 with
+                      "starting" (warming up) or "draining" (SIGTERM)
+    POST /suggest     q, s (the suggested translation), source, target: {"success": true} once stored
+                      (server/suggestions.py); 403 unless the server runs with --suggestions, as LibreTranslate
 
 ``source`` and ``target`` choose among the server's models (``server.models``); ``source: "auto"`` detects the
 texts' language (together: one request, one model) and the answer carries ``detectedLanguage``
-({"confidence", "language"}, a list of them for a list q). ``api_key`` is the caller's key where the server has
-keys (server/keys.py). ``alternatives: N`` (0 to max_beam_size - 1) asks for up to N other translations, from
-beam search's n-best (the beam widened to N + 1): the answer carries ``"alternatives": [str]`` (a list of them per
-text for a list q), as LibreTranslate's. A translation names the model that answered in ``X-Translation-Model``
-(``name@version``).
+({"confidence", "language"}, a list of them for a list q). Language codes are read in any case; a target that is
+the source (given, or detected) answers the texts unchanged, as LibreTranslate does. ``api_key`` is the caller's
+key where the server has keys (server/keys.py). ``alternatives: N`` (0 to max_beam_size - 1) asks for up to N
+other translations, from beam search's n-best (the beam widened to N + 1): the answer carries
+``"alternatives": [str]`` (a list of them per text for a list q), as LibreTranslate's. A translation names the
+model that answered in ``X-Translation-Model`` (``name@version``).
+
+Every answer carries CORS headers for the origins of ``--cors-origins`` (default ``*``: any web page may call the
+API, as LibreTranslate's; where API keys are on, a page's key then travels from its visitors' browsers, so name
+the origins instead), and a browser's preflight (``OPTIONS`` on any route) is answered 204.
 
 Errors are JSON ``{"error": message}`` with the status of ``server.errors`` (400, 403, 429 with Retry-After,
 503, 504, 500), and 404/405/413 for unknown paths, wrong methods and bodies over max_message_bytes.
@@ -38,53 +48,38 @@ from typing import Any
 
 from aiohttp import web
 
-from server import frontend, openapi
-from server.access import REQUEST_ID_HEADER, AccessLog, Exchange, request_id
+from server import frontend, markup, openapi
+from server.access import AccessLog, Exchange
+from server.answers import TextTranslation, as_sent
 from server.config import ServerConfig
 from server.detect import Detected
-from server.errors import InvalidRequest, Overloaded, ServiceError, http_status_of, status_of
+from server.errors import InvalidRequest, Overloaded, PermissionDenied, ServiceError, http_status_of, status_of
 from server.files import FileStore, read_document
-from server.http_request import alternatives_of, min_confidence_of, request_fields, texts_of
+from server.http_middleware import REQUEST_ID, cors, error_response, json_errors, request_ids
+from server.http_request import alternatives_of, min_confidence_of, request_fields, switch_of, texts_of
 from server.interface import Engine
 from server.jobs import decode_options
 from server.keys import Caller, KeyGuard
 from server.models import AUTO, Models
 from server.service import model_name
+from server.suggestions import suggestion_of, suggestion_store
 from server.tracing import request_span
 from server.translations import TranslateOptions, Translations
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-REQUEST_ID = web.RequestKey("request_id", str)
+
+def model_header(engine: Engine | None) -> dict[str, str]:
+    """The model that answered, for X-Translation-Model; none where no model did."""
+    return {"X-Translation-Model": model_name(engine)} if engine is not None else {}
 
 
-def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
-    return web.json_response({"error": message}, status=status, headers=headers)
-
-
-@web.middleware
-async def request_ids(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """The caller's X-Request-ID (or a new one) for the handler's record, and back on every response."""
-    request[REQUEST_ID] = request_id(request.headers.get(REQUEST_ID_HEADER))
-    try:
-        response = await handler(request)
-    except web.HTTPException as error:
-        error.headers[REQUEST_ID_HEADER] = request[REQUEST_ID]
-        raise
-    response.headers[REQUEST_ID_HEADER] = request[REQUEST_ID]
-    return response
-
-
-@web.middleware
-async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """aiohttp's own refusals (unknown path, wrong method, body too large) as JSON errors too."""
-    try:
-        return await handler(request)
-    except web.HTTPException as error:
-        if error.status < 400:
-            raise
-        return error_response(error.status, error.reason)
+def unchanged(texts: list[str], format: str) -> list[TextTranslation]:
+    """Texts already in the target language as their own translations, their format and markup checked as a
+    translation's are; confidence 0, the most a mean log-probability can be."""
+    for text in texts:
+        markup.parse(text, format)
+    return [as_sent(text) for text in texts]
 
 
 class HttpApi:
@@ -97,9 +92,12 @@ class HttpApi:
         self.translations = translations
         self.config = config
         self.access = access
+        self.suggestions = suggestion_store(config)
+        self.serving = False  # the server sets it once warm, as gRPC's health service turns SERVING
 
     def application(self) -> web.Application:
-        app = web.Application(middlewares=[request_ids, json_errors], client_max_size=self.config.max_message_bytes)
+        middlewares = [cors(self.config.cors_origins), request_ids, json_errors]
+        app = web.Application(middlewares=middlewares, client_max_size=self.config.max_message_bytes)
         app.router.add_post("/translate", self.translate)
         app.router.add_get("/languages", self.languages)
         app.router.add_post("/detect", self.detect)
@@ -107,6 +105,8 @@ class HttpApi:
         app.router.add_post("/translate_file", self.translate_file)
         app.router.add_get("/download_file/{name}", self.download_file, name="download_file")
         app.router.add_get("/spec", self.spec)
+        app.router.add_get("/health", self.health)
+        app.router.add_post("/suggest", self.suggest)
         for path, (file, content_type) in frontend.PAGE_FILES.items():
             app.router.add_get(path, functools.partial(self.page, file, content_type))
         return app
@@ -117,9 +117,10 @@ class HttpApi:
             raise InvalidRequest("api_key must be a string")
         return await self.keys.admit(key, request.remote or "", sum(map(len, texts)))
 
-    def _model(self, fields: dict[str, Any], texts: list[str], format: str) -> tuple[Engine, Detected | None]:
-        """The model of the request's source and target languages (both required, as in LibreTranslate), and
-        what was detected when the source is "auto"."""
+    def _model(self, fields: dict[str, Any], texts: list[str], format: str) -> tuple[Engine | None, Detected | None]:
+        """The model of the request's source and target languages (both required, as in LibreTranslate; in any
+        case), and what was detected when the source is "auto"; no model when the texts are in the target
+        language already (LibreTranslate answers them unchanged)."""
         source, target = fields.get("source"), fields.get("target")
         pairs = self.models.describe()
         for name, value in (("source", source), ("target", target)):
@@ -127,8 +128,14 @@ class HttpApi:
                 raise InvalidRequest(f"Invalid request: missing {name} parameter (this server translates {pairs})")
             if not isinstance(value, str):
                 raise InvalidRequest(f"{name} must be a language code, e.g. {self.models.default.source_language!r}")
+        source, target = source.lower(), target.lower()
         if source == AUTO:
-            return self.models.resolve_auto(texts, target=target, format=format)
+            detected = self.models.detect(texts, format)
+            if detected.language == target:
+                return None, detected
+            return self.models.resolve_detected(detected, target=target), detected
+        if source == target and source in self.models.languages:
+            return None, None
         return self.models.resolve(source=source, target=target), None
 
     # --- routes ---------------------------------------------------------------------------
@@ -162,7 +169,10 @@ class HttpApi:
         engine, detected = self._model(fields, texts, options.format)
         exchange.engine = engine
         exchange.texts = texts
-        results = await self.translations.translate(engine, texts, options, exchange)
+        if engine is None:
+            results = unchanged(texts, options.format)
+        else:
+            results = await self.translations.translate(engine, texts, options, exchange)
         one = (lambda values: values) if as_list else (lambda values: values[0])
         body = {
             "translatedText": one([result.text for result in results]),
@@ -175,11 +185,12 @@ class HttpApi:
         flags = [[flag for flag in (r.guard, "low_confidence" if r.low_confidence else "") if flag] for r in results]
         if any(flags):
             body["flags"] = one(flags)
-        return web.json_response(body, headers={"X-Translation-Model": model_name(engine)})
+        return web.json_response(body, headers=model_header(engine))
 
     def _options(self, fields: dict[str, Any]) -> TranslateOptions:
-        """The request's options, once: LibreTranslate's alternatives, format and our min_confidence; the server's
-        beam and output limit; http_timeout_s to answer in; its texts are "q", and an empty one is kept."""
+        """The request's options, once: LibreTranslate's alternatives, format and our min_confidence,
+        mirror_formatting and pass_through; the server's beam and output limit; http_timeout_s to answer in; its
+        texts are "q", and an empty one is kept."""
         return TranslateOptions(
             decode_options(self.config, alternatives=alternatives_of(fields)),
             deadline=time.monotonic() + self.config.http_timeout_s,
@@ -187,6 +198,8 @@ class HttpApi:
             format=str(fields.get("format") or "text"),
             field="q",
             keep_empty=True,
+            mirror_formatting=switch_of(fields, "mirror_formatting"),
+            pass_through=switch_of(fields, "pass_through"),
         )
 
     async def languages(self, request: web.Request) -> web.Response:
@@ -216,16 +229,22 @@ class HttpApi:
         exchange.caller = (await self._admit(request, fields, document.texts)).name
         engine, _ = self._model(fields, document.texts, document.format)
         exchange.engine = engine
-        translations = await self._translate_all(engine, document.texts, document.format, exchange)
+        if engine is None:
+            translations = [result.text for result in unchanged(document.texts, document.format)]
+        else:
+            translations = await self._translate_all(engine, document.texts, document.format, exchange)
         name = self.files.save(upload.filename or "file", document.write(translations))
         url = request.url.origin().join(request.app.router["download_file"].url_for(name=name))
-        return web.json_response({"translatedFileUrl": str(url)}, headers={"X-Translation-Model": model_name(engine)})
+        return web.json_response({"translatedFileUrl": str(url)}, headers=model_header(engine))
 
     async def _translate_all(self, engine: Engine, texts: list[str], format: str, exchange: Exchange) -> list[str]:
-        """Every text, in requests of at most max_texts decoding at once, within one http_timeout_s."""
+        """Every text, in requests of at most batch_limit decoding at once, within one http_timeout_s."""
         deadline = time.monotonic() + self.config.http_timeout_s
-        options = TranslateOptions(decode_options(self.config), deadline, None, format, "file", keep_empty=True)
-        step = self.config.max_texts
+        # As the model wrote them: a file's lines and paragraphs are not mirrored, as LibreTranslate's files are not
+        options = TranslateOptions(
+            decode_options(self.config), deadline, None, format, "file", keep_empty=True, mirror_formatting=False
+        )
+        step = self.config.batch_limit if self.config.batch_limit > 0 else max(len(texts), 1)
         chunks = await asyncio.gather(
             *(
                 self.translations.translate(engine, texts[i : i + step], options, exchange)
@@ -265,7 +284,7 @@ class HttpApi:
     async def frontend_settings(self, request: web.Request) -> web.Response:
         """What LibreTranslate's page reads first (server/frontend.py)."""
         self.access.finish(Exchange("HTTP /frontend/settings", request[REQUEST_ID]), "OK")
-        return web.json_response(frontend.frontend_settings(self.models, self.keys, self.config.language_detection))
+        return web.json_response(frontend.frontend_settings(self.models, self.keys, self.config))
 
     async def page(self, file: str, content_type: str, request: web.Request) -> web.Response:
         """The page at / and its files."""
@@ -277,13 +296,38 @@ class HttpApi:
         self.access.finish(Exchange("HTTP /spec", request[REQUEST_ID]), "OK")
         return web.json_response(openapi.spec(self.models, self.config.max_beam_size - 1))
 
+    async def health(self, request: web.Request) -> web.Response:
+        """LibreTranslate's {"status": "ok"} while the server serves; 503 with "starting" before it is warm and
+        "draining" once it refuses new work (SIGTERM), so a load balancer sends requests elsewhere."""
+        self.access.finish(Exchange("HTTP /health", request[REQUEST_ID]), "OK")
+        if not self.translations.scheduler.accepting:
+            return web.json_response({"status": "draining"}, status=503)
+        if not self.serving:
+            return web.json_response({"status": "starting"}, status=503)
+        return web.json_response({"status": "ok"})
+
+    async def suggest(self, request: web.Request) -> web.Response:
+        """LibreTranslate's /suggest: q, s (the suggested translation), source and target, stored
+        (server/suggestions.py); 403 unless the server runs with --suggestions."""
+        exchange = Exchange("HTTP /suggest", request[REQUEST_ID])
+        return await self._answer(exchange, lambda: self._suggest(request, exchange))
+
+    async def _suggest(self, request: web.Request, exchange: Exchange) -> web.Response:
+        if self.suggestions is None:
+            raise PermissionDenied("Suggestions are disabled on this server.")
+        fields = await request_fields(request)
+        suggestion = suggestion_of(fields)
+        exchange.texts = [suggestion["q"], suggestion["s"]]
+        exchange.caller = (await self._admit(request, fields, exchange.texts)).name
+        await self.suggestions.add(suggestion)
+        return web.json_response({"success": True})
+
     def _fail(self, exchange: Exchange, error: BaseException) -> web.Response:
         status, message = http_status_of(error)
         if not isinstance(error, ServiceError):
             log.exception("unexpected error in %s (request %s)", exchange.method, exchange.request_id, exc_info=error)
         self.access.finish(exchange, status_of(error)[0].name)
-        engine = exchange.engine
-        headers = {"X-Translation-Model": model_name(engine)} if engine is not None else {}
+        headers = model_header(exchange.engine)
         if isinstance(error, Overloaded):
             headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_s)))
         return error_response(status, message, headers)

@@ -99,3 +99,14 @@ def min_confidence_of(fields: dict[str, Any]) -> float | None:
         return float(value)
     except (TypeError, ValueError):
         raise InvalidRequest(f"min_confidence={value!r} must be a number, e.g. -1.0") from None
+
+
+def switch_of(fields: dict[str, Any], name: str) -> bool:
+    """A default-on switch (mirror_formatting, pass_through): JSON true/false, or a form's true/false/1/0;
+    on when absent or empty."""
+    value = fields.get(name)
+    if value in (None, "", True, False):
+        return value is not False
+    if isinstance(value, str) and value.strip().lower() in ("true", "1", "false", "0"):
+        return value.strip().lower() in ("true", "1")
+    raise InvalidRequest(f"{name}={value!r} must be true or false")

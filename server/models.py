@@ -49,6 +49,11 @@ class Models:
     def names(self) -> list[str]:
         return [engine.name for engine in self.engines]
 
+    @property
+    def languages(self) -> set[str]:
+        """Every language code a model reads or writes."""
+        return {code for engine in self.engines for code in (engine.source_language, engine.target_language)}
+
     def describe(self) -> str:
         """'en→de (en-de-transformer), de→en (de-en-transformer)'."""
         return ", ".join(f"{pair(engine)} ({engine.name})" for engine in self.engines)
@@ -59,12 +64,21 @@ class Models:
         """The model for texts whose source language is to be detected (among the served source languages),
         and what was detected. InvalidRequest names the detected language when no model takes it, and the
         server's pairs whenever detection fails."""
+        detected = self.detect(texts, format)
+        return self.resolve_detected(detected, model, target), detected
+
+    def detect(self, texts: Sequence[str], format: str = "text") -> Detected:
+        """The served source language of texts taken together; InvalidRequest names the server's pairs when
+        detection fails."""
         try:
-            detected = self.detector.best(texts, format)
+            return self.detector.best(texts, format)
         except InvalidRequest as error:
             raise InvalidRequest(f"{error}; this server translates {self.describe()}") from error
+
+    def resolve_detected(self, detected: Detected, model: str = "", target: str = "") -> Engine:
+        """The model for texts detected in ``detected``'s language; InvalidRequest names it when none takes it."""
         try:
-            return self.resolve(model, detected.language, target), detected
+            return self.resolve(model, detected.language, target)
         except InvalidRequest as error:
             raise InvalidRequest(
                 f"source=auto detected {detected.language!r} ({detected.confidence:.0f}%), but {error}"
@@ -75,6 +89,7 @@ class Models:
         is given. Raises InvalidRequest naming the server's pairs when none or several match."""
         if not (model or source or target):
             return self.default
+        source, target = source.lower(), target.lower()
         matches = [
             engine
             for engine in self.engines

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from server.files import SUFFIXES
 from server.models import AUTO, Models
 
 JSON = "application/json"
@@ -61,8 +62,12 @@ def _schemas(models: Models, max_alternatives: int) -> dict[str, Any]:
         },
     }
     translate_fields = {
-        "source": {"type": "string", "enum": sources, "description": "source language; auto detects it"},
-        "target": {"type": "string", "enum": targets},
+        "source": {
+            "type": "string",
+            "enum": sources,
+            "description": "source language (in any case); auto detects it; the target's: the texts come back",
+        },
+        "target": {"type": "string", "enum": targets, "description": "target language (in any case)"},
         "format": {"type": "string", "enum": ["text", "html", ""], "default": "text", "description": "empty: text"},
         "min_confidence": {"type": "number", "description": "flag translations scoring under it (negative)"},
         "api_key": {"type": "string", "description": "the caller's API key, where the server has keys"},
@@ -73,6 +78,16 @@ def _schemas(models: Models, max_alternatives: int) -> dict[str, Any]:
             "default": 0,
             "description": "up to this many other translations per text, from the beam's n-best (the beam widened "
             "to alternatives + 1, within the server's max_beam_size)",
+        },
+        "mirror_formatting": {
+            "type": "boolean",
+            "default": True,
+            "description": "format text: the source's case and final punctuation on the translation, as LibreTranslate",
+        },
+        "pass_through": {
+            "type": "boolean",
+            "default": True,
+            "description": "format text: a text without letters (emoji, digits, symbols) comes back as sent",
         },
     }
     return {
@@ -96,8 +111,8 @@ def _schemas(models: Models, max_alternatives: int) -> dict[str, Any]:
                     "oneOf": [{"type": "number"}, {"type": "array", "items": {"type": "number"}}],
                     "description": "mean token log-probability, at most 0",
                 },
-                "alternatives": {
-                    "oneOf": [strings, {"type": "array", "items": strings}],
+                "alternatives": {  # anyOf: an empty list is either
+                    "anyOf": [strings, {"type": "array", "items": strings}],
                     "description": "with alternatives over 0: other translations, best first, none the same as the "
                     "translation (a list of them per text for a list q)",
                 },
@@ -114,6 +129,22 @@ def _schemas(models: Models, max_alternatives: int) -> dict[str, Any]:
             "properties": {"q": {"type": "string", "minLength": 1}, "api_key": {"type": "string"}},
         },
         "Detected": detected,
+        "SuggestRequest": {
+            "type": "object",
+            "required": ["q", "s", "source", "target"],
+            "properties": {
+                "q": {"type": "string", "minLength": 1, "description": "the original text"},
+                "s": {"type": "string", "minLength": 1, "description": "the suggested translation"},
+                "source": {"type": "string", "minLength": 1, "description": "the original's language"},
+                "target": {"type": "string", "minLength": 1, "description": "the suggestion's language"},
+                "api_key": translate_fields["api_key"],
+            },
+        },
+        "Health": {
+            "type": "object",
+            "required": ["status"],
+            "properties": {"status": {"type": "string", "enum": ["ok", "starting", "draining"]}},
+        },
         "FileForm": {
             "type": "object",
             "required": ["file", "source", "target"],
@@ -177,7 +208,7 @@ def spec(models: Models, max_alternatives: int) -> dict[str, Any]:
             },
             "/translate_file": {
                 "post": {
-                    "summary": "Translate a file (.txt, .html, .srt, .vtt, .docx, .pptx, .odt), keeping its structure",
+                    "summary": f"Translate a file ({', '.join(SUFFIXES)}), keeping its structure",
                     "requestBody": {"required": True, "content": {"multipart/form-data": {"schema": _ref("FileForm")}}},
                     "responses": {
                         "200": _ok("Where to download it, once", _ref("TranslatedFile"), model_header),
@@ -195,6 +226,27 @@ def spec(models: Models, max_alternatives: int) -> dict[str, Any]:
                             "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
                         },
                         "404": _error("No such file: each is downloaded once, within file_ttl_s"),
+                    },
+                }
+            },
+            "/suggest": {
+                "post": {
+                    "summary": "Suggest a better translation (kept for whoever improves the models)",
+                    "requestBody": _body("SuggestRequest", "SuggestRequest"),
+                    "responses": {
+                        "200": _ok("Stored", {"type": "object", "properties": {"success": {"const": True}}}),
+                        **small_errors,
+                        "403": _error("Suggestions are off (the server runs without --suggestions), or a key refused"),
+                        "503": _error("The suggestion could not be stored (Redis out of reach); try again later"),
+                    },
+                }
+            },
+            "/health": {
+                "get": {
+                    "summary": "Whether the server serves, for load balancers and uptime checks",
+                    "responses": {
+                        "200": _ok("Serving: ok", _ref("Health")),
+                        "503": _ok("Starting (warming up) or draining (SIGTERM)", _ref("Health")),
                     },
                 }
             },

@@ -81,14 +81,22 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
 
     def _options(self, request, context: grpc.aio.ServicerContext) -> TranslateOptions:
         """The request's options, once: its decoding within the server's limits, its deadline (the caller's,
-        as a ``time.monotonic()`` instant), its minimum confidence and its format."""
+        as a ``time.monotonic()`` instant), its minimum confidence, its format and its finishing (on unless set
+        false)."""
         options = request.options
         decode = decode_options(
             self.config, options.beam_size, options.max_output_tokens, options.alternatives, prefix="options."
         )
         remaining = context.time_remaining()
         deadline = time.monotonic() + remaining if remaining is not None else None
-        return TranslateOptions(decode, deadline, options.min_confidence or None, options.format or "text")
+        return TranslateOptions(
+            decode,
+            deadline,
+            options.min_confidence or None,
+            options.format or "text",
+            mirror_formatting=not options.HasField("mirror_formatting") or options.mirror_formatting,
+            pass_through=not options.HasField("pass_through") or options.pass_through,
+        )
 
     def _model(self, request) -> Engine:
         """The model a (parsed) request chooses."""
@@ -98,7 +106,7 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
     def _translation_model(self, request) -> tuple[Engine, Detected | None]:
         """The model a (parsed) translation request chooses, detecting its source language for "auto"."""
         _check_parsed(request)
-        if request.source_language == AUTO:
+        if request.source_language.lower() == AUTO:
             format = request.options.format or "text"
             return self.models.resolve_auto(request.texts, request.model, request.target_language, format)
         return self._model(request), None
@@ -217,7 +225,7 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
             provider=engine.provider,
             variant=engine.variant,
             limits=translate_pb2.Limits(
-                max_texts=c.max_texts,
+                max_texts=max(c.batch_limit, 0),
                 max_source_tokens=c.max_source_tokens,
                 long_input_tokens=c.long_input_tokens,
                 max_beam_size=c.max_beam_size,

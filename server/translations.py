@@ -17,7 +17,7 @@ from opentelemetry.trace import INVALID_SPAN
 
 from runtime.manifest import ModelFolderError
 from runtime.search import Hypothesis
-from server import answers, markup, placement
+from server import answers, formatting, markup, placement
 from server.access import Exchange
 from server.answers import DecodedSentence, TextTranslation
 from server.cache import TranslationCache
@@ -27,7 +27,7 @@ from server.interface import Engine
 from server.jobs import DecodeOptions, Job, QueuedSentence
 from server.metrics import Metrics, length_bucket
 from server.scheduler import Scheduler
-from server.text import TextLimits, check_texts, check_words, segment_texts
+from server.text import NO_LIMIT, TextLimits, check_texts, segment_texts
 from server.tracing import child_span, record_sentences
 
 
@@ -43,6 +43,10 @@ class TranslateOptions:
     format: str = "text"  # "html": the texts' markup is kept
     field: str = "texts"  # what errors call the texts (LibreTranslate's "q", a file's "file")
     keep_empty: bool = False  # an empty text translates to itself instead of being refused
+    # LibreTranslate's finishing of plain texts (server/formatting.py): the source's case and final punctuation
+    # on its translation, and a text with no letters as its own translation
+    mirror_formatting: bool = True
+    pass_through: bool = True
 
 
 class Translations:
@@ -50,7 +54,7 @@ class Translations:
         self.scheduler = scheduler
         self.metrics = metrics
         self.limits = TextLimits(
-            config.max_texts, config.max_source_tokens, config.long_input_tokens, config.long_input
+            config.batch_limit, config.char_limit, config.max_source_tokens, config.long_input_tokens, config.long_input
         )
         self.cache = TranslationCache(config.cache_bytes) if config.cache_bytes else None
 
@@ -152,9 +156,13 @@ class Translations:
         texts' markup; in both formats placeholders, URLs, e-mail addresses and numbers with units come
         back as sent (server/markup.py). With ``options.decode.alternatives``, up to that many other
         translations of each text (``answers.variants``), laid out and with their markup placed as the
-        translation is."""
-        if options.format == "text":  # (markup's words are counted once it is parsed: tags are not words)
-            check_texts(texts, self.limits, options.field, options.keep_empty)
+        translation is. In format "text", ``options.pass_through`` and ``options.mirror_formatting`` finish the
+        texts as LibreTranslate does (server/formatting.py)."""
+        if options.format == "text" and options.pass_through:
+            kept = {t for t, text in enumerate(texts) if formatting.nothing_to_translate(text)}
+            if kept:
+                return await self._passing_through(engine, texts, kept, options, exchange)
+        check_texts(texts, self.limits, options.field, options.keep_empty)  # bounds what parsing costs
         documents = [markup.parse(text, options.format) for text in texts]
         alternatives, min_confidence = options.decode.alternatives, options.min_confidence
         span = exchange.span if exchange else INVALID_SPAN
@@ -165,27 +173,17 @@ class Translations:
             with child_span(span, "detokenize"):
                 variants = answers.variants(segments, alternatives)
                 renders = [answers.plain(engine, texts, variant) for variant in variants]
+                if options.mirror_formatting:
+                    renders = [list(map(formatting.mirror, texts, render)) for render in renders]
             return [
                 answers.summary([render[t] for render in renders], parts, min_confidence)
                 for t, parts in enumerate(answers.by_text(segments, len(texts)))
             ]
-        check_texts(texts, self.limits, options.field, options.keep_empty)
-        for t, document in enumerate(documents):
-            check_words(" ".join(piece.text for piece in document.pieces), self.limits, f"{options.field}[{t}]")
         pieces = [(t, piece) for t, document in enumerate(documents) for piece in document.pieces]
         runs = [piece.text for _, piece in pieces]
         tokenized = engine.tokenize(runs) if runs else []
-        tokens = [0] * len(texts)
-        for (t, _), ids in zip(pieces, tokenized, strict=True):
-            tokens[t] += len(ids)
-        for t, count in enumerate(tokens):
-            if count > self.limits.max_source_tokens:
-                raise InvalidRequest(
-                    f"{options.field}[{t}] has {count} tokens to translate; the limit is "
-                    f"{self.limits.max_source_tokens} (max_source_tokens)"
-                )
         started = time.monotonic()
-        limits = replace(self.limits, max_texts=max(len(pieces), 1))
+        limits = replace(self.limits, batch_limit=NO_LIMIT)  # the texts were counted, not their pieces
         pieces_options = replace(options, keep_empty=True)  # a piece may be empty: whitespace between tags
         segments = [s async for s in self.segments(engine, runs, pieces_options, limits, tokenized)]
         self.observe(engine, segments, started, exchange)
@@ -201,6 +199,21 @@ class Translations:
             answers.summary([render[t] for render in renders], parts.get(t, []), min_confidence)
             for t in range(len(documents))
         ]
+
+    async def _passing_through(
+        self,
+        engine: Engine,
+        texts: Sequence[str],
+        kept: set[int],
+        options: TranslateOptions,
+        exchange: Exchange | None,
+    ) -> list[TextTranslation]:
+        """The texts' translations, those at ``kept`` (nothing to translate) as themselves, without the engine."""
+        others = [text for t, text in enumerate(texts) if t not in kept]
+        translated = iter(
+            await self.translate(engine, others, replace(options, pass_through=False), exchange) if others else []
+        )
+        return [answers.as_sent(text) if t in kept else next(translated) for t, text in enumerate(texts)]
 
     async def _render(
         self,

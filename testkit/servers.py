@@ -49,9 +49,12 @@ class RunningServer:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
 
     def translate(
-        self, texts: list[str], beam: int = 0, alternatives: int = 0, **kwargs
+        self, texts: list[str], beam: int = 0, alternatives: int = 0, mirror_formatting: bool = True, **kwargs
     ) -> translate_pb2.TranslateResponse:
-        options = translate_pb2.TranslateOptions(beam_size=beam, alternatives=alternatives)
+        """Translate over gRPC; ``mirror_formatting=False``: as the model wrote it (a decoder's output)."""
+        options = translate_pb2.TranslateOptions(
+            beam_size=beam, alternatives=alternatives, mirror_formatting=mirror_formatting
+        )
         return self.stub.Translate(translate_pb2.TranslateRequest(texts=texts, options=options), **kwargs)
 
     def metric(self, name: str, labels: dict[str, str] | None = None) -> float | None:

@@ -110,11 +110,11 @@ def test_an_answer_without_alternatives_does_not_answer_a_request_for_them(cache
 
 def test_a_partly_cached_request_translates_only_the_rest(cached: RunningServer, monkeypatch):
     known, new = own_sentences(12)[10:]
-    expected = cached.translate([known]).translations[0].text
+    expected = cached.translate([known], mirror_formatting=False).translations[0].text
     submitted = []
     submit = cached.server.scheduler.submit
     monkeypatch.setattr(cached.server.scheduler, "submit", lambda job: (submitted.append(job), submit(job)))
-    response = cached.translate([f"{new} {known}", known])
+    response = cached.translate([f"{new} {known}", known], mirror_formatting=False)
     assert [spec.source for job in submitted for spec in job.specs] == [new]
     assert response.translations[1].text == expected and response.translations[0].text.endswith(expected)
 

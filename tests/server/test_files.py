@@ -8,6 +8,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -59,7 +60,9 @@ def translated(site: RunningServer, name: str, data: bytes) -> bytes:
 
 
 def translate(site: RunningServer, texts: list[str], format: str = "text") -> list[str]:
-    _, _, answer = http(site, "/translate", {"q": texts, "source": "en", "target": "de", "format": format})
+    """As files are translated: as the model wrote them, not mirrored (server/formatting.py)."""
+    fields = {"q": texts, "source": "en", "target": "de", "format": format, "mirror_formatting": False}
+    _, _, answer = http(site, "/translate", fields)
     return answer["translatedText"]
 
 
@@ -200,6 +203,69 @@ def test_an_open_document_keeps_paragraphs_spans_and_their_styles(site: RunningS
     assert teletype.extractText(paragraphs[0]).strip()  # text around the span is where the aligner put words
 
 
+def test_an_open_document_presentation_keeps_slides_frames_and_spans(site: RunningServer):
+    from odf import draw, opendocument, style, teletype, text
+
+    deck = opendocument.OpenDocumentPresentation()
+    layout = style.PageLayout(name="Screen")
+    deck.automaticstyles.addElement(layout)
+    master = style.MasterPage(name="Default", pagelayoutname=layout)
+    deck.masterstyles.addElement(master)
+    bold = style.Style(name="Bold", family="text")
+    bold.addElement(style.TextProperties(fontweight="bold"))
+    deck.automaticstyles.addElement(bold)
+    for words in ("A man is walking.", "A cat."):
+        page = draw.Page(masterpagename=master)
+        box = draw.TextBox()
+        paragraph = text.P(text=words)
+        box.addElement(paragraph)
+        frame = draw.Frame(width="20cm", height="3cm", x="1cm", y="1cm")
+        frame.addElement(box)
+        page.addElement(frame)
+        deck.presentation.addElement(page)
+    paragraph.addElement(text.Span(stylename=bold, text=" A black dog."))
+    data = io.BytesIO()
+    deck.write(data)
+    back = opendocument.load(io.BytesIO(translated(site, "deck.odp", data.getvalue())))
+    pages = back.getElementsByType(draw.Page)
+    assert len(pages) == 2 and all(len(page.getElementsByType(draw.Frame)) == 1 for page in pages)
+    first = pages[0].getElementsByType(text.P)[0]
+    assert teletype.extractText(first) == translate(site, ["A man is walking."])[0]
+    spans = pages[1].getElementsByType(text.Span)
+    assert len(spans) == 1 and spans[0].getAttribute("stylename") == "Bold"
+
+
+CHAPTER = """<?xml version="1.0" encoding="utf-8"?>
+<!DOCTYPE html>
+<html xmlns="http://www.w3.org/1999/xhtml"><head><title>A dog</title><link href="s.css" rel="stylesheet"/></head>
+<body><h1>A dog</h1><p>A man is <i>walking</i>.<br/>A cat.</p></body></html>"""
+
+
+def epub(chapters: dict[str, str]) -> bytes:
+    """A minimal EPUB: mimetype first and stored, a container, a package and its chapters."""
+    data = io.BytesIO()
+    with zipfile.ZipFile(data, "w", zipfile.ZIP_DEFLATED) as book:
+        book.writestr(zipfile.ZipInfo("mimetype"), "application/epub+zip", zipfile.ZIP_STORED)
+        book.writestr("META-INF/container.xml", '<container><rootfiles><rootfile full-path="OEBPS/book.opf"/>')
+        book.writestr("OEBPS/book.opf", "<package><manifest/></package>")
+        book.writestr("OEBPS/s.css", "p { margin: 0 }")
+        for name, chapter in chapters.items():
+            book.writestr(f"OEBPS/{name}", chapter)
+    return data.getvalue()
+
+
+def test_an_epub_translates_its_xhtml_and_keeps_every_other_member(site: RunningServer):
+    sent = epub({"one.xhtml": CHAPTER, "two.html": "<p>A cat.</p>"})
+    original, back = (zipfile.ZipFile(io.BytesIO(data)) for data in (sent, translated(site, "book.epub", sent)))
+    assert back.namelist() == original.namelist() and back.infolist()[0].compress_type == zipfile.ZIP_STORED
+    for name in ("mimetype", "META-INF/container.xml", "OEBPS/book.opf", "OEBPS/s.css"):
+        assert back.read(name) == original.read(name)
+    chapter = back.read("OEBPS/one.xhtml").decode()
+    assert chapter == translate(site, [CHAPTER], "html")[0]
+    assert chapter.startswith('<?xml version="1.0"') and chapter.count("<i>") == chapter.count("<br/>") == 1
+    assert back.read("OEBPS/two.html").decode() == translate(site, ["<p>A cat.</p>"], "html")[0]
+
+
 def test_a_file_is_downloaded_once(site: RunningServer):
     status, answer = upload(site, "a.txt", b"A man.\n")
     assert status == 200
@@ -223,6 +289,8 @@ def test_a_file_is_downloaded_once(site: RunningServer):
         ("huge.srt", b"1\n00:00:01" + b"0" * 90 + b",000 --> 00:00:02,000\nA man.\n", 400, "not a valid .srt"),
         ("broken.pptx", b"PK not a zip", 400, "not a valid .pptx"),
         ("broken.odt", b"PK not a zip", 400, "not a valid .odt"),
+        ("broken.odp", b"PK not a zip", 400, "not a valid .odp"),
+        ("broken.epub", b"PK not a zip", 400, "not a valid .epub"),
         ("big.txt", b"A man.\n" * 700_000, 413, ""),
     ],
 )

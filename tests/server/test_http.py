@@ -1,9 +1,11 @@
 """The LibreTranslate-compatible HTTP API against a running server: a real client's flow (libretranslatepy's
-form posts), JSON with list q, /languages, and every error status."""
+form posts), JSON with list q, /languages, every error status, language codes as LibreTranslate reads them,
+CORS, /health and a /suggest that is off."""
 
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -12,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from proto import translate_pb2
 from testkit.sentences import own_sentences
 from testkit.servers import RunningServer, http, start_server
 
@@ -68,7 +71,7 @@ def test_json_with_a_list_keeps_order_and_empty_texts(server: RunningServer):
         ({"source": "en", "target": "de"}, "missing q parameter"),
         ({"q": "Hi.", "target": "de"}, "missing source parameter"),
         ({"q": "1, 2, 3", "source": "auto", "target": "de"}, "the language of the text cannot be detected"),
-        ({"q": "Hi.", "source": "auto", "target": "en"}, "source=auto detected 'en' (100%), but no model here matches"),
+        ({"q": "Hi.", "source": "zz", "target": "zz"}, "no model here matches source='zz' target='zz'"),
         (
             {"q": "Hi.", "source": "de", "target": "en"},
             "no model here matches source='de' target='en'; this server translates en→de (tiny-test)",
@@ -89,7 +92,7 @@ def test_json_with_a_list_keeps_order_and_empty_texts(server: RunningServer):
         (b"{not json", "the body is not valid JSON"),
         (b"\xa7\xff{}", "the body is not valid utf-8 (byte 0xa7 at offset 0)"),
         (b'{"q": "a \\ud800 b", "source": "en", "target": "de"}', "lone surrogate escape ('\\ud800')"),
-        ({"q": ["Hi."] * 100, "source": "en", "target": "de"}, "q: 100 texts, the limit is 64"),
+        ({"q": "Hi. " * 25_001, "source": "en", "target": "de"}, "q: 100,004 characters, over the limit of 100,000"),
     ],
 )
 def test_bad_requests_are_400_with_a_message(server: RunningServer, request_body, message: str):
@@ -125,9 +128,11 @@ def test_deadline_is_504_and_draining_is_503(tiny_export: Path):
     try:
         status, _, body = http(server, "/translate", {"q": "A man is walking.", "source": "en", "target": "de"})
         assert status == 504 and "deadline" in body["error"]
+        assert http(server, "/health")[::2] == (200, {"status": "ok"})
         server.server.scheduler.stop_accepting()
         status, _, body = http(server, "/translate", {"q": "A man is walking.", "source": "en", "target": "de"})
         assert status == 503 and "shutting down" in body["error"]
+        assert http(server, "/health")[::2] == (503, {"status": "draining"})  # load balancers look elsewhere
     finally:
         server.close()
 
@@ -158,3 +163,115 @@ def test_the_page_runs_only_its_own_files(server: RunningServer):
         with urllib.request.urlopen(f"http://127.0.0.1:{server.server.http_port}{path}", timeout=10) as response:
             assert response.headers["Content-Type"].startswith(kind) and response.read()
             assert "default-src 'self'" in response.headers["Content-Security-Policy"]
+
+
+def test_a_list_of_100_texts_is_answered(server: RunningServer):
+    status, _, body = http(server, "/translate", {"q": own_sentences(100), "source": "en", "target": "de"})
+    assert status == 200 and len(body["translatedText"]) == 100 and all(body["translatedText"])
+
+
+def test_a_100000_character_text_translates_whole_keeping_its_layout(server: RunningServer):
+    sentences = own_sentences(240)
+    paragraphs, size, i = [], 0, 0
+    while size < 100_000 - 200:
+        lines = ["  ".join(sentences[(i + k) % 240] for k in range(3)) for _ in range(2)]
+        paragraphs.append("\n".join(lines))
+        size, i = size + len(paragraphs[-1]) + 2, i + 3
+    text = "\n\n".join(paragraphs)
+    assert len(text) <= 100_000
+    status, _, body = http(server, "/translate", {"q": text, "source": "en", "target": "de"})
+    assert status == 200, body
+    out = body["translatedText"]
+    assert out.count("\n\n") == text.count("\n\n") and out.count("\n") == text.count("\n")
+    assert all(line.strip() for line in out.split("\n") if line)  # every line (of sentences) translated
+
+
+@pytest.mark.parametrize("text", ["a" * 100_000, "!?.,;:" * 16_666, ".!? " * 25_000], ids=["word", "punct", "stops"])
+def test_hostile_long_texts_are_answered_in_bounded_time(server: RunningServer, text: str):
+    started = time.monotonic()
+    status, _, body = http(server, "/translate", {"q": text, "source": "en", "target": "de"})
+    assert status in (200, 400, 429) and (body.get("translatedText") or body.get("error")), (status, body)
+    assert time.monotonic() - started < 60
+
+
+def test_language_codes_are_read_in_any_case_over_http_and_grpc(server: RunningServer):
+    sentence = own_sentences(1)[0]
+    expected = server.translate([sentence]).translations[0].text
+    status, _, body = http(server, "/translate", {"q": sentence, "source": "EN", "target": "De"})
+    assert (status, body["translatedText"]) == (200, expected)
+    status, _, body = http(server, "/translate", {"q": sentence, "source": "AUTO", "target": "DE"})
+    assert (status, body["translatedText"], body["detectedLanguage"]["language"]) == (200, expected, "en")
+    request = translate_pb2.TranslateRequest(texts=[sentence], source_language="EN", target_language="DE")
+    assert server.stub.Translate(request).translations[0].text == expected
+
+
+def test_a_target_that_is_the_source_answers_the_texts_unchanged(server: RunningServer):
+    """As LibreTranslate: en to en, or auto detecting the target's language, gives the texts back (no model)."""
+    ok = {"method": "HTTP /translate", "code": "OK"}
+    before = server.count("translate_requests_total", ok)
+    texts = ["A man is walking.", "<b>Two</b> dogs.", ""]
+    status, headers, body = http(server, "/translate", {"q": texts, "source": "en", "target": "EN", "alternatives": 2})
+    assert status == 200 and "X-Translation-Model" not in headers
+    assert body == {"translatedText": texts, "confidence": [0.0] * 3, "alternatives": [[], [], []]}
+    status, _, body = http(server, "/translate", form={"q": "Hi.", "source": "auto", "target": "en"})
+    assert (status, body["translatedText"], body["detectedLanguage"]["language"]) == (200, "Hi.", "en")
+    assert server.count("translate_requests_total", ok) - before == 2
+    status, _, body = http(server, "/translate", {"q": "<p>Hi.</b>", "source": "en", "target": "en", "format": "html"})
+    assert status == 400 and "</b> at line 1, column 7" in body["error"]  # checked as a translation's text is
+
+
+def raw(server: RunningServer, path: str, method: str, headers: dict[str, str], body: bytes | None = None):
+    """(status, headers) of one request with these headers (a browser's, e.g. Origin)."""
+    url = f"http://127.0.0.1:{server.server.http_port}{path}"
+    request = urllib.request.Request(url, data=body, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.headers
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers
+
+
+def test_every_answer_allows_any_origin_and_preflights_are_answered(server: RunningServer):
+    """LibreTranslate's CORS: a page on another origin can call every route, its preflight (OPTIONS) included."""
+    page = {"Origin": "https://page.example"}
+    preflight = {**page, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "content-type"}
+    for path in ("/translate", "/detect", "/languages", "/health", "/suggest", "/translate_file"):
+        status, headers = raw(server, path, "OPTIONS", preflight)
+        assert status == 204 and headers["Access-Control-Allow-Origin"] == "*", path
+        assert "POST" in headers["Access-Control-Allow-Methods"]
+        assert "content-type" in headers["Access-Control-Allow-Headers"].lower()
+    body = json.dumps({"q": "Hi.", "source": "en", "target": "de"}).encode()
+    status, headers = raw(server, "/translate", "POST", {**page, "Content-Type": "application/json"}, body)
+    assert status == 200 and headers["Access-Control-Allow-Origin"] == "*"
+    assert "X-Translation-Model" in headers["Access-Control-Expose-Headers"]
+    for path, method in (("/translate", "GET"), ("/nowhere", "GET"), ("/nowhere", "OPTIONS")):
+        status, headers = raw(server, path, method, page)  # errors too, so a page can read their message
+        assert status in (404, 405) and headers["Access-Control-Allow-Origin"] == "*", (path, method)
+
+
+def test_cors_origins_names_the_pages_allowed(tiny_export: Path):
+    server = start_server(tiny_export, cors_origins=("https://a.example", "https://b.example"))
+    try:
+        status, headers = raw(server, "/languages", "GET", {"Origin": "https://b.example"})
+        assert (status, headers["Access-Control-Allow-Origin"], headers["Vary"]) == (200, "https://b.example", "Origin")
+        status, headers = raw(server, "/translate", "OPTIONS", {"Origin": "https://evil.example"})
+        assert status == 204 and "Access-Control-Allow-Origin" not in headers
+        status, headers = raw(server, "/languages", "GET", {"Origin": "https://evil.example"})
+        assert status == 200 and "Access-Control-Allow-Origin" not in headers
+    finally:
+        server.close()
+
+
+def test_health_is_libretranslates_ok_while_serving(server: RunningServer):
+    ok = {"method": "HTTP /health", "code": "OK"}
+    before = server.count("translate_requests_total", ok)
+    assert http(server, "/health")[::2] == (200, {"status": "ok"})
+    assert http(server, "/health", method="POST")[0] == 405  # as LibreTranslate's
+    assert server.count("translate_requests_total", ok) - before == 1
+
+
+def test_suggestions_are_off_by_default_with_libretranslates_403(server: RunningServer):
+    suggestion = {"q": "Hello", "s": "Hallo", "source": "en", "target": "de"}
+    status, _, body = http(server, "/suggest", suggestion)
+    assert (status, body) == (403, {"error": "Suggestions are disabled on this server."})
+    assert http(server, "/frontend/settings")[2]["suggestions"] is False

@@ -5,9 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import shutil
-import socket
-import subprocess
 import time
 import urllib.error
 from collections.abc import Iterator
@@ -156,29 +153,6 @@ def test_deep_translator_with_a_key(keyed: RunningServer):
 
 
 # --- two replicas, one Redis --------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory) -> Iterator[str]:
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server not installed (Debian redis-server; .ci/run installs it)")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    folder = tmp_path_factory.mktemp("redis")
-    process = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", str(folder)],
-        stdout=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        time.sleep(0.05)
-    yield f"redis://127.0.0.1:{port}/0"
-    process.terminate()
-    process.wait(10)
 
 
 def test_two_replicas_share_a_keys_limit_and_a_revocation(tiny_export: Path, redis_url: str, tmp_path: Path):

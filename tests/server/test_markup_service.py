@@ -47,7 +47,8 @@ def server(tiny_export: Path) -> Iterator[RunningServer]:
 
 
 def translate(server: RunningServer, texts: list[str], format: str) -> translate_pb2.TranslateResponse:
-    options = translate_pb2.TranslateOptions(format=format)
+    """Text as the model wrote it, as HTML is (not mirrored: server/formatting.py)."""
+    options = translate_pb2.TranslateOptions(format=format, mirror_formatting=False)
     return server.stub.Translate(translate_pb2.TranslateRequest(texts=texts, options=options))
 
 

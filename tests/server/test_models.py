@@ -82,7 +82,9 @@ def reference(folder: Path, texts: list[str], beam: int = 1) -> list[str]:
 
 
 def translate(server: RunningServer, texts: list[str], **choice) -> translate_pb2.TranslateResponse:
-    return server.stub.Translate(translate_pb2.TranslateRequest(texts=texts, **choice), timeout=60)
+    """As the model wrote it (not mirrored: server/formatting.py), to compare with the reference decoder."""
+    options = translate_pb2.TranslateOptions(mirror_formatting=False)
+    return server.stub.Translate(translate_pb2.TranslateRequest(texts=texts, options=options, **choice), timeout=60)
 
 
 def test_each_pair_is_translated_by_its_own_model(two: RunningServer, tiny_export: Path, tiny_reverse_export: Path):
@@ -132,7 +134,8 @@ def test_the_http_api_serves_both_pairs(two: RunningServer):
         grpc_texts = [
             t.text for t in translate(two, sentences, source_language=source, target_language=target).translations
         ]
-        status, headers, body = http(two, "/translate", {"q": sentences, "source": source, "target": target})
+        fields = {"q": sentences, "source": source, "target": target, "mirror_formatting": False}
+        status, headers, body = http(two, "/translate", fields)
         assert status == 200 and body["translatedText"] == grpc_texts
         assert headers["X-Translation-Model"].startswith("tiny-test@" if source == "en" else "tiny-de-en@")
     status, _, body = http(two, "/translate", {"q": "Hallo.", "source": "de", "target": "fr"})

@@ -66,6 +66,8 @@ def test_the_spec_names_every_route_and_the_served_languages(api: RunningServer)
         "/languages",
         "/frontend/settings",
         "/spec",
+        "/health",
+        "/suggest",
     }
     schemas = spec["components"]["schemas"]
     assert schemas["TranslateRequest"]["properties"]["source"]["enum"] == ["de", "en", "auto"]
@@ -77,4 +79,4 @@ def test_the_spec_names_every_route_and_the_served_languages(api: RunningServer)
 def test_frontend_settings_start_from_auto_and_the_default_target(api: RunningServer):
     status, _, body = http(api, "/frontend/settings")
     assert status == 200 and body["language"]["source"]["code"] == "auto"
-    assert body["language"]["target"]["code"] == "de" and body["keyRequired"] is False and body["charLimit"] == -1
+    assert body["language"]["target"]["code"] == "de" and body["keyRequired"] is False and body["charLimit"] == 100_000
