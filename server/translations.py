@@ -158,11 +158,11 @@ class Translations:
         translations of each text (``answers.variants``), laid out and with their markup placed as the
         translation is. In format "text", ``options.pass_through`` and ``options.mirror_formatting`` finish the
         texts as LibreTranslate does (server/formatting.py)."""
+        check_texts(texts, self.limits, options.field, options.keep_empty)  # bounds what the rest costs
         if options.format == "text" and options.pass_through:
             kept = {t for t, text in enumerate(texts) if formatting.nothing_to_translate(text)}
             if kept:
                 return await self._passing_through(engine, texts, kept, options, exchange)
-        check_texts(texts, self.limits, options.field, options.keep_empty)  # bounds what parsing costs
         documents = [markup.parse(text, options.format) for text in texts]
         alternatives, min_confidence = options.decode.alternatives, options.min_confidence
         span = exchange.span if exchange else INVALID_SPAN

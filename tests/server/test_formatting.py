@@ -77,3 +77,12 @@ def test_grpc_finishes_as_http_does(running: RunningServer):
     assert as_written == translated(running, source, mirror_formatting=False)
     emoji = translate_pb2.TranslateRequest(texts=["🙂 👍"])
     assert running.stub.Translate(emoji, timeout=30).translations[0].text == "🙂 👍"
+
+
+def test_text_passed_through_counts_against_the_requests_limits(running: RunningServer):
+    """Text without letters comes back without the model, but not without the request's bounds: its characters
+    count against --char-limit with the others'."""
+    limit = running.server.config.char_limit
+    q = ["A man is sleeping.", "🙂" * limit]
+    status, _, body = http(running, "/translate", {"q": q, "source": "en", "target": "de"})
+    assert status == 400 and "(char_limit)" in body["error"]
