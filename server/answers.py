@@ -24,6 +24,8 @@ class TextTranslation:
     low_confidence: bool  # a sentence of it scored under the request's min_confidence
     # Other translations of it, best first, none the same as text (see Translations.translate)
     alternatives: tuple[str, ...] = ()
+    # The glossary entries (their source terms) written into it, one per occurrence (server/glossary.py)
+    glossary_applied: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@
 |------------------|--------------------|------|---------------------------------------------------------------|
 | InvalidRequest   | INVALID_ARGUMENT   | 400  | empty/too many texts, too long input, bad options, languages   |
 |                  |                    |      | or markup (MarkupError)                                       |
+| NotFound         | NOT_FOUND          | 404  | a stored glossary the caller does not have (server/glossaries.py) |
 | Unauthenticated  | UNAUTHENTICATED    | 403  | no API key where the keys file admits no anonymous callers    |
 | PermissionDenied | PERMISSION_DENIED  | 403  | an API key the keys file does not hold (server/keys.py)       |
 | Overloaded       | RESOURCE_EXHAUSTED | 429  | queue full, or the request needs more memory than the budget  |
@@ -29,6 +30,11 @@ class ServiceError(Exception):
 class InvalidRequest(ServiceError):
     code = grpc.StatusCode.INVALID_ARGUMENT
     http_status = 400
+
+
+class NotFound(ServiceError):
+    code = grpc.StatusCode.NOT_FOUND
+    http_status = 404
 
 
 class Unauthenticated(ServiceError):

@@ -11,6 +11,11 @@ translations, keeping its structure.
 - .epub: each XHTML document in it (a member named .xhtml, .html or .htm) is one text, as .html; every other
   member (the package, navigation's NCX, styles, images) is kept byte for byte, and ``mimetype`` stays the
   first, stored member, as EPUB readers require. The book's title in its package is not translated.
+
+A zip format is opened only once its central directory says that it unpacks within MAX_UNZIPPED_BYTES and that
+no large member is packed tighter than MAX_MEMBER_RATIO: a zip bomb (a few KiB sent, GiB unpacked) is refused
+before a member is read. The directory cannot understate a member: Python's zipfile, which every reader here
+unpacks with, stops at the size the directory declares and fails the member's CRC.
 """
 
 from __future__ import annotations
@@ -21,16 +26,25 @@ import tempfile
 import time
 import uuid
 import zipfile
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 
+from server.config import MIB
 from server.errors import InvalidRequest
 from server.office import OFFICE, read_office
 from server.subtitles import read_subtitles
 
 SUFFIXES = (".txt", ".html", ".htm", ".srt", ".vtt", ".docx", ".pptx", ".odt", ".odp", ".epub")
 XHTML = (".xhtml", ".html", ".htm")  # an EPUB's documents
+ZIPPED = (*OFFICE, ".epub")
+# What a zip format may unpack to, all its members together: 25 times the default upload bound (max_message_bytes,
+# 4 MiB), as text XML deflates to a tenth of its size or so and images hardly at all
+MAX_UNZIPPED_BYTES = 100 * MIB
+# The tightest packing allowed of a member over a MiB unpacked: deflate reaches about 1000:1 on the repeated bytes
+# of a bomb, while a document's XML and media stay well under 100:1
+MAX_MEMBER_RATIO = 100
 
 
 @dataclass
@@ -44,6 +58,8 @@ def read_document(name: str, data: bytes) -> Document:
     suffix = PurePath(name).suffix.lower()
     if suffix not in SUFFIXES:
         raise InvalidRequest(f"{name!r}: files of type {suffix or '(none)'} are not translated; send {SUFFIXES}")
+    if suffix in ZIPPED:
+        _check_unzipped(name, suffix, data)
     if suffix in OFFICE:
         texts, write = read_office(suffix, data)
         return Document(texts, "html", write)
@@ -59,6 +75,25 @@ def read_document(name: str, data: bytes) -> Document:
         texts, write = read_subtitles(text, name, vtt=suffix == ".vtt")
         return Document(texts, "html", lambda out: write(out).encode())
     return Document([text], "html", lambda out: out[0].encode())
+
+
+def _check_unzipped(name: str, suffix: str, data: bytes) -> None:
+    """Refuses a zip whose central directory says it unpacks past MAX_UNZIPPED_BYTES or MAX_MEMBER_RATIO."""
+    try:
+        members = zipfile.ZipFile(io.BytesIO(data)).infolist()
+    except (zipfile.BadZipFile, EOFError, ValueError, NotImplementedError) as e:  # the last: a zip version it lacks
+        raise InvalidRequest(f"the file is not a valid {suffix} ({type(e).__name__}: {e})") from e
+    unzipped = sum(info.file_size for info in members)
+    if unzipped > MAX_UNZIPPED_BYTES:
+        raise InvalidRequest(
+            f"{name!r} unpacks to {unzipped:,} bytes, over the limit of {MAX_UNZIPPED_BYTES:,} (MAX_UNZIPPED_BYTES)"
+        )
+    for info in members:
+        if info.file_size > MIB and info.file_size > MAX_MEMBER_RATIO * max(info.compress_size, 1):
+            raise InvalidRequest(
+                f"{name!r}: {info.filename!r} unpacks to {info.file_size:,} bytes from {info.compress_size:,}, "
+                f"packed tighter than the limit of {MAX_MEMBER_RATIO}:1 (MAX_MEMBER_RATIO)"
+            )
 
 
 def _lines(text: str) -> Document:
@@ -81,7 +116,8 @@ def _epub(data: bytes) -> Document:
         members = [(info, book.read(info)) for info in book.infolist()]
         chapters = [i for i, (info, _) in enumerate(members) if PurePath(info.filename).suffix.lower() in XHTML]
         texts = [members[i][1].decode("utf-8-sig") for i in chapters]
-    except (zipfile.BadZipFile, UnicodeDecodeError, EOFError) as e:
+    except (zipfile.BadZipFile, UnicodeDecodeError, EOFError, NotImplementedError, RuntimeError, zlib.error) as e:
+        # the last three: a compression method zipfile lacks, an encrypted member, a corrupt stream
         raise InvalidRequest(f"the file is not a valid .epub ({type(e).__name__}: {e})") from e
 
     def write(out: list[str]) -> bytes:

@@ -15,11 +15,13 @@
                       "starting" (warming up) or "draining" (SIGTERM)
     POST /suggest     q, s (the suggested translation), source, target: {"success": true} once stored
                       (server/suggestions.py); 403 unless the server runs with --suggestions, as LibreTranslate
+    POST /glossaries, GET /glossaries, GET|DELETE /glossaries/ID   stored glossaries (server/glossaries.py)
 
 ``source`` and ``target`` choose among the server's models (``server.models``); ``source: "auto"`` detects the
 texts' language (together: one request, one model) and the answer carries ``detectedLanguage``
 ({"confidence", "language"}, a list of them for a list q). Language codes are read in any case; a target that is
-the source (given, or detected) answers the texts unchanged, as LibreTranslate does. ``api_key`` is the caller's
+the source (given, or detected), or "auto" on texts without letters, answers the texts unchanged, as LibreTranslate
+does (server.models.Models.choose). ``api_key`` is the caller's
 key where the server has keys (server/keys.py). ``alternatives: N`` (0 to max_beam_size - 1) asks for up to N
 other translations, from beam search's n-best (the beam widened to N + 1): the answer carries
 ``"alternatives": [str]`` (a list of them per text for a list q), as LibreTranslate's. A translation names the
@@ -43,24 +45,27 @@ import functools
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
 
-from server import frontend, markup, openapi
+from server import frontend, openapi
 from server.access import AccessLog, Exchange
-from server.answers import TextTranslation, as_sent
 from server.config import ServerConfig
 from server.detect import Detected
 from server.errors import InvalidRequest, Overloaded, PermissionDenied, ServiceError, http_status_of, status_of
 from server.files import FileStore, read_document
+from server.glossaries import new_glossary
+from server.glossary import Glossary, inline_glossary, parse_entries
 from server.http_middleware import REQUEST_ID, cors, error_response, json_errors, request_ids
 from server.http_request import alternatives_of, min_confidence_of, request_fields, switch_of, texts_of
 from server.interface import Engine
 from server.jobs import decode_options
 from server.keys import Caller, KeyGuard
-from server.models import AUTO, Models
+from server.models import Models
 from server.service import model_name
 from server.suggestions import suggestion_of, suggestion_store
 from server.tracing import request_span
@@ -72,14 +77,6 @@ log = logging.getLogger(__name__)
 def model_header(engine: Engine | None) -> dict[str, str]:
     """The model that answered, for X-Translation-Model; none where no model did."""
     return {"X-Translation-Model": model_name(engine)} if engine is not None else {}
-
-
-def unchanged(texts: list[str], format: str) -> list[TextTranslation]:
-    """Texts already in the target language as their own translations, their format and markup checked as a
-    translation's are; confidence 0, the most a mean log-probability can be."""
-    for text in texts:
-        markup.parse(text, format)
-    return [as_sent(text) for text in texts]
 
 
 class HttpApi:
@@ -107,6 +104,10 @@ class HttpApi:
         app.router.add_get("/spec", self.spec)
         app.router.add_get("/health", self.health)
         app.router.add_post("/suggest", self.suggest)
+        app.router.add_post("/glossaries", self.glossary_route(self._create_glossary))
+        app.router.add_get("/glossaries", self.glossary_route(self._list_glossaries))
+        app.router.add_get("/glossaries/{glossary_id}", self.glossary_route(self._get_glossary))
+        app.router.add_delete("/glossaries/{glossary_id}", self.glossary_route(self._delete_glossary))
         for path, (file, content_type) in frontend.PAGE_FILES.items():
             app.router.add_get(path, functools.partial(self.page, file, content_type))
         return app
@@ -117,10 +118,12 @@ class HttpApi:
             raise InvalidRequest("api_key must be a string")
         return await self.keys.admit(key, request.remote or "", sum(map(len, texts)))
 
-    def _model(self, fields: dict[str, Any], texts: list[str], format: str) -> tuple[Engine | None, Detected | None]:
-        """The model of the request's source and target languages (both required, as in LibreTranslate; in any
-        case), and what was detected when the source is "auto"; no model when the texts are in the target
-        language already (LibreTranslate answers them unchanged)."""
+    def _model(
+        self, fields: dict[str, Any], texts: list[str], options: TranslateOptions
+    ) -> tuple[Engine | None, Detected | None]:
+        """The model of the request's source and target languages (both required, as in LibreTranslate), and
+        what was detected when the source is "auto"; no model when the texts are in the target language
+        already (``Models.choose``)."""
         source, target = fields.get("source"), fields.get("target")
         pairs = self.models.describe()
         for name, value in (("source", source), ("target", target)):
@@ -128,15 +131,7 @@ class HttpApi:
                 raise InvalidRequest(f"Invalid request: missing {name} parameter (this server translates {pairs})")
             if not isinstance(value, str):
                 raise InvalidRequest(f"{name} must be a language code, e.g. {self.models.default.source_language!r}")
-        source, target = source.lower(), target.lower()
-        if source == AUTO:
-            detected = self.models.detect(texts, format)
-            if detected.language == target:
-                return None, detected
-            return self.models.resolve_detected(detected, target=target), detected
-        if source == target and source in self.models.languages:
-            return None, None
-        return self.models.resolve(source=source, target=target), None
+        return self.models.choose(texts, "", source, target, options.format, options.pass_through)
 
     # --- routes ---------------------------------------------------------------------------
 
@@ -165,14 +160,13 @@ class HttpApi:
         fields = await request_fields(request)
         texts, as_list = texts_of(fields)
         options = self._options(fields)
-        exchange.caller = (await self._admit(request, fields, texts)).name
-        engine, detected = self._model(fields, texts, options.format)
+        caller = await self._admit(request, fields, texts)
+        exchange.caller = caller.name
+        options = replace(options, glossary=await self._glossary(fields, caller))
+        engine, detected = self._model(fields, texts, options)
         exchange.engine = engine
         exchange.texts = texts
-        if engine is None:
-            results = unchanged(texts, options.format)
-        else:
-            results = await self.translations.translate(engine, texts, options, exchange)
+        results = await self.translations.translate(engine, texts, options, exchange)
         one = (lambda values: values) if as_list else (lambda values: values[0])
         body = {
             "translatedText": one([result.text for result in results]),
@@ -185,6 +179,8 @@ class HttpApi:
         flags = [[flag for flag in (r.guard, "low_confidence" if r.low_confidence else "") if flag] for r in results]
         if any(flags):
             body["flags"] = one(flags)
+        if options.glossary is not None:
+            body["glossaryApplied"] = one([dict(Counter(result.glossary_applied)) for result in results])
         return web.json_response(body, headers=model_header(engine))
 
     def _options(self, fields: dict[str, Any]) -> TranslateOptions:
@@ -201,6 +197,59 @@ class HttpApi:
             mirror_formatting=switch_of(fields, "mirror_formatting"),
             pass_through=switch_of(fields, "pass_through"),
         )
+
+    async def _glossary(self, fields: dict[str, Any], caller: Caller) -> Glossary | None:
+        """The request's glossary: its own (``glossary``: an object, or its JSON text in a form) or a stored one of
+        the caller's (``glossary_id``), not both."""
+        inline = inline_glossary(fields.get("glossary"))
+        glossary_id = fields.get("glossary_id")
+        if glossary_id in (None, ""):
+            return inline
+        if inline is not None:
+            raise InvalidRequest("send glossary (its entries) or glossary_id (a stored one), not both")
+        return await self.translations.glossaries.glossary(caller.name, glossary_id)
+
+    def glossary_route(self, handle: Callable[[web.Request, dict[str, Any], Caller], Awaitable[web.Response]]):
+        """A /glossaries route: its fields read, its caller admitted, its outcome recorded."""
+
+        async def route(request: web.Request) -> web.Response:
+            exchange = Exchange("HTTP /glossaries", request[REQUEST_ID])
+
+            async def respond() -> web.Response:
+                fields = await request_fields(request) if request.method == "POST" else dict(request.query)
+                entries = fields.get("entries")
+                caller = await self._admit(request, fields, [entries] if isinstance(entries, str) else [])
+                exchange.caller = caller.name
+                return await handle(request, fields, caller)
+
+            return await self._answer(exchange, respond)
+
+        return route
+
+    async def _create_glossary(self, request: web.Request, fields: dict[str, Any], caller: Caller) -> web.Response:
+        """DeepL's glossary creation: name, source_lang, target_lang, entries (TSV, CSV or JSON text as
+        entries_format says, TSV by default; or a JSON object) for a pair this server translates."""
+        source, target = fields.get("source_lang"), fields.get("target_lang")
+        entries = fields.get("entries")
+        if isinstance(entries, str):
+            entries = parse_entries(entries, str(fields.get("entries_format") or "tsv"))
+        stored = new_glossary(caller.name, fields.get("name"), source, target, entries)
+        self.models.resolve(source=stored.info.source_lang, target=stored.info.target_lang)  # a pair served here
+        info = await self.translations.glossaries.create(stored)
+        return web.json_response(vars(info), status=201)
+
+    async def _list_glossaries(self, request: web.Request, fields: dict[str, Any], caller: Caller) -> web.Response:
+        owned = await self.translations.glossaries.owned(caller.name)
+        return web.json_response({"glossaries": [vars(info) for info in owned]})
+
+    async def _get_glossary(self, request: web.Request, fields: dict[str, Any], caller: Caller) -> web.Response:
+        info, entries = await self.translations.glossaries.entries(caller.name, request.match_info["glossary_id"])
+        return web.json_response(vars(info) | {"entries": entries})
+
+    async def _delete_glossary(self, request: web.Request, fields: dict[str, Any], caller: Caller) -> web.Response:
+        glossary_id = request.match_info["glossary_id"]
+        await self.translations.glossaries.delete(caller.name, glossary_id)
+        return web.json_response({"glossary_id": glossary_id, "deleted": True})
 
     async def languages(self, request: web.Request) -> web.Response:
         """Each source language with the targets the server translates it into, in model order."""
@@ -226,24 +275,28 @@ class HttpApi:
                 f"the limit of {self.config.max_file_texts} (max_file_texts)"
             )
         exchange.texts = document.texts
-        exchange.caller = (await self._admit(request, fields, document.texts)).name
-        engine, _ = self._model(fields, document.texts, document.format)
+        caller = await self._admit(request, fields, document.texts)
+        exchange.caller = caller.name
+        options = replace(self._file_options(document.format), glossary=await self._glossary(fields, caller))
+        engine, _ = self._model(fields, document.texts, options)
         exchange.engine = engine
-        if engine is None:
-            translations = [result.text for result in unchanged(document.texts, document.format)]
-        else:
-            translations = await self._translate_all(engine, document.texts, document.format, exchange)
+        translations = await self._translate_all(engine, document.texts, options, exchange)
         name = self.files.save(upload.filename or "file", document.write(translations))
         url = request.url.origin().join(request.app.router["download_file"].url_for(name=name))
         return web.json_response({"translatedFileUrl": str(url)}, headers=model_header(engine))
 
-    async def _translate_all(self, engine: Engine, texts: list[str], format: str, exchange: Exchange) -> list[str]:
-        """Every text, in requests of at most batch_limit decoding at once, within one http_timeout_s."""
+    def _file_options(self, format: str) -> TranslateOptions:
+        """A file's options: the server's decoding, one http_timeout_s for all its texts, and its texts as the
+        model wrote them (a file's lines and paragraphs are not mirrored, as LibreTranslate's files are not)."""
         deadline = time.monotonic() + self.config.http_timeout_s
-        # As the model wrote them: a file's lines and paragraphs are not mirrored, as LibreTranslate's files are not
-        options = TranslateOptions(
+        return TranslateOptions(
             decode_options(self.config), deadline, None, format, "file", keep_empty=True, mirror_formatting=False
         )
+
+    async def _translate_all(
+        self, engine: Engine | None, texts: list[str], options: TranslateOptions, exchange: Exchange
+    ) -> list[str]:
+        """Every text, in requests of at most batch_limit decoding at once (none: as sent, Models.choose)."""
         step = self.config.batch_limit if self.config.batch_limit > 0 else max(len(texts), 1)
         chunks = await asyncio.gather(
             *(

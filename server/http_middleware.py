@@ -14,7 +14,7 @@ REQUEST_ID = web.RequestKey("request_id", str)
 # How long a browser may reuse a preflight's answer; browsers cap it themselves (Chromium at 2 hours).
 CORS_MAX_AGE_S = 24 * 3600
 CORS_HEADERS = {
-    "Access-Control-Allow-Methods": "GET, POST",
+    "Access-Control-Allow-Methods": "GET, POST, DELETE",
     "Access-Control-Allow-Headers": f"Authorization, Content-Type, {REQUEST_ID_HEADER}, traceparent",
     "Access-Control-Expose-Headers": f"X-Translation-Model, {REQUEST_ID_HEADER}, Retry-After",
     "Access-Control-Max-Age": str(CORS_MAX_AGE_S),

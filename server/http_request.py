@@ -105,7 +105,7 @@ def switch_of(fields: dict[str, Any], name: str) -> bool:
     """A default-on switch (mirror_formatting, pass_through): JSON true/false, or a form's true/false/1/0;
     on when absent or empty."""
     value = fields.get(name)
-    if value in (None, "", True, False):
+    if value is None or value == "" or isinstance(value, bool):  # not 1 or 0 in JSON: a number is no switch
         return value is not False
     if isinstance(value, str) and value.strip().lower() in ("true", "1", "false", "0"):
         return value.strip().lower() in ("true", "1")

@@ -70,6 +70,9 @@ class Atom:
     offset: int  # where in the piece's text it was taken out
     before: str  # the whitespace before it in the source
     path: tuple[int, ...]  # the inline elements enclosing it, outermost first
+    # Characters of the piece's text from offset that it stands for: a glossary term (server/glossary.py) stays in
+    # the text the model reads, and the atom replaces the output words aligned to it; 0 for an atom taken out
+    covers: int = 0
 
 
 @dataclass

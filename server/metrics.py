@@ -21,6 +21,7 @@ TOKEN_BUCKETS = (16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384)
 # Mean token log-probabilities: most good translations score above -0.5, loops and garbage below -1.5.
 CONFIDENCE_BUCKETS = (-3.0, -2.0, -1.5, -1.0, -0.75, -0.5, -0.4, -0.3, -0.2, -0.1, -0.05, 0.0)
 RATIO_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0)
+GLOSSARY_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 def length_bucket(tokens: int) -> str:
@@ -173,6 +174,13 @@ class Metrics:
         )
         self.cache_entries = Gauge("translate_cache_entries", "Sentences held by the translation cache.", registry=r)
         self.model_info = Info("translate_model", "Each served model.", ["model"], registry=r)
+        self.glossary_applied = Histogram(
+            "translate_glossary_entries_applied",
+            "Glossary terms written into a request's translations (one per occurrence), per request with a glossary.",
+            ["model"],
+            buckets=GLOSSARY_BUCKETS,
+            registry=r,
+        )
 
     def observe_encoder_batch(
         self, sentences: int, longest: int, seconds: float, padded: int, real: int, scores_bytes: int

@@ -13,9 +13,15 @@ from collections.abc import Sequence
 from server.config import LanguageDetection
 from server.detect import Detected, LanguageDetector
 from server.errors import InvalidRequest
+from server.formatting import nothing_to_translate
 from server.interface import Engine
 
 AUTO = "auto"  # the source language that asks the server to detect it
+
+
+def _letterless(texts: Sequence[str]) -> bool:
+    """Texts, one at least not blank, of which none has a letter."""
+    return any(map(nothing_to_translate, texts)) and all(nothing_to_translate(t) or not t.strip() for t in texts)
 
 
 def pair(engine: Engine) -> str:
@@ -58,14 +64,32 @@ class Models:
         """'en→de (en-de-transformer), de→en (de-en-transformer)'."""
         return ", ".join(f"{pair(engine)} ({engine.name})" for engine in self.engines)
 
-    def resolve_auto(
-        self, texts: Sequence[str], model: str = "", target: str = "", format: str = "text"
-    ) -> tuple[Engine, Detected]:
-        """The model for texts whose source language is to be detected (among the served source languages),
-        and what was detected. InvalidRequest names the detected language when no model takes it, and the
+    def choose(
+        self,
+        texts: Sequence[str],
+        model: str = "",
+        source: str = "",
+        target: str = "",
+        format: str = "text",
+        pass_through: bool = True,
+    ) -> tuple[Engine | None, Detected | None]:
+        """A translation request's model (codes in any case), and what was detected for source "auto"; no
+        model where LibreTranslate answers the texts as sent: a source that is the target, "auto" detecting
+        the target's language, or "auto" on texts that pass through whole (``pass_through`` in format "text":
+        no letter in any, server/formatting.py), which have no language to detect and are reported as the
+        target's with confidence 0. InvalidRequest names the detected language when no model takes it, and the
         server's pairs whenever detection fails."""
-        detected = self.detect(texts, format)
-        return self.resolve_detected(detected, model, target), detected
+        source, target = source.lower(), target.lower()
+        if source == AUTO:
+            if pass_through and format == "text" and target in self.languages and _letterless(texts):
+                return None, Detected(target, 0.0)
+            detected = self.detect(texts, format)
+            if detected.language == target:
+                return None, detected
+            return self.resolve_detected(detected, model, target), detected
+        if source and source == target and source in self.languages:
+            return None, None
+        return self.resolve(model, source, target), None
 
     def detect(self, texts: Sequence[str], format: str = "text") -> Detected:
         """The served source language of texts taken together; InvalidRequest names the server's pairs when

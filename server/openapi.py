@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from server.files import SUFFIXES
+from server.glossary import MAX_INLINE_ENTRIES, MAX_STORED_ENTRIES, MAX_TERM_CHARS
 from server.models import AUTO, Models
 
 JSON = "application/json"
@@ -89,6 +90,22 @@ def _schemas(models: Models, max_alternatives: int) -> dict[str, Any]:
             "default": True,
             "description": "format text: a text without letters (emoji, digits, symbols) comes back as sent",
         },
+        "glossary": {
+            "oneOf": [{"type": "object", "additionalProperties": {"type": "string"}}, {"type": "string"}],
+            "description": f"source term → target term (at most {MAX_INLINE_ENTRIES} entries of at most "
+            f"{MAX_TERM_CHARS} characters; a form sends its JSON text): whole words, any case, the longest first, "
+            "only in text; each occurrence's target term is in the translation verbatim",
+        },
+        "glossary_id": {"type": "string", "description": "a stored glossary of the caller's (not with glossary)"},
+    }
+    glossary_info = {
+        "glossary_id": {"type": "string"},
+        "name": {"type": "string"},
+        "source_lang": {"type": "string"},
+        "target_lang": {"type": "string"},
+        "entry_count": {"type": "integer"},
+        "creation_time": {"type": "number", "description": "seconds since the epoch"},
+        "ready": {"type": "boolean"},
     }
     return {
         "Error": {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}},
@@ -121,7 +138,34 @@ def _schemas(models: Models, max_alternatives: int) -> dict[str, Any]:
                     "oneOf": [detected, {"type": "array", "items": detected}],
                     "description": "with source auto",
                 },
+                "glossaryApplied": {
+                    "oneOf": [{"type": "object"}, {"type": "array", "items": {"type": "object"}}],
+                    "description": "with a glossary: each entry applied (by its source term) and how often (per "
+                    "text for a list q)",
+                },
             },
+        },
+        "GlossaryRequest": {
+            "type": "object",
+            "required": ["name", "source_lang", "target_lang", "entries"],
+            "properties": {
+                "name": {"type": "string", "minLength": 1},
+                "source_lang": {"type": "string", "minLength": 1},
+                "target_lang": {"type": "string", "minLength": 1},
+                "entries": {
+                    "oneOf": [{"type": "string"}, {"type": "object", "additionalProperties": {"type": "string"}}],
+                    "description": f"source → target, at most {MAX_STORED_ENTRIES}: text in entries_format, or an "
+                    "object",
+                },
+                "entries_format": {"type": "string", "enum": ["tsv", "csv", "json"], "default": "tsv"},
+                "api_key": translate_fields["api_key"],
+            },
+        },
+        "Glossary": {"type": "object", "required": ["glossary_id"], "properties": glossary_info},
+        "GlossaryWithEntries": {
+            "type": "object",
+            "required": ["glossary_id", "entries"],
+            "properties": {**glossary_info, "entries": {"type": "object", "additionalProperties": {"type": "string"}}},
         },
         "DetectRequest": {
             "type": "object",
@@ -178,6 +222,9 @@ def spec(models: Models, max_alternatives: int) -> dict[str, Any]:
     model_header = {"X-Translation-Model": {"description": "name@version", "schema": {"type": "string"}}}
     errors = {code: _error(text) for code, text in ERRORS.items()}
     small_errors = {code: errors[code] for code in ("400", "403", "413", "429")}
+    glossary_parameter = {"name": "glossary_id", "in": "path", "required": True, "schema": {"type": "string"}}
+    key_parameter = {"name": "api_key", "in": "query", "required": False, "schema": {"type": "string"}}
+    not_found = _error("Not one of the caller's stored glossaries")
     return {
         "openapi": "3.1.0",
         "info": {
@@ -193,8 +240,36 @@ def spec(models: Models, max_alternatives: int) -> dict[str, Any]:
                     "responses": {
                         "200": _ok("The translations", _ref("TranslateResponse"), model_header),
                         **errors,
+                        "404": _error("glossary_id is not one of the caller's stored glossaries"),
                     },
                 }
+            },
+            "/glossaries": {
+                "post": {
+                    "summary": "Store a glossary (as DeepL's), for the caller's API key",
+                    "requestBody": _body("GlossaryRequest", "GlossaryRequest"),
+                    "responses": {"201": _ok("Stored", _ref("Glossary")), **small_errors, "503": errors["503"]},
+                },
+                "get": {
+                    "summary": "The caller's stored glossaries",
+                    "parameters": [key_parameter],
+                    "responses": {
+                        "200": _ok("Without entries", {"type": "object", "properties": {"glossaries": {}}}),
+                        **small_errors,
+                    },
+                },
+            },
+            "/glossaries/{glossary_id}": {
+                "get": {
+                    "summary": "One of the caller's stored glossaries, with its entries",
+                    "parameters": [glossary_parameter, key_parameter],
+                    "responses": {"200": _ok("It", _ref("GlossaryWithEntries")), **small_errors, "404": not_found},
+                },
+                "delete": {
+                    "summary": "Delete one of the caller's stored glossaries",
+                    "parameters": [glossary_parameter, key_parameter],
+                    "responses": {"200": _ok("Deleted", {"type": "object"}), **small_errors, "404": not_found},
+                },
             },
             "/detect": {
                 "post": {

@@ -9,6 +9,7 @@ in the source, so the output is well-formed whenever the input is.
 from __future__ import annotations
 
 import html
+from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
@@ -109,17 +110,26 @@ def place(piece: Piece, sentences: Sequence[AlignedSentence]) -> str:
     starts = [s.start for s in sentences]
     sentence_of = lambda offset: max((k for k, start in enumerate(starts) if start <= offset), default=0)  # noqa: E731
     first_word = [sum(1 for w in words if w < start) for start in starts]
+    term_of = _terms(piece, words, index)
+    placed: set[int] = set()  # the glossary terms written in place of their words' translation
 
     runs: list[list[_Item]] = []  # the output items of each sentence
     for k, sentence in enumerate(sentences):
+        sources = [None if word is None else index.get((1, first_word[k] + word)) for word in sentence.aligned]
+        replaced = _term_units(sentence.units, sources, term_of, piece, placed)
         run = []
-        for text, space, word in zip(sentence.units, sentence.leading_space, sentence.aligned, strict=True):
-            source = None if word is None else index.get((1, first_word[k] + word))
+        for u, (text, space, source) in enumerate(zip(sentence.units, sentence.leading_space, sources, strict=True)):
+            if u in replaced:  # a glossary term's translation: the term, once, where its first replaced unit was
+                if replaced[u] is not None:
+                    run.append(_Item(piece.atoms[replaced[u]].text, " " if space else "", index[(0, replaced[u])]))
+                continue
             run.append(_Item(html.escape(text, quote=False) if piece.html else text, " " if space else "", source))
         runs.append(run)
     if not runs:
         runs.append([])
     for i, atom in enumerate(piece.atoms):
+        if i in placed:
+            continue
         k = sentence_of(atom.offset)
         end = starts[k + 1] if k + 1 < len(starts) else len(piece.text)
         neighbours = [index[(1, w)] for w, start in enumerate(words) if atom.offset <= start < end]
@@ -139,6 +149,44 @@ def place(piece: Piece, sentences: Sequence[AlignedSentence]) -> str:
     if stripped:
         trailing = piece.text[len(piece.text.rstrip()) :]
     return leading + _render(piece, items, roots, 0, len(items) - 1, first=True) + trailing
+
+
+def _terms(piece: Piece, words: list[int], index: dict[tuple[int, int], int]) -> dict[int, int]:
+    """The atom (by its number in piece.atoms) of each source item that is a word of a glossary term."""
+    term_of = {}
+    for i, atom in enumerate(piece.atoms):
+        if atom.covers:
+            first, last = bisect_left(words, atom.offset), bisect_left(words, atom.offset + atom.covers)
+            term_of.update({index[(1, w)]: i for w in range(first, last)})
+    return term_of
+
+
+def _term_units(
+    units: Sequence[str], sources: Sequence[int | None], term_of: dict[int, int], piece: Piece, placed: set[int]
+) -> dict[int, int | None]:
+    """The output units of a sentence that glossary terms replace: for each term not placed yet, of the first
+    run of consecutive units aligned to its words, the last words (punctuation kept), as many as the term has on
+    either side;
+    the first of them maps to the term (by its atom's number), the others to None (dropped). The units before
+    them in the run stay: an aligner ties a noun's article and preposition to it too ("in a" of "in a hat"). A
+    term tied to punctuation alone replaces nothing, and is placed as an atom is."""
+    replaced: dict[int, int | None] = {}
+    for term in dict.fromkeys(term_of[s] for s in sources if s in term_of):
+        if term in placed:
+            continue
+        aligned = [u for u, source in enumerate(sources) if term_of.get(source) == term]
+        run = [aligned[0]]
+        while run[-1] + 1 in aligned:
+            run.append(run[-1] + 1)
+        words = [u for u in run if CLOSING_PUNCTUATION.match(units[u]) is None]
+        if not words:  # only punctuation tied to it: placed as an atom is (before the next source word's unit)
+            continue
+        atom = piece.atoms[term]
+        source_words = len(piece.text[atom.offset : atom.offset + atom.covers].split())
+        chosen = words[-max(1, len(atom.text.split()), source_words) :]
+        replaced.update({u: (term if n == 0 else None) for n, u in enumerate(chosen)})
+        placed.add(term)
+    return replaced
 
 
 def _position(run: list[_Item], after: Sequence[int]) -> int:

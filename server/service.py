@@ -8,6 +8,7 @@ import functools
 import inspect
 import logging
 import time
+from collections import Counter
 
 import grpc
 
@@ -17,10 +18,12 @@ from server.answers import distinct_alternatives
 from server.config import ServerConfig
 from server.detect import Detected
 from server.errors import InvalidRequest, ServiceError, status_of
+from server.glossaries import GlossaryInfo, new_glossary
+from server.glossary import Glossary, inline_glossary
 from server.interface import Engine
 from server.jobs import decode_options
 from server.keys import KEY_METADATA, KeyGuard
-from server.models import AUTO, Models
+from server.models import Models
 from server.tracing import request_span
 from server.translations import TranslateOptions, Translations
 
@@ -79,10 +82,12 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
 
     # --- request -> job ---------------------------------------------------------------
 
-    def _options(self, request, context: grpc.aio.ServicerContext) -> TranslateOptions:
+    def _options(
+        self, request, context: grpc.aio.ServicerContext, glossary: Glossary | None = None
+    ) -> TranslateOptions:
         """The request's options, once: its decoding within the server's limits, its deadline (the caller's,
-        as a ``time.monotonic()`` instant), its minimum confidence, its format and its finishing (on unless set
-        false)."""
+        as a ``time.monotonic()`` instant), its minimum confidence, its format, its finishing (on unless set
+        false) and its glossary (``_glossary``)."""
         options = request.options
         decode = decode_options(
             self.config, options.beam_size, options.max_output_tokens, options.alternatives, prefix="options."
@@ -96,28 +101,43 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
             options.format or "text",
             mirror_formatting=not options.HasField("mirror_formatting") or options.mirror_formatting,
             pass_through=not options.HasField("pass_through") or options.pass_through,
+            glossary=glossary,
         )
+
+    async def _glossary(self, request, exchange: Exchange) -> Glossary | None:
+        """The request's glossary: its own (options.glossary) or one the caller stored (options.glossary_id)."""
+        _check_parsed(request)
+        options = request.options
+        inline = inline_glossary(dict(options.glossary), "options.glossary")
+        if not options.glossary_id:
+            return inline
+        if inline is not None:
+            raise InvalidRequest("send options.glossary or options.glossary_id, not both")
+        return await self.translations.glossaries.glossary(exchange.caller, options.glossary_id)
 
     def _model(self, request) -> Engine:
         """The model a (parsed) request chooses."""
         _check_parsed(request)
         return self.models.resolve(request.model, request.source_language, request.target_language)
 
-    def _translation_model(self, request) -> tuple[Engine, Detected | None]:
-        """The model a (parsed) translation request chooses, detecting its source language for "auto"."""
+    def _translation_model(self, request, options: TranslateOptions) -> tuple[Engine | None, Detected | None]:
+        """The model a (parsed) translation request chooses, detecting its source language for "auto"; none
+        where the texts are in the target language already and come back as sent (``Models.choose``)."""
         _check_parsed(request)
-        if request.source_language.lower() == AUTO:
-            format = request.options.format or "text"
-            return self.models.resolve_auto(request.texts, request.model, request.target_language, format)
-        return self._model(request), None
+        source, target = request.source_language, request.target_language
+        return self.models.choose(request.texts, request.model, source, target, options.format, options.pass_through)
 
-    async def _admit(self, request, context: grpc.aio.ServicerContext, exchange: Exchange) -> None:
-        """The caller's API key (the x-api-key metadata) and limits (server/keys.py)."""
+    async def _admit(
+        self, request, context: grpc.aio.ServicerContext, exchange: Exchange, chars: int | None = None
+    ) -> None:
+        """The caller's API key (the x-api-key metadata) and limits (server/keys.py), for the request's texts'
+        characters or ``chars``."""
         _check_parsed(request)
-        texts = request.texts if hasattr(request, "texts") else [request.text]
+        if chars is None:
+            chars = sum(map(len, request.texts if hasattr(request, "texts") else [request.text]))
         key = dict(context.invocation_metadata() or ()).get(KEY_METADATA)
         address = context.peer().rsplit(":", 1)[0]  # ipv4:127.0.0.1:5555, ipv6:[::1]:5555: the port varies
-        exchange.caller = (await self.keys.admit(key, address, sum(map(len, texts)))).name
+        exchange.caller = (await self.keys.admit(key, address, chars)).name
 
     def _exchange(self, method: str, context: grpc.aio.ServicerContext) -> Exchange:
         """The request's access record; its ID goes back in the trailing metadata, whatever the outcome."""
@@ -155,12 +175,15 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
     @rpc("Translate")
     async def Translate(self, request, context, exchange: Exchange):  # noqa: N802 (gRPC's method names)
         await self._admit(request, context, exchange)
-        exchange.engine, detected = self._translation_model(request)
+        options = self._options(request, context, await self._glossary(request, exchange))
+        exchange.engine, detected = self._translation_model(request, options)
         exchange.texts = list(request.texts)
-        options = self._options(request, context)
         results = await self.translations.translate(exchange.engine, exchange.texts, options, exchange)
         return translate_pb2.TranslateResponse(
-            translations=[translate_pb2.Translation(**vars(result)) for result in results],
+            translations=[
+                translate_pb2.Translation(**(vars(result) | {"glossary_applied": Counter(result.glossary_applied)}))
+                for result in results
+            ],
             model=model_name(exchange.engine),
             detected_language=translate_pb2.DetectedLanguage(**vars(detected)) if detected else None,
         )
@@ -168,19 +191,30 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
     @rpc("TranslateStream")
     async def TranslateStream(self, request, context, exchange: Exchange):  # noqa: N802
         await self._admit(request, context, exchange)
-        engine = exchange.engine = self._translation_model(request)[0]
-        exchange.texts = list(request.texts)
-        options = self._options(request, context)
+        options = self._options(request, context, await self._glossary(request, exchange))
         if options.format != "text":
             raise InvalidRequest(
                 f"options.format={options.format!r}: TranslateStream streams sentences of plain text; "
                 "use Translate for markup"
             )
+        engine = exchange.engine = self._translation_model(request, options)[0]
+        exchange.texts = list(request.texts)
+        if engine is None:  # in the target language already: each text as one segment, as sent
+            for t, result in enumerate(await self.translations.translate(None, exchange.texts, options, exchange)):
+                yield translate_pb2.TranslationSegment(
+                    text_index=t, source=result.text, translation=result.text, last_in_text=True
+                )
+            return
+        if options.glossary is not None:
+            options.glossary.check_pair(engine.source_language, engine.target_language)
         segments = []
         async for segment in self.translations.segments(engine, exchange.texts, options):
             segments.append(segment)
             spec = segment.spec
             translation, *alternatives = engine.detokenize([segment.output, *segment.alternatives])
+            applied: list[str] = []
+            if options.glossary is not None:
+                translation, applied = await self.translations.glossed(engine, segment, options.glossary)
             yield translate_pb2.TranslationSegment(
                 text_index=spec.text_index,
                 segment_index=spec.segment_index,
@@ -194,6 +228,7 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
                 confidence=segment.result.score,
                 guard=segment.guard,
                 low_confidence=segment.low_confidence(options.min_confidence),
+                glossary_applied=Counter(applied),
             )
         self.translations.observe(engine, segments, exchange.started, exchange)
 
@@ -215,6 +250,32 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
         found = self.models.detector.detect(request.text)
         return translate_pb2.DetectResponse(languages=[translate_pb2.DetectedLanguage(**vars(d)) for d in found])
 
+    @rpc("CreateGlossary")
+    async def CreateGlossary(self, request, context, exchange: Exchange):  # noqa: N802
+        await self._admit(request, context, exchange, sum(len(s) + len(t) for s, t in request.entries.items()))
+        source, target = request.source_language, request.target_language
+        stored = new_glossary(exchange.caller, request.name, source, target, dict(request.entries))
+        self.models.resolve(source=stored.info.source_lang, target=stored.info.target_lang)  # a pair served here
+        return _glossary_info(await self.translations.glossaries.create(stored))
+
+    @rpc("ListGlossaries")
+    async def ListGlossaries(self, request, context, exchange: Exchange):  # noqa: N802
+        await self._admit(request, context, exchange, 0)
+        owned = await self.translations.glossaries.owned(exchange.caller)
+        return translate_pb2.ListGlossariesResponse(glossaries=[_glossary_info(info) for info in owned])
+
+    @rpc("GetGlossary")
+    async def GetGlossary(self, request, context, exchange: Exchange):  # noqa: N802
+        await self._admit(request, context, exchange, 0)
+        info, entries = await self.translations.glossaries.entries(exchange.caller, request.glossary_id)
+        return _glossary_info(info, entries)
+
+    @rpc("DeleteGlossary")
+    async def DeleteGlossary(self, request, context, exchange: Exchange):  # noqa: N802
+        await self._admit(request, context, exchange, 0)
+        await self.translations.glossaries.delete(exchange.caller, request.glossary_id)
+        return translate_pb2.DeleteGlossaryResponse()
+
     def _info(self, engine: Engine) -> translate_pb2.ModelInfo:
         c = self.config
         return translate_pb2.ModelInfo(
@@ -234,3 +295,15 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
                 long_input_policy=c.long_input,
             ),
         )
+
+
+def _glossary_info(info: GlossaryInfo, entries: dict[str, str] | None = None) -> translate_pb2.GlossaryInfo:
+    return translate_pb2.GlossaryInfo(
+        glossary_id=info.glossary_id,
+        name=info.name,
+        source_language=info.source_lang,
+        target_language=info.target_lang,
+        entry_count=info.entry_count,
+        creation_time=info.creation_time,
+        entries=entries or {},
+    )

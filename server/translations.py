@@ -23,6 +23,8 @@ from server.answers import DecodedSentence, TextTranslation
 from server.cache import TranslationCache
 from server.config import ServerConfig
 from server.errors import InvalidRequest, ServiceError
+from server.glossaries import GlossaryStore
+from server.glossary import Glossary
 from server.interface import Engine
 from server.jobs import DecodeOptions, Job, QueuedSentence
 from server.metrics import Metrics, length_bucket
@@ -47,6 +49,15 @@ class TranslateOptions:
     # on its translation, and a text with no letters as its own translation
     mirror_formatting: bool = True
     pass_through: bool = True
+    glossary: Glossary | None = None  # its terms translated as it says (server/glossary.py)
+
+
+def unchanged(texts: Sequence[str], format: str) -> list[TextTranslation]:
+    """Texts already in the target language as their own translations, their format and markup checked as a
+    translation's are; confidence 0, the most a mean log-probability can be."""
+    for text in texts:
+        markup.parse(text, format)
+    return [answers.as_sent(text) for text in texts]
 
 
 class Translations:
@@ -57,6 +68,7 @@ class Translations:
             config.batch_limit, config.char_limit, config.max_source_tokens, config.long_input_tokens, config.long_input
         )
         self.cache = TranslationCache(config.cache_bytes) if config.cache_bytes else None
+        self.glossaries = GlossaryStore(config)  # stored glossaries, for every front end
 
     def _cached(self, engine: Engine, keys: list[bytes]) -> dict[int, Hypothesis]:
         """The outputs the cache holds, by segment index; counts hits and misses."""
@@ -144,7 +156,7 @@ class Translations:
 
     async def translate(
         self,
-        engine: Engine,
+        engine: Engine | None,
         texts: Sequence[str],
         options: TranslateOptions,
         exchange: Exchange | None = None,
@@ -157,13 +169,34 @@ class Translations:
         back as sent (server/markup.py). With ``options.decode.alternatives``, up to that many other
         translations of each text (``answers.variants``), laid out and with their markup placed as the
         translation is. In format "text", ``options.pass_through`` and ``options.mirror_formatting`` finish the
-        texts as LibreTranslate does (server/formatting.py)."""
+        texts as LibreTranslate does (server/formatting.py). No ``engine``: the texts are in the target language
+        already (``Models.choose``) and come back as sent, limits and markup checked as a translation's are."""
         check_texts(texts, self.limits, options.field, options.keep_empty)  # bounds what the rest costs
+        if engine is None:
+            return unchanged(texts, options.format)
+        if options.glossary is not None:
+            options.glossary.check_pair(engine.source_language, engine.target_language)
         if options.format == "text" and options.pass_through:
             kept = {t for t, text in enumerate(texts) if formatting.nothing_to_translate(text)}
             if kept:
                 return await self._passing_through(engine, texts, kept, options, exchange)
         documents = [markup.parse(text, options.format) for text in texts]
+        if options.glossary is not None:
+            applied = options.glossary.apply(documents)
+            self.metrics.glossary_applied.labels(engine.name).observe(sum(map(len, applied)))
+            translated = await self._translate_documents(engine, texts, documents, options, exchange)
+            return [replace(t, glossary_applied=tuple(a)) for t, a in zip(translated, applied, strict=True)]
+        return await self._translate_documents(engine, texts, documents, options, exchange)
+
+    async def _translate_documents(
+        self,
+        engine: Engine,
+        texts: Sequence[str],
+        documents: list[markup.Document],
+        options: TranslateOptions,
+        exchange: Exchange | None,
+    ) -> list[TextTranslation]:
+        """The texts' translations from their parsed documents (see translate)."""
         alternatives, min_confidence = options.decode.alternatives, options.min_confidence
         span = exchange.span if exchange else INVALID_SPAN
         if options.format == "text" and all(d.pieces[0].plain for d in documents if d.pieces):  # nothing to put back
@@ -199,6 +232,18 @@ class Translations:
             answers.summary([render[t] for render in renders], parts.get(t, []), min_confidence)
             for t in range(len(documents))
         ]
+
+    async def glossed(self, engine: Engine, segment: DecodedSentence, glossary: Glossary) -> tuple[str, list[str]]:
+        """A streamed sentence's translation with the glossary's terms in place (as Translate places them, on the
+        sentence as the model read it), and the entries applied."""
+        piece = markup.Piece(html=False, text=segment.spec.source, paths=[()] * len(segment.spec.source))
+        applied = glossary.apply([markup.Document([piece])])[0]
+        if not applied:
+            return engine.detokenize([segment.output])[0], []
+        self.metrics.glossary_applied.labels(engine.name).observe(len(applied))
+        alignments = iter(await asyncio.to_thread(engine.align, [(segment.spec.ids, segment.output)]))
+        first = replace(segment, spec=replace(segment.spec, chunk=0))  # the sentence is the piece, whatever its chunk
+        return placement.place(piece, placement.sentences_for(engine, piece, [first], alignments)), applied
 
     async def _passing_through(
         self,

@@ -26,7 +26,13 @@ from server.app import Server, create_server
 from server.config import ServerConfig
 
 # The status codes Translate documents: whatever it is sent, it answers with one of these.
-DOCUMENTED_CODES = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED}
+# NOT_FOUND: a glossary_id the caller has not stored (server/glossaries.py)
+DOCUMENTED_CODES = {
+    grpc.StatusCode.OK,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.NOT_FOUND,
+}
 
 
 class RunningServer:

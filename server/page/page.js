@@ -123,6 +123,18 @@ function swap() {
   countCharacters();
 }
 
+// The glossary box's "source=target" lines as the API's glossary object; lines without "=" are left out
+function glossaryEntries() {
+  const entries = {};
+  for (const line of $("glossary").value.split("\n")) {
+    const at = line.indexOf("=");
+    if (at > 0 && line.slice(0, at).trim() && line.slice(at + 1).trim()) {
+      entries[line.slice(0, at).trim()] = line.slice(at + 1).trim();
+    }
+  }
+  return entries;
+}
+
 async function translate(event) {
   event.preventDefault();
   const body = {
@@ -133,6 +145,8 @@ async function translate(event) {
   };
   if (alternatives) body.alternatives = alternatives;
   if ($("api-key").value) body.api_key = $("api-key").value;
+  const glossary = glossaryEntries();
+  if (Object.keys(glossary).length) body.glossary = glossary;
   $("status").textContent = "translating…";
   try {
     const response = await fetch("/translate", {
@@ -152,6 +166,10 @@ async function translate(event) {
     const parts = [`confidence ${Math.round(100 * Math.exp(answer.confidence))}%`];
     if (answer.detectedLanguage) parts.push(`detected ${answer.detectedLanguage.language}`);
     if (answer.flags && answer.flags.length) parts.push(`flags: ${answer.flags.join(", ")}`);
+    if (answer.glossaryApplied) {
+      const applied = Object.entries(answer.glossaryApplied).map(([term, times]) => `${term} ×${times}`);
+      parts.push(`glossary: ${applied.join(", ") || "no term found"}`);
+    }
     $("status").textContent = parts.join(" · ");
   } catch (error) {
     $("status").textContent = `the server did not answer (${error})`;

@@ -20,6 +20,7 @@ import sys
 import urllib.parse
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import atheris
@@ -27,6 +28,7 @@ import atheris
 with atheris.instrument_imports(include=["server"]):
     from server.errors import InvalidRequest
     from server.files import read_document
+    from server.glossary import MAX_INLINE_ENTRIES, Glossary, checked_entries
     from server.html_tree import MarkupError
     from server.markup import WORD, Document, Piece, parse
     from server.placement import AlignedSentence, place
@@ -92,6 +94,48 @@ def _without_atoms(output: str, piece: Piece) -> str:
 def _assert_atoms_kept(piece: Piece, output: str) -> None:
     for atom, count in Counter(a.text for a in piece.atoms).items():
         assert output.count(atom) >= count, (atom, output)
+
+
+def glossary(data: bytes) -> None:
+    """Glossaries (server/glossary.py) over text or HTML: the input's text is a document and, after NUL bytes,
+    source terms; more terms are cut from the document itself (so they overlap, nest, hold placeholders, tags or
+    regular-expression characters). Whatever the translation around them, each entry's target term is in the output
+    exactly once per occurrence applied, every output word not tied to a term is there once and in order (one tied
+    to a term is there or gives way to it), every atom is kept, and HTML stays well-formed."""
+    text, fdp = _split(data)
+    document_text, *terms = text.split("\x00")
+    for _ in range(fdp.ConsumeIntInRange(0, 6)):
+        start = fdp.ConsumeIntInRange(0, max(len(document_text) - 1, 0))
+        terms.append(document_text[start : start + fdp.ConsumeIntInRange(1, 12)])
+    format = "html" if fdp.ConsumeBool() else "text"
+    mark = next(chr(c) for c in range(0xE000, 0xF900) if chr(c) not in text)  # in no atom, tag or raw part
+    try:
+        targets = {t: f"{mark}T{i}{mark}" for i, t in enumerate(terms[:MAX_INLINE_ENTRIES])}
+        entries = checked_entries(targets, 10**6, "glossary")
+        document = parse(document_text, format)
+    except (InvalidRequest, MarkupError):
+        return
+    terms_of = Glossary(entries).apply([document])[0]
+    outputs = []
+    for piece in document.pieces:
+        sentence = _translation(fdp, piece)
+        sentence = replace(sentence, units=[f"{mark}{unit}{mark}" for unit in sentence.units])
+        starts = [m.start() for m in WORD.finditer(piece.text)]
+        covered = {
+            w for a in piece.atoms if a.covers for w, s in enumerate(starts) if a.offset <= s < a.offset + a.covers
+        }
+        outputs.append(place(piece, [sentence]))
+        kept = [u for u, a in zip(sentence.units, sentence.aligned, strict=True) if a not in covered]
+        if sentence.units:  # in order, each once; a word tied to a term may give way to it, no other word
+            found = re.findall(f"{mark}w\\d+{mark}", outputs[-1])
+            assert found == [u for u in sentence.units if u in set(found)], (outputs[-1], piece)
+            assert set(kept) <= set(found), (outputs[-1], piece)
+        _assert_atoms_kept(piece, outputs[-1])
+    rendered = document.render(outputs)
+    for source, count in Counter(terms_of).items():
+        assert rendered.count(entries[source]) == count, (source, rendered)
+    if format == "html":
+        parse(rendered, "html")
 
 
 def placeholders(data: bytes) -> None:
@@ -210,6 +254,7 @@ def grpc_target(served: Served) -> Callable[[bytes], None]:
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "markup": markup,
     "placeholders": placeholders,
+    "glossary": glossary,
     "sentences": sentences,
     "files": files,
 }

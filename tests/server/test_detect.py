@@ -145,7 +145,7 @@ def test_http_auto_translates_with_the_detected_model(two: RunningServer):
 def test_http_auto_errors_name_what_was_detected(two: RunningServer):
     status, _, body = http(two, "/translate", {"q": GERMAN, "source": "auto", "target": "de"})  # as LibreTranslate
     assert (status, body["translatedText"], body["detectedLanguage"]["language"]) == (200, GERMAN, "de"), body
-    status, _, body = http(two, "/translate", {"q": "1234", "source": "auto", "target": "en"})
+    status, _, body = http(two, "/translate", {"q": "1234", "source": "auto", "target": "en", "pass_through": False})
     assert status == 400 and "cannot be detected" in body["error"] and PAIRS in body["error"], body
 
 

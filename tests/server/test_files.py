@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from server.files import FileStore, read_document
+from server.config import MIB
+from server.errors import InvalidRequest
+from server.files import MAX_UNZIPPED_BYTES, FileStore, read_document
 from testkit.servers import RunningServer, free_port, http, server_config
 
 docx = pytest.importorskip("docx", reason="python-docx (the files extra) not installed")
@@ -297,6 +299,32 @@ def test_a_file_is_downloaded_once(site: RunningServer):
 def test_bad_files_are_refused_with_a_reason(site: RunningServer, name: str, data: bytes, status: int, message: str):
     got, answer = upload(site, name, data)
     assert got == status and message in answer["error"], answer
+
+
+def zip_bomb(unpacked: int) -> bytes:
+    """A zip of one member of ``unpacked`` zero bytes, deflated about 1000:1."""
+    data = io.BytesIO()
+    with zipfile.ZipFile(data, "w", zipfile.ZIP_DEFLATED) as archive, archive.open("content.xml", "w") as member:
+        for _ in range(unpacked // MIB):
+            member.write(bytes(MIB))
+    return data.getvalue()
+
+
+@pytest.fixture(scope="module")
+def bomb() -> bytes:
+    return zip_bomb(MAX_UNZIPPED_BYTES + MIB)
+
+
+@pytest.mark.parametrize("name", ["bomb.docx", "bomb.pptx", "bomb.odt", "bomb.odp", "bomb.epub"])
+def test_a_zip_bomb_is_refused_naming_the_limit(site: RunningServer, bomb: bytes, name: str):
+    assert len(bomb) < MIB  # a small upload
+    got, answer = upload(site, name, bomb)
+    assert got == 400 and "over the limit of 104,857,600 (MAX_UNZIPPED_BYTES)" in answer["error"], answer
+
+
+def test_a_member_packed_like_a_bomb_is_refused_under_the_total_limit():
+    with pytest.raises(InvalidRequest, match=r"'content.xml' unpacks to 2,097,152 bytes from .* limit of 100:1"):
+        read_document("tight.odt", zip_bomb(2 * MIB))
 
 
 def test_files_not_downloaded_expire(tmp_path: Path):

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from proto import translate_pb2
+from server.errors import InvalidRequest
+from server.http_request import switch_of
 from testkit.sentences import own_sentences
 from testkit.servers import RunningServer, http, start_server
 
@@ -70,7 +72,10 @@ def test_json_with_a_list_keeps_order_and_empty_texts(server: RunningServer):
     [
         ({"source": "en", "target": "de"}, "missing q parameter"),
         ({"q": "Hi.", "target": "de"}, "missing source parameter"),
-        ({"q": "1, 2, 3", "source": "auto", "target": "de"}, "the language of the text cannot be detected"),
+        (
+            {"q": "1, 2, 3", "source": "auto", "target": "de", "pass_through": False},
+            "the language of the text cannot be detected",
+        ),
         ({"q": "Hi.", "source": "zz", "target": "zz"}, "no model here matches source='zz' target='zz'"),
         (
             {"q": "Hi.", "source": "de", "target": "en"},
@@ -186,6 +191,26 @@ def test_a_100000_character_text_translates_whole_keeping_its_layout(server: Run
     assert all(line.strip() for line in out.split("\n") if line)  # every line (of sentences) translated
 
 
+def test_a_100000_character_html_document_translates_whole_keeping_its_paragraphs(server: RunningServer):
+    """Every <p> comes back in order with its tags, as it translates alone, and each sentence is decoded once."""
+    sentences = own_sentences(240)
+    distinct = ["<p>" + " ".join(sentences[k : k + 3]) + "</p>" for k in range(0, 240, 3)]
+    status, _, body = http(server, "/translate", {"q": distinct, "source": "en", "target": "de", "format": "html"})
+    assert status == 200, body
+    alone = body["translatedText"]
+    paragraphs, size = [], 0
+    while size + len(distinct[len(paragraphs) % 80]) + 1 <= 100_000:
+        paragraphs.append(distinct[len(paragraphs) % 80])
+        size += len(paragraphs[-1]) + 1
+    document = "\n".join(paragraphs)
+    assert 99_000 < len(document) <= 100_000
+    decoded = server.count("translate_confidence_count")
+    status, _, body = http(server, "/translate", {"q": document, "source": "en", "target": "de", "format": "html"})
+    assert status == 200, body
+    assert body["translatedText"] == "\n".join(alone[k % 80] for k in range(len(paragraphs)))
+    assert server.count("translate_confidence_count") - decoded == 3 * len(paragraphs)
+
+
 @pytest.mark.parametrize("text", ["a" * 100_000, "!?.,;:" * 16_666, ".!? " * 25_000], ids=["word", "punct", "stops"])
 def test_hostile_long_texts_are_answered_in_bounded_time(server: RunningServer, text: str):
     started = time.monotonic()
@@ -218,6 +243,19 @@ def test_a_target_that_is_the_source_answers_the_texts_unchanged(server: Running
     assert server.count("translate_requests_total", ok) - before == 2
     status, _, body = http(server, "/translate", {"q": "<p>Hi.</b>", "source": "en", "target": "en", "format": "html"})
     assert status == 400 and "</b> at line 1, column 7" in body["error"]  # checked as a translation's text is
+
+
+@pytest.mark.parametrize("q", ["🙂 👍", "12345", "?! ... -"], ids=["emoji", "digits", "punctuation"])
+def test_auto_on_text_with_nothing_to_translate_answers_it_as_sent(server: RunningServer, q: str):
+    """As LibreTranslate: no language to detect, no model to ask; the target's language reported with confidence 0.
+    With pass_through off, detection has its say (and fails)."""
+    decoded = server.count("translate_confidence_count")
+    status, headers, body = http(server, "/translate", {"q": [q, ""], "source": "auto", "target": "de"})
+    assert (status, body["translatedText"]) == (200, [q, ""]) and "X-Translation-Model" not in headers
+    assert body["detectedLanguage"] == [{"confidence": 0.0, "language": "de"}] * 2
+    assert server.count("translate_confidence_count") == decoded
+    status, _, body = http(server, "/translate", {"q": q, "source": "auto", "target": "de", "pass_through": False})
+    assert status == 400 and "cannot be detected" in body["error"]
 
 
 def raw(server: RunningServer, path: str, method: str, headers: dict[str, str], body: bytes | None = None):
@@ -275,3 +313,19 @@ def test_suggestions_are_off_by_default_with_libretranslates_403(server: Running
     status, _, body = http(server, "/suggest", suggestion)
     assert (status, body) == (403, {"error": "Suggestions are disabled on this server."})
     assert http(server, "/frontend/settings")[2]["suggestions"] is False
+
+
+def test_a_switch_is_true_or_false_never_a_number():
+    """JSON's 1 and 0 are numbers, not switches (a form's "1" and "0" are its way of writing them)."""
+    assert [switch_of({"s": v}, "s") for v in (None, "", True, False, "true", "0", " FALSE ")] == [
+        True,
+        True,
+        True,
+        False,
+        True,
+        False,
+        False,
+    ]
+    for value in (1, 0, 1.0, "yes", [True]):
+        with pytest.raises(InvalidRequest, match=r"s=.* must be true or false"):
+            switch_of({"s": value}, "s")

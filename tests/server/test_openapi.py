@@ -68,6 +68,8 @@ def test_the_spec_names_every_route_and_the_served_languages(api: RunningServer)
         "/spec",
         "/health",
         "/suggest",
+        "/glossaries",
+        "/glossaries/{glossary_id}",
     }
     schemas = spec["components"]["schemas"]
     assert schemas["TranslateRequest"]["properties"]["source"]["enum"] == ["de", "en", "auto"]

@@ -225,3 +225,19 @@ def test_an_error_shows_the_apis_message(site: RunningServer, browser):
     browser.find_element(By.ID, "translate").click()  # nothing typed
     wait.until(lambda d: d.find_element(By.ID, "status").text.startswith("400"))
     assert "missing q" in browser.find_element(By.ID, "status").text
+
+
+def test_the_glossary_box_sends_its_lines_and_shows_what_was_applied(site: RunningServer, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    wait = open_page(site, browser)
+    browser.find_element(By.CSS_SELECTOR, "#glossary-box summary").click()
+    browser.find_element(By.ID, "glossary").send_keys("man=Kerl\nnot a line\n")
+    Select(browser.find_element(By.ID, "source")).select_by_value("en")
+    Select(browser.find_element(By.ID, "target")).select_by_value("de")
+    browser.find_element(By.ID, "text").send_keys(ENGLISH)
+    browser.find_element(By.ID, "translate").click()
+    wait.until(lambda d: "confidence" in d.find_element(By.ID, "status").text)
+    assert "Kerl" in browser.find_element(By.ID, "translation").text
+    assert "glossary: man ×1" in browser.find_element(By.ID, "status").text

@@ -57,6 +57,31 @@ def test_stream_returns_sentences_in_order(running: RunningServer):
     assert [s.translation for s in segments] == [t.text for t in singles]
 
 
+def test_a_target_that_is_the_source_answers_the_texts_as_sent(running: RunningServer):
+    """As over HTTP and in LibreTranslate: en to en (in any case), or auto on texts with nothing to detect, gives
+    the texts back without a model, streamed too."""
+    decoded = running.count("translate_confidence_count")
+    texts = ["A man is walking. Two dogs are playing.", "a cat is sleeping"]
+    same = translate_pb2.TranslateRequest(texts=texts, source_language="en", target_language="EN")
+    response = running.stub.Translate(same, timeout=30)
+    assert [t.text for t in response.translations] == texts and response.model == ""
+    assert not response.HasField("detected_language")
+    segments = [(s.text_index, s.translation, s.last_in_text) for s in running.stub.TranslateStream(same, timeout=30)]
+    assert segments == [(0, texts[0], True), (1, texts[1], True)]
+    letterless = translate_pb2.TranslateRequest(texts=["🙂 👍", "12:30"], source_language="auto", target_language="de")
+    response = running.stub.Translate(letterless, timeout=30)
+    assert [t.text for t in response.translations] == ["🙂 👍", "12:30"]
+    assert (response.detected_language.language, response.detected_language.confidence) == ("de", 0.0)
+    english = translate_pb2.TranslateRequest(texts=texts[:1], source_language="auto", target_language="en")
+    response = running.stub.Translate(english, timeout=30)
+    assert (response.translations[0].text, response.detected_language.language) == (texts[0], "en")
+    assert running.count("translate_confidence_count") == decoded
+    unknown = translate_pb2.TranslateRequest(texts=["Hi."], source_language="zz", target_language="zz")
+    with pytest.raises(grpc.RpcError) as error:
+        running.stub.Translate(unknown, timeout=30)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "source='zz'" in error.value.details()
+
+
 def test_an_inference_thread_wakes_the_event_loop_once_per_segment(running: RunningServer, monkeypatch):
     """Each wake-up of the event loop from an inference thread costs both threads CPU (a self-pipe write and
     read): a finished segment wakes it once, and a job that ends well needs no extra word."""
