@@ -50,7 +50,7 @@ import grpc
 import sentencepiece as spm
 
 from client.channel import aio_channel
-from client.loadtest_report import Result, Run, markdown, plot, scrape, summarize
+from client.loadtest_report import THREAD_CPU, Result, Run, markdown, plot, scrape, summarize
 from common import flags
 from common.corpus import read_lines
 from common.flags import setting
@@ -289,7 +289,9 @@ async def drive(args, profile: Profile, concurrency: int, rate: float) -> Run:
         sampler.cancel()
     after = scrape(args.metrics)
     run.server = {
-        f"{k}_delta": after.get(k, 0.0) - before.get(k, 0.0) for k in after if k.endswith(("_sum", "_count", "_total"))
+        f"{k}_delta": after.get(k, 0.0) - before.get(k, 0.0)
+        for k in after
+        if k.endswith(("_sum", "_count", "_total")) or k.startswith(THREAD_CPU)
     }
     run.server.update({f"{k}_peak": v for k, v in peak.items()})
     print(file=sys.stderr)

@@ -39,8 +39,11 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
+THREAD_CPU = "translate_thread_cpu_seconds_total"  # one value per thread kind: "<name>:<kind>"
+
+
 def scrape(url: str | None) -> dict[str, float]:
-    """Selected samples of the server's metrics (sums over labels)."""
+    """Selected samples of the server's metrics (sums over labels; the thread CPU by kind, one per kind)."""
     if not url:
         return {}
     wanted = (
@@ -51,6 +54,7 @@ def scrape(url: str | None) -> dict[str, float]:
         "translate_kv_cache_bytes",
         "translate_memory_reserved_bytes",
         "process_resident_memory_bytes",
+        "process_cpu_seconds_total",
         "translate_requests_total",
     )
     body = urllib.request.urlopen(url, timeout=5).read().decode()
@@ -59,7 +63,20 @@ def scrape(url: str | None) -> dict[str, float]:
         for sample in family.samples:
             if sample.name in wanted:
                 values[sample.name] = values.get(sample.name, 0.0) + sample.value
+            elif sample.name == "translate_thread_cpu_seconds_total":
+                values[f"{THREAD_CPU}:{sample.labels['kind']}"] = sample.value
     return values
+
+
+def cores_busy(server: dict[str, float], seconds: float) -> dict[str, float]:
+    """The server's cores busy over a run (CPU seconds per second): in all, and by thread kind."""
+    if not seconds or "process_cpu_seconds_total_delta" not in server:
+        return {}
+    busy = {"all": server["process_cpu_seconds_total_delta"] / seconds}
+    for key, value in server.items():
+        if key.startswith(THREAD_CPU + ":"):
+            busy[key.split(":")[1].removesuffix("_delta")] = value / seconds
+    return busy
 
 
 def summarize(run: Run) -> dict:
@@ -103,6 +120,7 @@ def summarize(run: Run) -> dict:
         / max(s.get("translate_queue_wait_seconds_count_delta", 0), 1),
         "server_mean_batch_sentences": s.get("translate_batch_size_sentences_sum_delta", 0)
         / max(s.get("translate_batch_size_sentences_count_delta", 0), 1),
+        "server_cores_busy": cores_busy(s, run.seconds),
     }
 
 
@@ -112,8 +130,8 @@ def markdown(summaries: list[dict], command: str) -> str:
         f"client machine: {describe_cpu()} (the server's CPU is its own to record)",
         "",
         "| mode | concurrency / rate | sent | answered / retried / lost | req/s | in tok/s | p50 s | p90 s | p99 s "
-        "| max s | codes | server batch | server queue wait s | peak KV bytes | peak RSS MiB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| max s | codes | server batch | server queue wait s | peak KV bytes | peak RSS MiB | server cores busy |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in summaries:
         lat, srv = s["latency"], s["server"]
@@ -124,7 +142,7 @@ def markdown(summaries: list[dict], command: str) -> str:
             f"{lat['p50']:.3f} | {lat['p90']:.3f} | {lat['p99']:.3f} | {lat['max']:.3f} | {s['codes']} | "
             f"{s['server_mean_batch_sentences']:.1f} | {s['server_mean_queue_wait_seconds']:.3f} | "
             f"{srv.get('translate_kv_cache_bytes_peak', 0):.0f} | "
-            f"{srv.get('process_resident_memory_bytes_peak', 0) / 2**20:.0f} |"
+            f"{srv.get('process_resident_memory_bytes_peak', 0) / 2**20:.0f} | {_busy(s['server_cores_busy'])} |"
         )
     lines += ["", "| length bucket | count | p50 s | p99 s |", "|---|---|---|---|"]
     for s in summaries:
@@ -134,6 +152,14 @@ def markdown(summaries: list[dict], command: str) -> str:
                 f"{b['p50']:.3f} | {b['p99']:.3f} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def _busy(busy: dict[str, float]) -> str:
+    """E.g. "1.86 (lanes 1.62, front_door 0.19, grpc 0.02, other 0.00)"."""
+    if not busy:
+        return "-"
+    kinds = ", ".join(f"{kind} {value:.2f}" for kind, value in busy.items() if kind != "all")
+    return f"{busy['all']:.2f}" + (f" ({kinds})" if kinds else "")
 
 
 def plot(runs: list[Run], summaries: list[dict], out: Path) -> list[Path]:

@@ -274,9 +274,10 @@ class DecodeBatch:
         """Go on with these sources (positions before the step, increasing; ``self.searches`` holds just
         them, in that order), each with its rows (by their index before the step) and their next tokens.
         When sources left, those from the end fill their places (``gap_filling_order``)."""
-        if not self.searches:
+        if not self.searches:  # empty: it holds no buffers, nor do its last inputs and bindings (a new key)
             self.sources.clear()
             self.cache.clear()
+            self._inputs, self._key = None, BatchKey()
             self._changed(np.zeros(0, np.int64))
             return
         if len(sources) != self.sources.count:

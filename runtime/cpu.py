@@ -8,6 +8,7 @@ Every speed or int8 figure names them, through ``describe_cpu``.
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 from functools import cache
@@ -50,6 +51,19 @@ def kernel_features(flags: frozenset[str] | None = None) -> list[str]:
 def has_vnni(flags: frozenset[str] | None = None) -> bool:
     flags = cpu_flags() if flags is None else flags
     return any(feature in flags for feature in VNNI)
+
+
+def usable_cores(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """The cores this process may keep busy: those it may run on, fewer where its cgroup (v2) has a CPU quota,
+    as a container's CPU limit sets (a quota of 2.5 cores gives 3)."""
+    cores = len(os.sched_getaffinity(0))
+    try:
+        quota, period = cpu_max.read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return cores
 
 
 def describe_cpu(cores: int | None = None) -> str:

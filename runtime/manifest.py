@@ -13,6 +13,9 @@ from typing import Any, Literal
 MANIFEST_FILE = "manifest.json"
 MANIFEST_REVISION = 1
 Variant = Literal["fp32", "int8", "fp16"]  # an exported folder's variants (export/pipeline.py's VARIANTS)
+# The variant an engine loads: one of them, or auto: the one the provider runs best that the folder has
+# (runtime/backend.py, chosen_variant).
+VariantChoice = Literal["auto", "fp32", "int8", "fp16"]
 Provider = Literal["auto", "cpu", "cuda"]  # where a variant runs (auto: CUDA where ONNX Runtime has it)
 
 

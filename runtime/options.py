@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from common.flags import setting
-from runtime.manifest import Provider, Variant
+from runtime.manifest import Provider, VariantChoice
 
 
 @dataclass(frozen=True)
@@ -15,10 +15,16 @@ class EngineSettings:
     """The engine's settings, as the server and translate-file take them (``--variant``, ``--provider``,
     ``--intra-op-threads``)."""
 
-    variant: Variant = setting("fp32", "the exported variant to load: int8 is faster on CPU, fp16 is for CUDA")
+    variant: VariantChoice = setting(
+        "fp32",
+        "the exported variant to load: int8 is faster on CPU, fp16 is for CUDA; auto: int8 on the CPU and fp16 on "
+        "CUDA where the folder has it, else fp32",
+    )
     provider: Provider = setting("auto", "ONNX Runtime's provider (auto: CUDA where available)")
     intra_op_threads: int = setting(
-        0, "ONNX Runtime's threads per session (0: one per core; translate-file: the cores shared among its workers)"
+        0,
+        "ONNX Runtime's threads in all (0: one per usable core): the server divides them among its running "
+        "batches of a lane size (static: one batch has them all), translate-file among its workers",
     )
 
 

@@ -156,13 +156,11 @@ def _translator_handlers(servicer: TranslatorService) -> grpc.GenericRpcHandler:
 
 
 def serving_engines(config: ServerConfig) -> list[Engine]:
-    """Each of ``config``'s models on the sessions its first lane runs (``plan_threads``), with the guard as
-    configured. Longer lanes load replicas of these."""
+    """Each of ``config``'s models on the sessions all its lanes run on (their threads: ``plan_threads``), with the
+    guard as configured."""
     plan = plan_threads(config)
     options = RuntimeOptions.of(
-        dataclasses.replace(config.engine, intra_op_threads=plan.first_lane),
-        spinning=config.intra_op_spinning,
-        small_batch_threads=plan.first_lane_small_batches,
+        dataclasses.replace(config.engine, intra_op_threads=plan.session_threads), spinning=config.intra_op_spinning
     )
     guard = RepetitionGuard(config.max_repeats) if config.max_repeats else None
     return [Engine(folder, options, guard) for folder in config.model]

@@ -34,6 +34,18 @@ LONG_LANE_SHARE = 0.5
 CHAR_LIMIT = 100_000
 
 
+# The server's defaults for decoding, chosen on 2 cores (AMD EPYC with VNNI; benchmarks/defaults_quality.md and
+# defaults_throughput.md): int8 with beam 4 scores 41.18 / 40.31 BLEU on test_2016_flickr (en→de / de→en) against
+# fp32 greedy's 40.14 / 38.63, and serves 1.32x its requests/s under 4 clients with a lower p99 (0.83x under 32).
+DEFAULT_BEAM = 4
+
+
+def serving_engine() -> EngineSettings:
+    """The engine as the server runs it unless told otherwise: the variant its provider runs best (int8 on the
+    CPU, fp16 on CUDA, where the folder has it; else fp32)."""
+    return EngineSettings(variant="auto")
+
+
 Scheduling = Literal["continuous", "static"]
 LongInput = Literal["split", "truncate", "reject"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
@@ -52,35 +64,27 @@ class SchedulerSettings:
     lane_niceness: int = setting(10, "continuous: OS niceness added per lane above the first, to its threads (0..19)")
     long_lane_share: float = setting(
         LONG_LANE_SHARE,
-        "continuous: the share of a busy shorter lane's core that longer lanes keep while they decode sentences "
-        "too long for it (it pauses; their lower OS priority alone would starve them); 0: none",
+        "continuous: the share of a busy shorter lane's core that longer lanes keep while they decode (it pauses; "
+        "their lower OS priority alone would starve them); 0: none",
     )
     max_batch_size: int = setting(64, "sentences decoding at once (continuous: per lane)")
     max_batch_tokens: int = setting(4096, "padded source tokens per encoder batch")
     max_batch_delay_ms: float = setting(5.0, "how long an idle server waits for more arrivals")
     max_queue_size: int = setting(1024, "sentences waiting; more are RESOURCE_EXHAUSTED")
-    first_lane_replicas: int = setting(
-        1,
-        "continuous: running batches in the first lane, each on its own inference thread, sharing the model's "
-        "sessions; a request joins the least loaded (on 2 cores, one that encodes apart spent 0.85-0.92x the "
-        "CPU per sentence of two encoding inline, at 0.91-1.00x their requests/s under 32 clients)",
-    )
-    first_lane_small_batch_threads: int = setting(
-        1, "continuous, CPU: the first lane's threads for batches under 16 rows (0: as intra_op_threads)"
-    )
-    encode_apart: bool = setting(
-        True,
-        "continuous, CPU: the first lane's replicas encode arrivals on a thread of their own while their batch "
-        "steps, and decode on their share of the intra-op threads (one per core when 0) less that one",
+    lane_replicas: int = setting(
+        0,
+        "continuous: running batches per lane size, each on an inference thread of its own, sharing the model's "
+        "sessions; a request's sentences spread over them, and one that runs out of work takes the others' queued "
+        "sentences (0: one per core on the CPU, one on CUDA)",
     )
 
     def __post_init__(self) -> None:
         problems = flags.choice_problems(self)
-        for name in ("max_batch_size", "max_batch_tokens", "max_queue_size", "first_lane_replicas"):
+        for name in ("max_batch_size", "max_batch_tokens", "max_queue_size"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}={getattr(self, name)} must be at least 1")
-        if (small := self.first_lane_small_batch_threads) < 0:
-            problems.append(f"first_lane_small_batch_threads={small} must be 0 (as intra_op_threads) or more")
+        if self.lane_replicas < 0:
+            problems.append(f"lane_replicas={self.lane_replicas} must be 0 (one per core) or more")
         if not 0.0 <= self.long_lane_share < 1.0:
             problems.append(f"long_lane_share={self.long_lane_share} must be within 0..1 (1 excluded)")
         if not 0 <= self.lane_niceness <= 19:
@@ -98,7 +102,7 @@ class ServerConfig:
         "exported model folders (python -m export), the flag repeated or TRANSLATE_MODEL=DIR,DIR; the first answers "
         "requests that name no model",
     )
-    engine: EngineSettings = setting(help="the engine's settings (its fields are flags)", factory=EngineSettings)
+    engine: EngineSettings = setting(help="the engine's settings (its fields are flags)", factory=serving_engine)
     host: str = setting(
         "[::]",
         "where the gRPC, HTTP and metrics ports listen: [::] every address of both families (IPv4 and IPv6), an "
@@ -132,7 +136,9 @@ class ServerConfig:
     long_input_tokens: int = setting(128, "texts over this many tokens follow --long-input")
     long_input: LongInput = setting("split", "what happens to long texts")
     max_beam_size: int = setting(8, "the largest beam a request may ask for")
-    default_beam_size: int = setting(1, "the beam of requests that ask for none (1: greedy)")
+    default_beam_size: int = setting(
+        DEFAULT_BEAM, "the beam of requests that ask for none, HTTP's and gRPC's (1: greedy; see DEFAULT_BEAM)"
+    )
     max_output_tokens: int = setting(256, "the longest output per sentence a request may ask for (eos included)")
     max_repeats: int = setting(
         MAX_REPEATS,

@@ -38,15 +38,15 @@ def leaving(jobs: Iterable[Job], now: float) -> Leaving:
 
 @dataclass(frozen=True)
 class Admission:
-    """The queued sentences that join a lane's batch at a step, and the policy's starving sentence after it."""
+    """The queued sentences that join a lane's batch at a step (its own arrivals, or those its replicas have no
+    room for), and the policy's starving sentence after it."""
 
-    joining: tuple[QueuedSentence, ...] = ()  # the lane's own arrivals
-    moving: tuple[QueuedSentence, ...] = ()  # longer lanes' backlog, which moves to this lane
+    joining: tuple[QueuedSentence, ...] = ()
     starving: QueuedSentence | None = None  # waited too long for room: other lanes admit nobody (policies.py)
 
     @property
     def admitted(self) -> list[QueuedSentence]:
-        return [*self.joining, *self.moving]
+        return list(self.joining)
 
 
 @dataclass(frozen=True)

@@ -63,7 +63,6 @@ class QueuedSentence(AfterSplit):
     reserved_bytes: int = 0
     predicted_tokens: int = 0
     lane: int = 0  # continuous: the running batch's lane, by the size of the whole request
-    moved: bool = False  # continuous: taken from a longer lane's backlog into a shorter lane's batch
     enqueued_at: float = field(default_factory=time.monotonic)
     joined_at: float = 0.0  # when it joined a running batch (time.monotonic()), ...
     encoded_at: float = 0.0  # ... when its encoder call and join were done ...

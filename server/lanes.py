@@ -1,21 +1,23 @@
-"""Lanes: shares of the running work, each with its queue, running batch, engines and inference thread,
-and the OS priority of that thread (the scheduler's policies decide what joins a lane's batch; server/threads.py
-what its engines run on)."""
+"""Lanes: shares of the running work, each with its queue, running batch and inference thread, and the OS priority
+of that thread (the scheduler's policies decide what joins a lane's batch; server/threads.py how many lanes of each
+size run and on how many threads).
+
+A model's lanes go by the size of the requests they take (``--lanes``); each size has replicas, all on the model's
+engine, whose sessions take concurrent runs: a request's sentences spread over them (``spread``)."""
 
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import itertools
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from server.decisions import Pause
-from server.interface import Batch, Encoded, Engine
+from server.interface import Batch, Engine
 from server.policies import PAUSE_AT_LEAST_SECONDS, pause_owed
-from server.threads import LaneThreads, lower_thread_priority, name_thread
+from server.threads import lower_thread_priority, name_thread
 
 if TYPE_CHECKING:
     from server.jobs import QueuedSentence
@@ -33,49 +35,35 @@ class Lane:
     size_class: int = 0  # which of the model's source-token bounds it takes (its replicas share it)
     waiting: collections.deque[QueuedSentence] = field(default_factory=collections.deque)
     running: dict[QueuedSentence, None] = field(default_factory=dict)  # segments in the batch, in join order
-    engine: Engine | None = None  # makes its batch, and encodes and steps it but while it runs on ``narrow``
-    narrow: Engine | None = None  # a replica on fewer threads, which it runs on while another lane has rows
+    engine: Engine | None = None  # the model's: it makes, encodes for and steps the lane's batch
     batch: Batch | None = None
+    # notified when it may have work: its arrivals, a stop, room others freed (the scheduler makes it on its lock)
+    wake: threading.Condition | None = None
+    blocked: bool = False  # its arrivals wait for room that other lanes hold
+    stepped: bool = False  # it stepped since it last gave free memory back (an idle lane does, once)
     thread: threading.Thread | None = None
     ready: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
     join_seconds: float = 0.0  # a join's duration, a running average
     owed_seconds: float = 0.0  # the pause it owes longer lanes (``pause_after``)
     off_cpu_since: float = 0.0  # when its last step or pause ended (time.perf_counter())
-    encoder: concurrent.futures.ThreadPoolExecutor | None = None  # the lane's encoder thread, if it encodes apart
-    # groups of admitted segments being encoded on it, oldest first, with their futures (``Encoded``)
-    encoding: collections.deque[tuple[list[QueuedSentence], concurrent.futures.Future]] = field(
-        default_factory=collections.deque
-    )
 
     def joined(self, seconds: float) -> None:
         self.join_seconds = (1 - JOIN_WEIGHT) * self.join_seconds + JOIN_WEIGHT * seconds
 
-    # --- backlog: sentences that move between a model's lanes --------------------------
-
-    def own_rows(self) -> int:
-        """The rows of its batch that are its own arrivals', not the backlog's it took from longer lanes."""
-        return max(0, self.batch.rows - sum(s.job.options.beam for s in self.running if s.moved))
-
     def overflow(self, room: int) -> Iterator[QueuedSentence]:
-        """Its waiting sentences beyond the room its batch has (``room`` sentences in all): what a shorter lane
-        may take."""
+        """Its waiting sentences beyond the room its batch has (``room`` sentences in all): what a replica that
+        runs out of work may take."""
         return itertools.islice(self.waiting, max(0, room - len(self.running)), None)
-
-    def backlog_room(self, share: int, admitted: Sequence[QueuedSentence] = ()) -> int:
-        """How many sentences of longer lanes' backlog it may still take: ``share`` in all, besides those
-        running and ``admitted``."""
-        return max(0, share - len(self.running) - len(admitted))
 
     # --- pauses: the share of its core that it leaves to longer lanes -------------------
 
-    def pause_after(self, busy: float, now: float, share: float, long_work: bool) -> Pause:
+    def pause_after(self, busy: float, now: float, share: float, longer_decode: bool) -> Pause:
         """After a step of ``busy`` seconds that ended at ``now`` (time.perf_counter()): while a longer lane (lower
-        OS priority) decodes sentences too long to move into this lane (``long_work``), what this lane owes it
-        for its ``share`` of the core (policies.pause_owed), paid once it reaches PAUSE_AT_LEAST_SECONDS;
-        otherwise it owes nothing (a longer lane's short sentences that fall behind move down instead)."""
+        OS priority) decodes (``longer_decode``), what this lane owes it for its ``share`` of the core
+        (policies.pause_owed), paid once it reaches PAUSE_AT_LEAST_SECONDS; otherwise it owes nothing."""
         idle = max(0.0, now - busy - self.off_cpu_since)
-        owed = pause_owed(self.owed_seconds, idle, busy, share) if share and long_work else 0.0
+        owed = pause_owed(self.owed_seconds, idle, busy, share) if share and longer_decode else 0.0
         return Pause(owed, owed if owed >= PAUSE_AT_LEAST_SECONDS else 0.0, now)
 
     def owe(self, pause: Pause) -> None:
@@ -85,52 +73,14 @@ class Lane:
         """It paid what it owed, off the CPU until ``until`` (time.perf_counter())."""
         self.owed_seconds, self.off_cpu_since = 0.0, until
 
-    def encode_apart(self, group: list[QueuedSentence]) -> None:
-        """Encode the group on the lane's encoder thread, for ``encoded``."""
-        self.encoding.append((group, self.encoder.submit(self.engine.encode, [s.spec.ids for s in group])))
-
-    def encoded(self, wait: bool) -> Iterator[tuple[list[QueuedSentence], Encoded]]:
-        """Groups whose encoder call has returned, oldest first (``wait``: every group, waiting for each); an
-        encoder error is raised here, on the lane's thread."""
-        while self.encoding and (wait or self.encoding[0][1].done()):
-            group, future = self.encoding.popleft()
-            yield group, future.result()
-
-    def encodes(self, segment: QueuedSentence) -> bool:
-        """Whether the segment is being encoded apart (admitted, not yet in the batch)."""
-        return any(segment in group for group, _ in self.encoding)
-
-    def close(self) -> None:
-        """The lane's thread is done: its encoder thread ends."""
-        if self.encoder is not None:
-            self.encoder.shutdown(wait=False, cancel_futures=True)
-
-    def on(self, crowded: bool) -> Engine | None:
-        """The engine the lane encodes and steps on besides its own: its narrow replica while ``crowded``
-        (another lane has rows), if it has one; None: its own."""
-        return self.narrow if crowded else None
-
-    def open(self, model: Engine, threads: LaneThreads, warmup: bool) -> None:
-        """On the lane's own thread: name it for the OS (``top -H`` and /proc show it; threads it starts,
-        such as ONNX Runtime's, inherit the name), lower its priority, then load the lane's engines as
-        ``threads`` says (replicas of the ``model``'s engine, warmed up, or that engine itself), so that ONNX
-        Runtime's threads inherit the priority, and start an empty batch; with ``threads.encode_apart``, an
-        encoder thread (started on first use by this thread, so it inherits the priority; named "enc" and the
-        lane's number for the OS). (The first lane runs on the model's engine, which on CPU steps small batches
-        on fewer threads.) ``ready`` is set in any case; ``error`` says why the lane could not start."""
+    def open(self, model: Engine) -> None:
+        """On the lane's own thread: name it for the OS (``top -H`` and /proc show it), lower its priority (ONNX
+        Runtime runs the lane's steps on it), and start an empty batch of the ``model``'s engine. ``ready`` is
+        set in any case; ``error`` says why the lane could not start."""
         try:
             name_thread(f"lane{self.index} {self.name}")
             lower_thread_priority(self.niceness)
-            self.engine = model if threads.own is None else model.replica(threads.own)
-            self.narrow = None if threads.narrow is None else model.replica(threads.narrow)
-            if warmup:
-                for replica in (self.engine, self.narrow):
-                    if replica not in (None, model):
-                        replica.warmup()
-            self.batch = self.engine.new_batch()
-            if threads.encode_apart:
-                name = f"enc{self.index} {self.name}"
-                self.encoder = concurrent.futures.ThreadPoolExecutor(1, name, name_thread, (name,))
+            self.engine, self.batch = model, model.new_batch()
         except Exception as error:
             self.error = error
             raise
@@ -138,32 +88,38 @@ class Lane:
             self.ready.set()
 
 
-def model_lanes(
-    models: Sequence[str], bounds: Sequence[int], niceness: int, first_replicas: int = 1
-) -> dict[str, list[Lane]]:
-    """Each model's lanes, shortest first, numbered across models. The first size has ``first_replicas``
-    lanes (named "1-64/0", "1-64/1"… when more than one), all on the model's engine: its sessions serve
-    concurrent batches, each with its own caches. Each further size has one lane that loads its own
-    sessions, at ``niceness`` lower priority than the size before."""
+def model_lanes(replicas: Mapping[str, int], bounds: Sequence[int], niceness: int) -> dict[str, list[Lane]]:
+    """Each model's lanes (``replicas``: each model's running batches per size), shortest first, numbered across
+    models: each size has that many lanes (named "1-64/0", "1-64/1"... when more than one), each further size at
+    ``niceness`` lower priority than the size before."""
     lanes: dict[str, list[Lane]] = {}
     index = itertools.count()
-    for model in models:
+    for model, count in replicas.items():
         lanes[model] = []
         for size, name in enumerate(lane_names(bounds)):
-            replicas = first_replicas if size == 0 else 1
-            for r in range(replicas):
-                lane_name = name if replicas == 1 else f"{name}/{r}"
+            for r in range(count):
+                lane_name = name if count == 1 else f"{name}/{r}"
                 lanes[model].append(Lane(next(index), lane_name, model, niceness * size, size))
     return lanes
 
 
-def choose_lane(lanes: Sequence[Lane], bounds: Sequence[int], request_tokens: int) -> int:
-    """The index of a model's lane (of ``lanes``) for a request: lanes go by the size of the whole request
-    (the sentences of a long document are long work), then to the least loaded of that size's replicas (read
-    without the scheduler's lock: a choice, not a count)."""
-    size = next((i for i, bound in enumerate(bounds) if request_tokens <= bound), len(bounds))
-    replicas = [lane for lane in lanes if lane.size_class == size]
-    return min(replicas, key=lambda lane: len(lane.waiting) + len(lane.running)).index
+def size_class(bounds: Sequence[int], request_tokens: int) -> int:
+    """Which lane size takes a request of ``request_tokens`` source tokens in all: lanes go by the size of the
+    whole request (the sentences of a long document are long work)."""
+    return next((i for i, bound in enumerate(bounds) if request_tokens <= bound), len(bounds))
+
+
+def spread(replicas: Sequence[Lane], sentences: int) -> list[int]:
+    """The lane index of each of a request's ``sentences`` among a size's ``replicas``: each to the least loaded
+    (sentences waiting and running, read without the scheduler's lock: a choice, not a count), counting those
+    placed before it, so a document's sentences decode on every core."""
+    loads = {lane.index: len(lane.waiting) + len(lane.running) for lane in replicas}
+    chosen = []
+    for _ in range(sentences):
+        index = min(loads, key=loads.__getitem__)
+        loads[index] += 1
+        chosen.append(index)
+    return chosen
 
 
 def lane_names(bounds: Sequence[int]) -> list[str]:

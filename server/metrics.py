@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.process_collector import ProcessCollector
 
 from server.policies import LENGTH_CLASSES
+from server.thread_cpu import ThreadCpuCollector
 
 if TYPE_CHECKING:
     from runtime.search import Hypothesis
@@ -40,6 +41,7 @@ class Metrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         ProcessCollector(registry=r)  # process_resident_memory_bytes, process_cpu_seconds_total, ...
+        r.register(ThreadCpuCollector())  # translate_thread_cpu_seconds_total{kind}: cores busy by thread kind
         self.requests = Counter(
             "translate_requests_total",
             "Finished requests by method (gRPC method, or 'HTTP /path'), gRPC status code (HTTP mirrors them) and "
@@ -118,16 +120,10 @@ class Metrics:
             ["model", "lane"],
             registry=r,
         )
-        self.backlog_moved = Counter(
-            "translate_backlog_moved_total",
-            "Sentences that moved from a longer lane's backlog into a shorter lane's batch, by model and that lane.",
-            ["model", "lane"],
-            registry=r,
-        )
         self.lane_paused = Counter(
             "translate_lane_paused_seconds_total",
-            "Time a shorter lane paused so that longer lanes decoding sentences too long for it keep their share "
-            "of its core, by model, lane.",
+            "Time a shorter lane paused so that longer lanes keep their share of its core while they decode, by "
+            "model, lane.",
             ["model", "lane"],
             registry=r,
         )

@@ -18,12 +18,6 @@ LENGTH_CLASSES = (16, 32, 64, 128, 256, 512, 1024)  # source tokens: the classes
 
 # continuous: a sentence that waited this long for room other lanes hold stops them from admitting.
 STARVATION_SECONDS = 1.0
-# continuous: a sentence that has waited this long in a longer lane's queue, beyond the room its batch has, is
-# backlog, which a shorter lane with room takes (a longer lane that keeps up has none) ...
-BACKLOG_AFTER_SECONDS = 0.2
-# ... into at most half of max_batch_size, keeping the rest for its own arrivals, which join at once.
-BACKLOG_SHARE = 0.5
-
 # continuous: a lane pays the pause it owes longer lanes (``pause_owed``) once the debt reaches this, so that it
 # sleeps in pieces of a few steps rather than after every step.
 PAUSE_AT_LEAST_SECONDS = 0.005
@@ -38,7 +32,7 @@ def length_class(tokens: int) -> int:
 
 
 def pause_owed(owed: float, idle: float, busy: float, share: float) -> float:
-    """continuous: the pause a lane owes longer lanes decoding what it cannot take, after a step of ``busy`` s
+    """continuous: the pause a lane owes longer lanes while they decode, after a step of ``busy`` s
     that came ``idle`` seconds after its last one (or its last pause) ended. Longer lanes run at a lower OS
     priority, so a shorter lane that never leaves the CPU starves them; each busy second of it owes them
     share / (1 - share) seconds, which time it spent off the CPU anyway pays back. So when it is saturated,
@@ -78,17 +72,6 @@ def admit_in_order(
     return admitted, starving
 
 
-def take_backlog(backlog: Sequence[QueuedSentence], fits: Fits, admitted: list[QueuedSentence]) -> list[QueuedSentence]:
-    """continuous: the sentences a lane takes from longer lanes' backlog (``Admissions.backlog``) into the room
-    its own arrivals (``admitted``) left, oldest lane's first, while they fit; one that does not fit is passed
-    over (it is not this lane's to wait for)."""
-    taken: list[QueuedSentence] = []
-    for segment in backlog:
-        if fits(admitted + taken + [segment]):
-            taken.append(segment)
-    return taken
-
-
 def join_later(waiting: Sequence[QueuedSentence], rows: int, join_seconds: float, now: float) -> bool:
     """Whether a busy lane's arrivals should gather a little longer before they join. A join (an encoder
     call, the caches resized) holds up every running row for about its measured duration, for one arrival
@@ -120,11 +103,6 @@ class Policy(Protocol):
         """The waiting segments that join lane number ``lane``'s batch, and the sentence that starves after
         this choice (``starving``: the one before it)."""
 
-    def choose_backlog(
-        self, backlog: Sequence[QueuedSentence], fits: Fits, admitted: list[QueuedSentence], starving: Starving
-    ) -> list[QueuedSentence]:
-        """The sentences of longer lanes' backlog that join a lane whose own arrivals all joined (``admitted``)."""
-
 
 class Static:
     """A batch is formed only when the previous one has fully finished."""
@@ -139,15 +117,9 @@ class Static:
     ) -> tuple[list[QueuedSentence], Starving]:
         return admit_static(waiting, fits), None  # nobody starves: a batch takes what fits, then the rest
 
-    def choose_backlog(
-        self, backlog: Sequence[QueuedSentence], fits: Fits, admitted: list[QueuedSentence], starving: Starving
-    ) -> list[QueuedSentence]:
-        return []  # one lane
-
 
 class Continuous:
-    """Sources join and leave a running batch at every step; a sentence that starves holds other lanes back;
-    a lane with room takes the sentences longer lanes have no room for."""
+    """Sources join and leave a running batch at every step; a sentence that starves holds other lanes back."""
 
     splits_lanes = True
 
@@ -158,11 +130,6 @@ class Continuous:
         self, waiting: Sequence[QueuedSentence], fits: Fits, lane: int, starving: Starving, now: float
     ) -> tuple[list[QueuedSentence], Starving]:
         return admit_in_order(waiting, fits, lane, starving, now)
-
-    def choose_backlog(
-        self, backlog: Sequence[QueuedSentence], fits: Fits, admitted: list[QueuedSentence], starving: Starving
-    ) -> list[QueuedSentence]:
-        return [] if starving is not None else take_backlog(backlog, fits, admitted)
 
 
 POLICIES: dict[str, type[Static] | type[Continuous]] = {"static": Static, "continuous": Continuous}

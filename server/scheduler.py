@@ -5,17 +5,16 @@ answers (server/jobs.py), each testable alone; at each step a lane's decisions a
 that ``Scheduler.apply`` carries out.
 
 Requests become jobs of segments (sentences) that wait in a bounded queue. Each model has lanes (continuous:
-by the request's size, ``--lanes``; static: one), each lane a running batch, an inference thread and its own
-engines; a longer lane's thread runs at a lower OS priority (``lane_niceness``), so short work preempts long
-work, and on the CPU it steps on a narrow replica (half the cores) while another lane has rows. At every step
+by the request's size, ``--lanes``, each size with ``--lane-replicas``, by default one per core; static: one),
+each lane a running batch and an inference thread, all on the model's engine; a request's sentences spread over
+its size's replicas, and a replica that runs out of work takes the others' queued sentences, so every core
+decodes; a longer lane's thread runs at a lower OS priority (``lane_niceness``), so short work preempts long
+work. A lane sleeps until it is woken for work of its own (arrivals, room freed, a stop). At every step
 of a lane, cancelled or expired jobs leave; the policy says whether its arrivals join now (continuous: when
 the time they waited pays for what a join costs the running rows; static: only into an empty batch) and
 which of them (those that fit max_batch_size, max_batch_tokens and the memory budget shared by all lanes of
-all models; continuous: then, into at most half of its rows, the sentences short enough for the lane that
-have waited 0.2 s beyond the room longer lanes have, so that a backlog of documents' sentences uses the first
-lane's steps instead of waiting); the chosen are encoded in length groups (apart, on the lane's encoder
-thread while its batch steps, when it has one) and join the batch; finished segments leave and are answered
-at once. While a longer lane decodes a sentence too long for a shorter one, the shorter lane pauses after its
+all models); the chosen are encoded in length groups on the lane's thread and join the batch; finished
+segments leave and are answered at once. While a longer lane decodes, a busy shorter lane pauses after its
 steps so that the longer lane keeps ``long_lane_share`` of its core (its lower priority would starve it).
 No segment is evicted mid-way. docs/serving.md has the design and its measurements.
 """
@@ -28,6 +27,7 @@ import threading
 import time
 from collections.abc import Sequence
 
+from runtime.memory import release_free_memory
 from runtime.search import Hypothesis
 from server.admission import Admissions
 from server.budget import MemoryBudget
@@ -44,12 +44,16 @@ from server.threads import plan_threads
 log = logging.getLogger(__name__)
 GAUGE_INTERVAL_S = 0.05  # the memory and batch gauges are set at most this often while lanes are busy
 IDLE_WAIT_S = 0.05  # a lane whose arrivals do not fit waits this long for others to free room (or a notify)
+# A lane idle this long gives the heaps' free memory back (release_free_memory), once per busy spell: each heap
+# keeps up to 64 MiB freed under load (runtime/memory.py), which returning at every idle moment would page in
+# again at the next request.
+RELEASE_AFTER_IDLE_S = 1.0
 
 
 class Scheduler:
     def __init__(self, engines: Sequence[Engine], config: ServerConfig, metrics: Metrics) -> None:
-        """``engines``: one per model (distinct names), the first the default; each is its first lane's
-        engine (other lanes load replicas in their threads)."""
+        """``engines``: one per model (distinct names), the first the default; all of a model's lanes run on
+        its engine."""
         self.engines = {engine.name: engine for engine in engines}
         self.default_model = engines[0].name
         self.config, self.settings = config, config.scheduling
@@ -58,16 +62,18 @@ class Scheduler:
         self.threads = plan_threads(config)
         self.memory = MemoryBudget(config.memory_budget_bytes, {name: e.memory for name, e in self.engines.items()})
         self.bounds = self.settings.lanes if policy.splits_lanes else ()
-        replicas = self.settings.first_lane_replicas if policy.splits_lanes else 1
-        niceness = self.settings.lane_niceness
-        self.lanes_of = model_lanes(list(self.engines), self.bounds, niceness, replicas)  # shortest first
+        replicas = {name: self.threads.replicas(engine.provider) for name, engine in self.engines.items()}
+        self.lanes_of = model_lanes(replicas, self.bounds, self.settings.lane_niceness)  # shortest first
         self.lanes = [lane for lanes in self.lanes_of.values() for lane in lanes]
         self.admissions = Admissions(self.settings, policy, self.memory, self.lanes_of, metrics)
-        for lane in self.lanes:  # every lane that can take backlog shows 0 until it does
+        for lane in self.lanes:  # every lane shows no rows until it has some, and no pause until it takes one
+            metrics.lane_rows.labels(lane.model, lane.name).set(0)
             if policy.splits_lanes and lane.size_class < len(self.bounds):
-                metrics.backlog_moved.labels(lane.model, lane.name)
                 metrics.lane_paused.labels(lane.model, lane.name)
-        self.lock = threading.Condition()
+        mutex = threading.RLock()
+        self.lock = threading.Condition(mutex)  # over the queues, the batches' members, the budget and the jobs
+        for lane in self.lanes:  # each lane is woken alone, for work of its own
+            lane.wake = threading.Condition(mutex)
         self.accepting = True
         self.stopped = False
         self.gauges_at = 0.0  # when the gauges were last set (time.monotonic())
@@ -113,15 +119,16 @@ class Scheduler:
                     retry_after_s=backlog,
                 )
             job.segments, job.remaining = segments, len(segments)
-            self.lanes[segments[0].lane].waiting.extend(segments)
+            for segment in segments:
+                self.lanes[segment.lane].waiting.append(segment)
             self.metrics.queue_depth.set(waiting + len(segments))
-            self.lock.notify_all()
+            for index in {segment.lane for segment in segments}:
+                self.lanes[index].wake.notify()
 
     def cancel(self, job: Job) -> None:
         """The caller went away: the job's segments leave the queue or batch at the next step."""
         job.cancelled = True
-        with self.lock:
-            self.lock.notify_all()
+        self._wake(self.lanes)
 
     def stop_accepting(self) -> None:
         with self.lock:
@@ -132,43 +139,52 @@ class Scheduler:
         with self.lock:
             self.accepting = False
             self.stopped = True
-            self.lock.notify_all()
+        self._wake(self.lanes)
         deadline = None if timeout is None else time.monotonic() + timeout
         for lane in self.lanes:
             if lane.thread is not None:
                 lane.thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
+    def _wake(self, lanes: Sequence[Lane]) -> None:
+        with self.lock:
+            for lane in lanes:
+                lane.wake.notify()
+
     # --- inference threads ------------------------------------------------------------
 
     def _run(self, lane: Lane) -> None:
-        engine = self.engines[lane.model]
-        lane.open(engine, self.threads.for_lane(lane.size_class, engine.provider), self.config.warmup)
+        lane.open(self.engines[lane.model])
         while True:
             with self.lock:
-                while not (lane.waiting or lane.running or lane.encoding or self.stopped or self._has_backlog(lane)):
-                    self.lock.wait(self.admissions.backlog_wait(lane))
-                if self.stopped and not (lane.waiting or lane.running or lane.encoding):
-                    lane.close()
+                idle_since, release = time.monotonic(), False
+                while not (lane.waiting or lane.running or self.stopped or self._has_work_elsewhere(lane)):
+                    woken = lane.wake.wait(RELEASE_AFTER_IDLE_S if lane.stepped else None)
+                    if not woken and lane.stepped and time.monotonic() - idle_since >= RELEASE_AFTER_IDLE_S:
+                        release = True
+                        break
+                if self.stopped and not (lane.waiting or lane.running):
                     return
+            if release:  # outside the lock: submissions go on meanwhile
+                lane.stepped = False
+                release_free_memory()
+                continue
             try:
                 self.apply(lane, self._leaving(lane))
-                on = lane.narrow if lane.narrow is not None and self._crowded(lane) else None
                 admitted = self._admit(lane)
                 if admitted:
-                    self._encode_and_join(lane, admitted, on)
-                if lane.encoding:  # an empty batch has nothing to do but wait for them
-                    self._join_encoded(lane, wait=not lane.batch.rows)
+                    self._encode_and_join(lane, admitted)
                 if lane.batch.rows:
-                    self.apply(lane, self._pause(lane, self._step(lane, on)))
-                else:  # nothing fit: waiting for room other lanes hold; they notify when they free some
+                    self.apply(lane, self._pause(lane, self._step(lane)))
+                else:  # nothing fit: waiting for room other lanes hold; they wake it when they free some
                     with self.lock:
-                        self.lock.wait(IDLE_WAIT_S)
+                        lane.blocked = True
+                        lane.wake.wait(IDLE_WAIT_S)
+                        lane.blocked = False
             except Exception as error:  # one failed batch must not take the server down
                 log.exception("inference failed; answering the batch with INTERNAL")
                 failure = InferenceFailed(f"inference failed on the batch holding this request: {type(error).__name__}")
                 self._fail_batch(lane, failure)
             self._update_gauges(lane)
-            time.sleep(0)  # hand the GIL to the gRPC event loop between steps, so admission stays prompt
 
     def _wait_for_batch(self, lane: Lane) -> None:
         """With nothing running, give arrivals up to max_batch_delay_ms to form a batch."""
@@ -177,11 +193,11 @@ class Scheduler:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            self.lock.wait(remaining)
+            lane.wake.wait(remaining)
 
     def _admit(self, lane: Lane) -> list[QueuedSentence]:
         """Who joins the lane's batch now (``Admissions.decide``), taken out of their queues; a sentence taken
-        from a longer lane's backlog moves to this lane."""
+        from a replica's queue moves to this lane."""
         with self.lock:
             if lane.waiting and not lane.running:
                 self._wait_for_batch(lane)
@@ -215,41 +231,23 @@ class Scheduler:
     def _pause(self, lane: Lane, seconds: float) -> Pause:
         """After a step of ``seconds``: the pause the lane owes longer lanes (``--long-lane-share``)."""
         share = self.settings.long_lane_share
-        return lane.pause_after(seconds, time.perf_counter(), share, bool(share) and self._decoding_long_work(lane))
+        return lane.pause_after(seconds, time.perf_counter(), share, bool(share) and self._longer_lanes_decode(lane))
 
-    def _has_backlog(self, lane: Lane) -> bool:
-        return any(self.admissions.backlog(lane, time.monotonic()))
+    def _has_work_elsewhere(self, lane: Lane) -> bool:
+        """Whether an idle lane may take sentences queued for its replicas."""
+        return any(self.admissions.stealable(lane))
 
-    def _crowded(self, lane: Lane) -> bool:
-        """Whether another lane has rows: a lane with a narrow replica runs on it then."""
-        return any(other.running for other in self.lanes if other is not lane)
-
-    def _encode_and_join(self, lane: Lane, admitted: list[QueuedSentence], on: Engine | None) -> None:
-        """Encode the admitted segments in length groups and add them to the lane's batch: at once (on ``on``,
-        else the lane's engine), or, when the lane encodes apart and its batch has rows to step meanwhile, on the
-        lane's encoder thread (they join at the first step after their call returns, ``_join_encoded``).
-        ``lane.join_seconds`` learns only from joins at once: a lane that encodes apart gathers arrivals as
-        long, so its encoder calls stay as large."""
+    def _encode_and_join(self, lane: Lane, admitted: list[QueuedSentence]) -> None:
+        """Encode the admitted segments in length groups and add them to the lane's batch."""
         started, now = time.perf_counter(), time.monotonic()
         admitted.sort(key=lambda s: s.source_tokens)
         for segment in admitted:
             segment.joined_at = now
             self.metrics.queue_wait.observe(now - segment.enqueued_at)
             lane.running[segment] = None
-        apart = lane.encoder is not None and lane.batch.rows > 0
         for group in length_groups(admitted):
-            if apart:
-                lane.encode_apart(group)
-            else:
-                self._add(lane, group, (on or lane.engine).encode([s.spec.ids for s in group]))
-        if not apart:
-            lane.joined(time.perf_counter() - started)
-
-    def _join_encoded(self, lane: Lane, wait: bool) -> None:
-        """Add the groups whose encoder call on the lane's encoder thread returned (``wait``: all of them). An
-        encoder error is raised here, on the lane's thread, and fails the batch as an error in a step does."""
-        for group, encoded in lane.encoded(wait):
-            self._add(lane, group, encoded)
+            self._add(lane, group, lane.engine.encode([s.spec.ids for s in group]))
+        lane.joined(time.perf_counter() - started)
 
     def _add(self, lane: Lane, group: list[QueuedSentence], encoded: Encoded) -> None:
         """An encoded group joins the batch (a segment that left meanwhile, cancelled or expired, leaves again
@@ -266,12 +264,11 @@ class Scheduler:
             len(group), longest, joined.seconds, joined.padded_tokens, joined.real_tokens, scores
         )
 
-    def _step(self, lane: Lane, on: Engine | None) -> float:
-        """One decoder step of the lane's batch (on ``on``, else the engine that made it); finished segments are
-        answered at once."""
+    def _step(self, lane: Lane) -> float:
+        """One decoder step of the lane's batch; finished segments are answered at once."""
         start = time.perf_counter()
-        rows = lane.batch.rows
-        finished = lane.batch.step(on)
+        rows, lane.stepped = lane.batch.rows, True
+        finished = lane.batch.step()
         seconds = time.perf_counter() - start
         self.metrics.decoder_step.labels(lane.model).observe(seconds)
         self.metrics.decode_rows.observe(rows)
@@ -279,17 +276,11 @@ class Scheduler:
             self._finish(segment, hypothesis)
         return seconds
 
-    def _decoding_long_work(self, lane: Lane) -> bool:
-        """Whether a lane at lower OS priority than ``lane`` decodes a sentence longer than ``lane`` takes. Any
-        model's lane, not only ``_longer_lanes`` (this model's): the OS starves a long lane for every busier
-        lane of higher priority, whichever model it serves."""
-        bound = self.bounds[lane.size_class] if lane.size_class < len(self.bounds) else None
-        return bound is not None and any(
-            segment.source_tokens > bound
-            for other in self.lanes
-            if other.niceness > lane.niceness
-            for segment in list(other.running)  # a copy: other lanes' threads change theirs
-        )
+    def _longer_lanes_decode(self, lane: Lane) -> bool:
+        """Whether a lane at lower OS priority than ``lane`` has rows. Any model's lane, not only this model's
+        longer lanes: the OS starves a long lane for every busier lane of higher priority, whichever model it
+        serves."""
+        return any(other.running for other in self.lanes if other.niceness > lane.niceness)
 
     def _finish(self, segment: QueuedSentence, hypothesis: Hypothesis) -> None:
         self._leave(segment)
@@ -309,8 +300,9 @@ class Scheduler:
                 return
             del lane.running[segment]
             self.memory.release(segment.reserved_bytes)
-            if len(self.lanes) > 1:
-                self.lock.notify_all()  # a lane waiting for room may now have it
+            for other in self.lanes:  # a lane waiting for room may now have it
+                if other.blocked:
+                    other.wake.notify()
 
     def _end_job(self, job: Job, error: ServiceError, lane: Lane) -> None:
         """On ``lane``'s thread: answer a job with an error and take its segments out of every queue and of
@@ -330,8 +322,7 @@ class Scheduler:
         """On ``lane``'s thread: the job's segments leave its batch."""
         for segment in job.segments:
             if segment in lane.running:
-                if not lane.encodes(segment):  # one being encoded is taken out when its group joins
-                    lane.batch.remove(segment)
+                lane.batch.remove(segment)
                 self._leave(segment)
 
     def _fail_batch(self, lane: Lane, error: ServiceError) -> None:
@@ -339,7 +330,6 @@ class Scheduler:
         error; start afresh."""
         jobs = {s.job for s in lane.running}
         lane.batch = lane.engine.new_batch()
-        lane.encoding.clear()  # groups still on the encoder thread are dropped when they finish
         with self.lock:
             self.memory.release(sum(s.reserved_bytes for s in lane.running))
             lane.running.clear()

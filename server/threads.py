@@ -1,5 +1,6 @@
-"""The threads of the lanes: how many ONNX Runtime threads each lane's engines run on (``plan_threads``,
-decided here and nowhere else), and the OS name and priority of a lane's own thread."""
+"""How the lanes use the cores (``plan_threads``, decided here and nowhere else): how many running batches each
+lane size has and how many ONNX Runtime threads the sessions they share run on; and the OS name and priority of
+a lane's own thread."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from runtime.cpu import usable_cores
+
 if TYPE_CHECKING:
     from server.config import ServerConfig
 
@@ -19,56 +22,34 @@ PR_SET_NAME = 15  # Linux prctl: the calling thread's name, 15 bytes at most
 
 
 @dataclass(frozen=True)
-class LaneThreads:
-    """What one lane runs on (``ThreadPlan.for_lane``)."""
-
-    own: int | None  # intra-op threads of the lane's own replica of the model's engine (None: it runs on that one)
-    narrow: int | None  # those of its narrow replica, which it runs on while another lane has rows (None: none)
-    encode_apart: bool  # it encodes arrivals on a thread of its own while its batch steps
-
-
-@dataclass(frozen=True)
 class ThreadPlan:
-    """Every lane's ONNX Runtime threads, decided here and nowhere else (``plan_threads``)."""
+    """Every lane's share of the cores (``plan_threads``)."""
 
-    first_lane: int  # intra-op threads of the model's own sessions, which the first lane runs on (0: one per core)
-    first_lane_small_batches: int | None  # its batches under SMALL_BATCH_ROWS rows (None: on the same sessions)
-    other_lanes: int  # each longer lane's own replica
-    encode_apart: bool  # the first lane's replicas encode arrivals on a thread of their own while they step
-    # each longer lane's narrow replica, which it runs on while another lane has rows (None: it has none)
-    other_lanes_narrow: int | None = None
+    session_threads: int  # intra-op threads of each model's sessions, which all its lanes share (0: ORT's choice)
+    cpu_replicas: int  # running batches per lane size on the CPU, each on an inference thread of its own
+    cuda_replicas: int  # the same on CUDA, where one batch fills the device and its host thread
 
-    def for_lane(self, size_class: int, provider: str) -> LaneThreads:
-        """The engines of a lane of this size class on a model whose sessions run on ``provider`` (the engine's,
-        resolved): the first size runs on the model's engine, encoding apart on the CPU; a longer one loads its
-        own replica, and on the CPU a narrow one."""
-        if size_class == 0:
-            return LaneThreads(None, None, self.encode_apart and provider == "cpu")
-        return LaneThreads(self.other_lanes, self.other_lanes_narrow if provider == "cpu" else None, False)
+    def replicas(self, provider: str) -> int:
+        """Running batches per lane size of a model whose sessions run on ``provider`` (the engine's, resolved)."""
+        return self.cuda_replicas if provider == "cuda" else self.cpu_replicas
 
 
 def plan_threads(config: ServerConfig) -> ThreadPlan:
-    """The threads of every lane, from the server's settings. The first lane encodes apart when it may
-    (continuous, CPU); it then decodes on each replica's share of the intra-op threads (of the cores when 0)
-    less its encoder thread. Its small batches step on first_lane_small_batch_threads when the continuous
-    scheduler splits work into lanes (a lone lane's few rows are long sequences, which want every thread).
-    Longer lanes load their own replica on intra_op_threads, and on the CPU a narrow one on half the cores
-    (at least one), which they run on while another lane has rows: with a longer lane's runs on every core
-    beside a shorter lane's, the server spent 1.08-1.12x static batching's CPU on the same requests, and with
-    them on half the cores 0.97-1.02x (2 cores, beam 4, run-on sentences: benchmarks/scheduler_variants_narrow.md)."""
+    """The lanes' share of the cores, from the server's settings. Continuous: each lane size has
+    ``lane_replicas`` running batches (0: one per core on the CPU, one on CUDA), each on its own thread, all on
+    the model's sessions, whose threads are ``intra_op_threads`` (0: the usable cores, a container's CPU limit
+    included) divided among a size's replicas: one each by default. ONNX Runtime then runs every step on the
+    thread that asks for it, so every lane's work keeps its thread's OS priority, and independent batches keep
+    every core busy. On 2 cores, two one-thread batches of beam-4 sentences decoded 1.5-1.8x one batch on one
+    thread, and one batch on two threads 1.5-1.6x: its second thread woke about 89 times a step and idled
+    beside the event loop (../shared/design/idle_cores.md; benchmarks/every_core.md measures the server).
+    Static: one batch, on ``intra_op_threads`` (0: ONNX Runtime's choice)."""
     engine, scheduling = config.engine, config.scheduling
-    threads, continuous = engine.intra_op_threads, scheduling.scheduler == "continuous"
-    apart = scheduling.encode_apart and continuous and engine.provider != "cuda"
-    first = threads
-    if apart:
-        first = max(1, (threads or len(os.sched_getaffinity(0))) // scheduling.first_lane_replicas - 1)
-    split = continuous and bool(scheduling.lanes)
-    small = (scheduling.first_lane_small_batch_threads or None) if split else None
-    narrow = None
-    if split and engine.provider != "cuda":
-        narrow = max(1, (threads or len(os.sched_getaffinity(0))) // 2)
-        narrow = None if narrow == threads else narrow
-    return ThreadPlan(first, small, threads, apart, narrow)
+    if scheduling.scheduler == "static":
+        return ThreadPlan(engine.intra_op_threads, 1, 1)
+    cores = engine.intra_op_threads or usable_cores()
+    replicas = scheduling.lane_replicas or cores
+    return ThreadPlan(max(1, cores // replicas), replicas, scheduling.lane_replicas or 1)
 
 
 def name_thread(name: str) -> None:

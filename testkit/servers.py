@@ -94,11 +94,13 @@ class RunningServer:
 
 
 def server_config(model: Path | tuple[Path, ...], **overrides) -> ServerConfig:
-    """A server's config for tests: on the CPU, on free ports, not warmed up, without the translation cache;
-    ``overrides`` by the settings' flag names, wherever they nest (``max_batch_size``, ``provider``)."""
+    """A server's config for tests: on the CPU in fp32, greedy by default, on free ports, not warmed up, without
+    the translation cache; ``overrides`` by the settings' flag names, wherever they nest (``max_batch_size``,
+    ``provider``)."""
     base = ServerConfig(
         model=model,
-        engine=EngineSettings(provider="cpu"),
+        engine=EngineSettings(provider="cpu"),  # fp32: tests compare with references of the fp32 weights
+        default_beam_size=1,  # greedy, as the references are, unless a test asks for a beam
         port=0,
         metrics_port=0,
         http_port=0,

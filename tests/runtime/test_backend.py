@@ -14,7 +14,7 @@ import pytest
 from model.checkpoint import load_checkpoint
 from model.translate import TorchTranslator
 from runtime import offline
-from runtime.backend import OrtBackend
+from runtime.backend import OrtBackend, chosen_variant
 from runtime.batch import StepInputs
 from runtime.device_cache import device_cache_for
 from runtime.manifest import ModelFolderError, read_manifest
@@ -207,6 +207,22 @@ def test_provider_auto_takes_the_cpu_when_cuda_cannot_load(tiny_export: Path, mo
     assert (runtime.provider, runtime.device, runtime.device_cache) == ("cpu", "cpu", False)
     assert "provider auto: provider 'cuda': ONNX Runtime could not use CUDAExecutionProvider" in caplog.text
     assert len(offline.translate(runtime, ["A man is walking."])) == 1
+
+
+@pytest.mark.filterwarnings("ignore:Specified provider .CUDAExecutionProvider. is not in available provider names")
+def test_variant_auto_takes_what_the_provider_runs_best_that_the_folder_has(tiny_export: Path, monkeypatch):
+    folder = Path("m")
+    assert chosen_variant(folder, "auto", {"fp32": {}, "int8": {}, "fp16": {}}, "cpu") == "int8"
+    assert chosen_variant(folder, "auto", {"fp32": {}, "int8": {}, "fp16": {}}, "cuda") == "fp16"
+    assert chosen_variant(folder, "auto", {"fp32": {}}, "cpu") == chosen_variant(folder, "auto", {"fp32": {}}, "cuda")
+    assert chosen_variant(folder, "fp32", {"fp32": {}, "int8": {}}, "cpu") == "fp32"
+    with pytest.raises(ModelFolderError, match="m has no 'int8' variant"):
+        chosen_variant(folder, "int8", {"fp32": {}}, "cpu")
+    assert OrtBackend(tiny_export, RuntimeOptions(variant="auto", provider="cpu")).variant == "int8"
+    # provider auto whose CUDA cannot load: the CPU's choice, not CUDA's
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    fallen_back = OrtBackend(tiny_export, RuntimeOptions(variant="auto", provider="auto"))
+    assert (fallen_back.provider, fallen_back.variant) == ("cpu", "int8")
 
 
 def test_batches_that_reuse_the_last_caches_buffers_translate_the_same(tiny_export: Path):

@@ -111,7 +111,7 @@ def test_bad_flags_exit_2_naming_every_one(tiny_export, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert exit.value.code == 2
     for message in (
-        "--variant: 'int4': use fp32, int8 or fp16",
+        "--variant: 'int4': use auto, fp32, int8 or fp16",
         "--provider: 'tpu': use auto, cpu or cuda",
         "--beam, --batch-size and --max-output-tokens must be at least 1",
     ):

@@ -9,18 +9,19 @@ from pathlib import Path
 
 from server.decisions import Admission, Leaving
 from server.errors import Cancelled
+from server.jobs import QueuedSentence
 from server.metrics import Metrics
-from server.policies import BACKLOG_AFTER_SECONDS, STARVATION_SECONDS
+from server.policies import STARVATION_SECONDS
 from server.scheduler import Scheduler
 from testkit.sentences import own_sentences
 from testkit.servers import server_config
 from tests.server.fake_engine import FakeEngine, fake_job
 
 
-def _unstarted(max_batch_size: int) -> tuple[FakeEngine, Scheduler]:
+def _unstarted(max_batch_size: int, lane_replicas: int = 1) -> tuple[FakeEngine, Scheduler]:
     engine = FakeEngine()
     config = server_config(
-        Path("unused"), scheduler="continuous", lanes=(16,), max_batch_size=max_batch_size, first_lane_replicas=1
+        Path("unused"), scheduler="continuous", lanes=(16,), lane_replicas=lane_replicas, max_batch_size=max_batch_size
     )
     return engine, Scheduler([engine], config, Metrics())  # not started: the test decides and applies itself
 
@@ -40,23 +41,18 @@ def test_an_admission_is_decided_without_changing_the_queues_and_applied_at_once
     assert scheduler.memory.reserved_bytes == sum(s.reserved_bytes for s in decision.admitted)
 
 
-def test_backlog_moves_to_the_shorter_lane_when_the_admission_is_applied():
-    engine, scheduler = _unstarted(max_batch_size=2)
-    short_lane, long_lane = scheduler.lanes
-    document = fake_job(engine, own_sentences(5))  # over 16 tokens in all: the long lane's
-    scheduler.submit(document)
-    for segment in document.segments:
-        segment.enqueued_at -= BACKLOG_AFTER_SECONDS
-    decision = scheduler.admissions.decide(short_lane, time.monotonic())
-    # beyond the long lane's room of 2, at most half of the short lane's 2 rows
-    assert decision == Admission(moving=(document.segments[2],))
-    assert [s.lane for s in document.segments] == [1] * 5 and not any(s.moved for s in document.segments)
-    moved = scheduler.metrics.backlog_moved.labels(engine.name, short_lane.name)
-    before = moved._value.get()
-    scheduler.apply(short_lane, decision)
-    assert [s.lane for s in document.segments] == [1, 1, 0, 1, 1]
-    assert [s.moved for s in document.segments] == [False, False, True, False, False]
-    assert document.segments[2] not in long_lane.waiting and moved._value.get() - before == 1
+def test_a_replica_out_of_work_takes_what_another_has_no_room_for_when_the_admission_is_applied():
+    engine, scheduler = _unstarted(max_batch_size=2, lane_replicas=2)
+    busy, idle = scheduler.lanes[:2]
+    jobs = [fake_job(engine, ["A dog runs."]) for _ in range(3)]
+    for job in jobs:
+        job.segments = [QueuedSentence(job, job.specs[0], max_length=16, lane=busy.index)]
+        busy.waiting.extend(job.segments)
+    decision = scheduler.admissions.decide(idle, time.monotonic())
+    assert decision == Admission(joining=(jobs[2].segments[0],))  # beyond the busy replica's room of 2
+    assert jobs[2].segments[0].lane == busy.index  # deciding changed nothing
+    scheduler.apply(idle, decision)
+    assert jobs[2].segments[0].lane == idle.index and list(busy.waiting) == jobs[0].segments + jobs[1].segments
 
 
 def test_a_starving_sentence_is_part_of_the_decision_and_leaves_with_its_job():

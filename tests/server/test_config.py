@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from common import flags
+from runtime.cpu import usable_cores
 from runtime.options import EngineSettings
 from server.config import DEFAULT_MODELS, SchedulerSettings, ServerConfig, parse_config
-from server.threads import plan_threads
+from server.threads import ThreadPlan, plan_threads
 
 
 def plan(**settings):
@@ -31,12 +32,19 @@ def test_flags_win_over_the_environment_which_wins_over_defaults():
 
 def test_the_engine_and_scheduler_settings_nest_under_flat_flag_and_variable_names():
     environ = {"TRANSLATE_VARIANT": "int8", "TRANSLATE_INTRA_OP_THREADS": "2", "TRANSLATE_MAX_QUEUE_SIZE": "9"}
-    config = parse_config(["--provider", "cpu", "--encode-apart", "false", "--max-batch-delay-ms", "1"], environ)
+    config = parse_config(["--provider", "cpu", "--lane-replicas", "3", "--max-batch-delay-ms", "1"], environ)
     assert config.engine == EngineSettings(variant="int8", provider="cpu", intra_op_threads=2)
-    assert config.scheduling == SchedulerSettings(max_queue_size=9, encode_apart=False, max_batch_delay_ms=1.0)
+    assert config.scheduling == SchedulerSettings(max_queue_size=9, lane_replicas=3, max_batch_delay_ms=1.0)
     assert flags.replace(ServerConfig(), provider="cpu", max_batch_size=8, port=1) == ServerConfig(
-        engine=EngineSettings(provider="cpu"), scheduling=SchedulerSettings(max_batch_size=8), port=1
+        engine=EngineSettings(variant="auto", provider="cpu"), scheduling=SchedulerSettings(max_batch_size=8), port=1
     )
+
+
+def test_the_server_decodes_with_the_variant_its_provider_runs_best_and_beam_4_by_default():
+    """Chosen by measurement (server/config.py, DEFAULT_BEAM); translate-file keeps fp32 and greedy."""
+    assert ServerConfig().engine.variant == "auto" and ServerConfig().default_beam_size == 4
+    assert EngineSettings().variant == "fp32"
+    assert parse_config(["--variant", "fp32", "--default-beam-size", "1"], {}).engine.variant == "fp32"
 
 
 def test_onnx_runtime_threads_do_not_spin_by_default():
@@ -44,30 +52,24 @@ def test_onnx_runtime_threads_do_not_spin_by_default():
     assert parse_config(["--intra-op-spinning", "true"], {}).intra_op_spinning is True
 
 
-def test_a_first_lane_that_encodes_apart_leaves_a_thread_per_replica_to_its_encoder():
-    first = lambda **settings: plan(**settings).first_lane  # noqa: E731
-    assert first(intra_op_threads=2) == 1  # the Kubernetes ConfigMap's setting
-    assert first(intra_op_threads=8, first_lane_replicas=2) == 3
-    assert first(intra_op_threads=2, first_lane_replicas=4) == 1
-    assert first(intra_op_threads=0) >= 1  # cores less one
-    for inline in ({"encode_apart": False}, {"scheduler": "static"}, {"provider": "cuda"}):
-        inline_plan = plan(intra_op_threads=8, **inline)
-        assert inline_plan.first_lane == 8 and not inline_plan.encode_apart
+def test_the_thread_plan_gives_each_core_a_running_batch_of_each_lane_size_on_one_session_thread():
+    cores = usable_cores()
+    assert plan() == ThreadPlan(session_threads=1, cpu_replicas=cores, cuda_replicas=1)
+    assert plan(intra_op_threads=2) == ThreadPlan(1, 2, 1)  # the Kubernetes ConfigMap's setting: 2 cores
+    assert plan(lane_replicas=1, intra_op_threads=4) == ThreadPlan(4, 1, 1)  # one batch on every thread
+    assert plan(lane_replicas=2, intra_op_threads=8) == ThreadPlan(4, 2, 2)
+    assert plan(lane_replicas=4, intra_op_threads=2) == ThreadPlan(1, 4, 4)  # never under one thread
+    assert plan(scheduler="static", intra_op_threads=0) == ThreadPlan(0, 1, 1)  # one batch on ORT's threads
+    assert plan(provider="cuda").replicas("cuda") == 1 and plan().replicas("cpu") == cores
 
 
-def test_the_thread_plan_gives_small_batches_their_threads_only_when_work_is_split_into_lanes():
-    assert plan(intra_op_threads=2).first_lane_small_batches == 1
-    assert plan(first_lane_small_batch_threads=0).first_lane_small_batches is None
-    assert plan(lanes=()).first_lane_small_batches is None  # one lane: long rows too
-    assert plan(scheduler="static").first_lane_small_batches is None
-    assert plan(intra_op_threads=3).other_lanes == 3
-    # Longer lanes' narrow replicas, for while another lane has rows: half the cores, on the CPU, with lanes.
-    narrow = lambda **settings: plan(**settings).other_lanes_narrow  # noqa: E731
-    assert [narrow(intra_op_threads=n) for n in (1, 2, 3, 8)] == [None, 1, 1, 4]
-    assert narrow() == max(1, len(os.sched_getaffinity(0)) // 2)  # intra_op_threads 0: the cores
-    assert narrow(intra_op_threads=2, scheduler="static") is None
-    assert narrow(intra_op_threads=2, lanes=()) is None
-    assert narrow(intra_op_threads=2, provider="cuda") is None
+def test_usable_cores_follow_the_containers_cpu_limit(tmp_path: Path):
+    affinity = len(os.sched_getaffinity(0))
+    cpu_max = tmp_path / "cpu.max"
+    for quota, cores in (("max 100000", affinity), ("100000 100000", 1), ("150000 100000", min(2, affinity))):
+        cpu_max.write_text(quota + "\n")
+        assert usable_cores(cpu_max) == cores
+    assert usable_cores(tmp_path / "absent") == affinity  # no cgroup v2: the affinity alone
 
 
 def test_one_lane_when_no_bounds_are_given():
@@ -82,7 +84,7 @@ def test_one_lane_when_no_bounds_are_given():
         ("max_batch_size", 0, "max_batch_size=0 must be at least 1"),
         ("lane_niceness", 20, "lane_niceness=20 must be within 0..19"),
         ("long_lane_share", 1.0, "long_lane_share=1.0 must be within 0..1"),
-        ("first_lane_small_batch_threads", -1, "first_lane_small_batch_threads=-1 must be 0"),
+        ("lane_replicas", -1, "lane_replicas=-1 must be 0 (one per core) or more"),
     ],
 )
 def test_invalid_scheduler_settings_are_refused_by_name(field: str, value, message: str):

@@ -20,7 +20,7 @@ from tests.server.fake_engine import FakeEngine, fake_job
 def _unstarted(max_batch_size: int = 64) -> tuple[FakeEngine, Scheduler]:
     engine = FakeEngine()
     config = server_config(
-        Path("unused"), scheduler="continuous", lanes=(16,), first_lane_replicas=1, max_batch_size=max_batch_size
+        Path("unused"), scheduler="continuous", lanes=(16,), lane_replicas=1, max_batch_size=max_batch_size
     )
     return engine, Scheduler([engine], config, Metrics())  # not started: the test applies decisions itself
 
@@ -47,7 +47,7 @@ def test_applying_leaving_answers_the_job_and_frees_its_rows_and_queue_places():
     errors = []
     job = fake_job(engine, ["A dog runs.", "A cat sleeps."], on_done=errors.append)
     scheduler.submit(job)
-    scheduler._encode_and_join(lane, scheduler._admit(lane), None)  # one decodes, one waits
+    scheduler._encode_and_join(lane, scheduler._admit(lane))  # one decodes, one waits
     assert lane.batch.rows == 1 and scheduler.waiting == 1
     job.cancelled = True
     decision = leaving([job], time.monotonic())

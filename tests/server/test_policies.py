@@ -105,8 +105,6 @@ def test_continuous_joins_a_busy_batch_once_the_wait_pays_and_a_starving_sentenc
     assert policy.choose(waiting, nothing_fits, 1, None, now=STARVATION_SECONDS + 1) == ([], waiting[0])
     short = Sentence(3)
     assert policy.choose([short], lambda group: True, 0, waiting[0], now=0.0) == ([], waiting[0])  # others wait
-    assert policy.choose_backlog([short], lambda group: True, [], waiting[0]) == []
-    assert policy.choose_backlog([short], lambda group: True, [], None) == [short]
 
 
 def test_length_groups_cut_sorted_sentences_where_the_length_bucket_changes():

@@ -92,6 +92,8 @@ def test_overload_refuses_fast_and_answers_every_request(tiny_export: Path):
         "8",
         "--max-batch-size",
         "8",
+        "--lane-replicas",  # one batch of 8 per lane size: two busy requests fill it and the queue
+        "1",
         "--max-concurrent-rpcs",
         "24",
         "--memory-budget-mib",

@@ -15,11 +15,9 @@ import pytest
 from runtime.backend import OrtBackend
 from runtime.offline import translate
 from runtime.options import RuntimeOptions
-from server.jobs import Job
+from server.jobs import Job, QueuedSentence
 from server.metrics import Metrics
 from server.policies import (
-    BACKLOG_AFTER_SECONDS,
-    BACKLOG_SHARE,
     PAUSE_AT_LEAST_SECONDS,
     STARVATION_SECONDS,
     pause_owed,
@@ -45,6 +43,9 @@ def scheduled(request, tiny_export: Path):
             max_repeats=0,
             max_batch_delay_ms=10.0,
             memory_budget_mib=64,
+            # Short work first by OS priority alone: with a share, a busy first lane leaves the long lane half its
+            # core (tested apart), and the tiny model's short requests would no longer surely finish first.
+            long_lane_share=0.0,
         )
     )
     yield request.param, server
@@ -98,24 +99,20 @@ def test_short_requests_finish_before_a_long_one(scheduled):
 def test_long_and_short_requests_decode_in_separate_lanes(scheduled, long_input: str):
     """Lanes go by request size: a document of short sentences is long work too."""
     name, server = scheduled
-    # Each size's lanes (continuous: the first size's replicas, first_lane_replicas, count together).
+    # Each size's lanes (continuous: a size's replicas count together).
     lanes: dict[int, list[str]] = {}
     for lane in server.server.scheduler.lanes:
         lanes.setdefault(lane.size_class, []).append(lane.name)
     assert len(lanes) == (2 if name == "continuous" else 1)
-    peak = dict.fromkeys(lanes, 0.0)
+    peak = dict.fromkeys(lanes, 0)
     text = LONG_TEXT if long_input == "one sentence" else " ".join(own_sentences(40)[20:])
-    done = threading.Event()
+    for lane in server.server.scheduler.lanes:  # the rows of each step, by lane size (a small model's are few)
 
-    def sample() -> None:  # from before the first request: a small model finishes a document in milliseconds
-        while not done.is_set():
-            for size, names in lanes.items():
-                rows = sum(server.metric("translate_lane_rows", {"lane": lane}) or 0.0 for lane in names)
-                peak[size] = max(peak[size], rows)
-            time.sleep(0.001)
+        def step(step=lane.batch.step, lane=lane):
+            peak[lane.size_class] = max(peak[lane.size_class], lane.batch.rows)
+            return step()
 
-    sampler = threading.Thread(target=sample)
-    sampler.start()
+        lane.batch.step = step
     try:
         with ThreadPoolExecutor(9) as pool:
             futures = [pool.submit(server.translate, [text])]
@@ -124,8 +121,8 @@ def test_long_and_short_requests_decode_in_separate_lanes(scheduled, long_input:
             for f in futures:
                 f.result()
     finally:
-        done.set()
-        sampler.join()
+        for lane in server.server.scheduler.lanes:
+            del lane.batch.step
     assert all(rows > 0 for rows in peak.values()), peak
     deadline = time.monotonic() + 5  # gauges update right after the answers go out
     names = [lane for group in lanes.values() for lane in group]
@@ -160,7 +157,7 @@ def test_every_request_gets_its_own_answer_once(policy: str, replicas: int):
     several sizes and beams, arriving while others decode, each get exactly their own outputs, once."""
     engine = FakeEngine(step_seconds=0.001)
     config = server_config(
-        Path("unused"), scheduler=policy, lanes=(16,), max_batch_size=8, warmup=False, first_lane_replicas=replicas
+        Path("unused"), scheduler=policy, lanes=(16,), max_batch_size=8, warmup=False, lane_replicas=replicas
     )
     scheduler = Scheduler([engine], config, Metrics())
     scheduler.start()
@@ -193,21 +190,38 @@ def test_every_request_gets_its_own_answer_once(policy: str, replicas: int):
     if policy == "continuous":
         assert len(engine.joins) < len(jobs) * 2  # arrivals joined in groups, not one batch per request
     used = {segment.lane for job in jobs for segment in job.segments}
-    assert len(used) == (1 if policy == "static" else 1 + replicas)  # every lane (static: one) took work
+    assert len(used) == (1 if policy == "static" else 2 * replicas)  # every lane (static: one) took work
 
 
-def test_a_request_joins_the_least_loaded_replica_of_its_lane():
-    config = server_config(Path("unused"), scheduler="continuous", lanes=(16,), first_lane_replicas=2)
+def test_a_requests_sentences_spread_over_the_replicas_of_its_size():
+    config = server_config(Path("unused"), scheduler="continuous", lanes=(16,), lane_replicas=2)
     engine, scheduler = _unstarted(config)
-    assert [lane.name for lane in scheduler.lanes] == ["1-16/0", "1-16/1", "17+"]
-    assert scheduler.threads.for_lane(0, "cpu").own is None  # the first size shares the model's sessions
+    assert [lane.name for lane in scheduler.lanes] == ["1-16/0", "1-16/1", "17+/0", "17+/1"]
     short = [fake_job(engine, ["A dog runs."]) for _ in range(3)]
     for job in short:
         scheduler.submit(job)
     assert [job.segments[0].lane for job in short] == [0, 1, 0]
-    long = fake_job(engine, [LONG_TEXT])
-    scheduler.submit(long)
-    assert long.segments[0].lane == 2
+    document = fake_job(engine, own_sentences(5))  # long work: its sentences decode on both cores
+    scheduler.submit(document)
+    assert [s.lane for s in document.segments] == [2, 3, 2, 3, 2]
+    assert [len(lane.waiting) for lane in scheduler.lanes] == [2, 1, 3, 2]
+
+
+def test_a_replica_out_of_work_takes_the_sentences_its_replicas_have_no_room_for():
+    """A replica whose own queue is empty takes, oldest first, the sentences waiting beyond another replica's
+    room (max_batch_size), as many as its own room allows; what the other's batch has room for stays."""
+    config = server_config(Path("unused"), scheduler="continuous", lanes=(16,), lane_replicas=2, max_batch_size=3)
+    engine, scheduler = _unstarted(config)
+    busy, idle = scheduler.lanes[:2]
+    jobs = [fake_job(engine, ["A dog runs."]) for _ in range(5)]
+    for job in jobs:
+        job.segments = [QueuedSentence(job, job.specs[0], max_length=16, lane=busy.index)]
+        busy.waiting.extend(job.segments)
+    queued = [job.segments[0] for job in jobs]
+    assert list(scheduler.admissions.stealable(idle)) == queued[3:]
+    assert scheduler._admit(idle) == queued[3:] and all(s.lane == idle.index for s in queued[3:])
+    assert list(busy.waiting) == queued[:3] and not any(scheduler.admissions.stealable(idle))
+    assert scheduler._admit(busy) == queued[:3]
 
 
 class _Answers:
@@ -226,8 +240,8 @@ class _Answers:
         self.done.set()
 
 
-def _apart(engine: FakeEngine) -> Scheduler:
-    config = server_config(Path("unused"), scheduler="continuous", lanes=(64,), warmup=False, encode_apart=True)
+def _started(engine: FakeEngine) -> Scheduler:
+    config = server_config(Path("unused"), scheduler="continuous", lanes=(64,), warmup=False, lane_replicas=1)
     scheduler = Scheduler([engine], config, Metrics())
     scheduler.start()
     return scheduler
@@ -240,51 +254,37 @@ def _decoding(scheduler: Scheduler, engine: FakeEngine, answers: _Answers) -> No
         time.sleep(0.001)
 
 
-def test_arrivals_to_a_running_batch_are_encoded_apart_while_it_steps():
-    engine = FakeEngine(step_seconds=0.005, encode_seconds=0.03)
-    scheduler = _apart(engine)
-    first, second = _Answers(), _Answers()
+def test_lanes_sleep_until_woken_for_work_of_their_own():
+    """Arrivals wake the lane they queue in, not every lane: an idle lane's thread stays asleep while another
+    lane decodes."""
+    engine = FakeEngine(step_seconds=0.001)
+    config = server_config(Path("unused"), scheduler="continuous", lanes=(16,), warmup=False, lane_replicas=2)
+    scheduler = Scheduler([engine], config, Metrics())
+    scheduler.start()
+    woken = dict.fromkeys(scheduler.lanes, 0)
+    for lane in scheduler.lanes:
+        notify = lane.wake.notify
+
+        def counted(n: int = 1, lane=lane, notify=notify) -> None:
+            woken[lane] += 1
+            notify(n)
+
+        lane.wake.notify = counted
+    answers = [_Answers() for _ in range(4)]
     try:
-        _decoding(scheduler, engine, first)
-        scheduler.submit(second.job(engine, ["A dog runs in the park."]))
-        assert first.done.wait(10) and second.done.wait(10)
+        for answer in answers:
+            scheduler.submit(answer.job(engine, ["A dog runs."]))
+            assert answer.done.wait(10) and answer.error is None
     finally:
         scheduler.stop(timeout=10)
-    assert first.error is None and second.error is None
-    for answers in (first, second):
-        assert [s.result.tokens for s in answers.segments] == [list(reversed(answers.segments[0].spec.ids))]
-    (alone, at), (apart, started) = engine.encoded_on  # the first into an empty batch, on the lane's thread
-    assert alone.startswith("inference-") and apart.startswith("enc0 1-64")
-    assert engine.joined_at_step[1] - started >= 3  # the batch stepped while the arrival was encoded
-    assert scheduler.memory.reserved_bytes == 0 and scheduler.running == 0
+    short, long = scheduler.lanes[:2], scheduler.lanes[2:]
+    assert sum(woken[lane] for lane in short) >= 4  # one wake-up per arrival ...
+    assert all(woken[lane] == 1 for lane in long)  # ... and the long lanes only by the stop
 
 
-def test_a_request_cancelled_while_encoded_apart_leaves_nothing_behind():
-    engine = FakeEngine(step_seconds=0.005, encode_seconds=0.05)
-    scheduler = _apart(engine)
-    first, second = _Answers(), _Answers()
-    try:
-        _decoding(scheduler, engine, first)
-        job = second.job(engine, ["A dog runs in the park."])
-        scheduler.submit(job)
-        while len(engine.encoded_on) < 2:
-            time.sleep(0.001)
-        scheduler.cancel(job)
-        assert second.done.wait(10) and first.done.wait(10)
-        deadline = time.monotonic() + 5
-        while scheduler.lanes[0].batch.rows and time.monotonic() < deadline:
-            time.sleep(0.001)
-    finally:
-        scheduler.stop(timeout=10)
-    assert type(second.error).__name__ == "Cancelled" and second.segments == []
-    assert first.error is None and len(first.segments) == 1
-    assert len(engine.joins) == 2 and scheduler.lanes[0].batch.rows == 0  # it joined, and left at once
-    assert scheduler.memory.reserved_bytes == 0 and scheduler.running == 0
-
-
-def test_an_encoder_error_apart_fails_the_batch_and_the_lane_goes_on():
+def test_an_encoder_error_fails_the_batch_and_the_lane_goes_on():
     engine = FakeEngine(step_seconds=0.005)
-    scheduler = _apart(engine)
+    scheduler = _started(engine)
     running, arriving, later = _Answers(), _Answers(), _Answers()
     try:
         _decoding(scheduler, engine, running)
@@ -305,7 +305,7 @@ def test_an_encoder_error_apart_fails_the_batch_and_the_lane_goes_on():
 def test_continuous_admission_by_lane():
     """Unit test of admission (no inference threads): requests go to a lane by their whole size, each lane
     admits its own arrivals first come first served, up to max_batch_size per lane."""
-    config = server_config(Path("unused"), scheduler="continuous", lanes=(16,), max_batch_size=4, first_lane_replicas=1)
+    config = server_config(Path("unused"), scheduler="continuous", lanes=(16,), max_batch_size=4, lane_replicas=1)
     engine, scheduler = _unstarted(config)
     short_lane, long_lane = scheduler.lanes
     document = fake_job(engine, own_sentences(20))  # 20 short sentences, well over 16 tokens in all: the long lane
@@ -326,64 +326,19 @@ def test_continuous_admission_by_lane():
     )
 
 
-def test_a_first_lane_with_room_takes_the_sentences_the_long_lane_has_no_room_for():
-    """A document's sentences beyond the long lane's room (max_batch_size rows), once they have waited
-    BACKLOG_AFTER_SECONDS, join the first lane's spare rows when its own arrivals have joined, up to
-    BACKLOG_SHARE of its rows (the rest stays free for its own
-    arrivals, which join at once whatever the rows it took); a sentence too long for the first lane stays."""
-    config = server_config(Path("unused"), scheduler="continuous", lanes=(16,), max_batch_size=8, first_lane_replicas=1)
-    engine, scheduler = _unstarted(config)
-    short_lane, long_lane = scheduler.lanes
-    share = int(BACKLOG_SHARE * 8)
-    document = fake_job(engine, [*own_sentences(17), " ".join(own_sentences(3))])  # 17 short sentences, one long
-    short = fake_job(engine, ["A dog runs."])
-    scheduler.submit(document)
-    scheduler.submit(short)
-    assert {s.lane for s in document.segments} == {1}
-    backlog = lambda: list(scheduler.admissions.backlog(short_lane, time.monotonic()))  # noqa: E731
-    assert backlog() == []  # the long lane may yet keep up
-    for segment in document.segments:
-        segment.enqueued_at -= BACKLOG_AFTER_SECONDS
-    assert backlog() == document.segments[8 : 8 + share]  # beyond the long lane's 8
-    taken = document.segments[8 : 8 + share - 1]
-    assert scheduler._admit(short_lane) == [short.segments[0], *taken]
-    assert [s.lane for s in document.segments] == [1] * 8 + [0] * len(taken) + [1] * (18 - 8 - len(taken))
-    assert [s.moved for s in document.segments] == [s in taken for s in document.segments]
-    moved = scheduler.metrics.backlog_moved.labels(engine.name, short_lane.name)._value.get()
-    assert moved == len(taken)
-    assert scheduler._admit(long_lane) == document.segments[:8]
-    short_lane.batch, long_lane.batch = engine.new_batch(), engine.new_batch()
-    for segment in document.segments[:8]:
-        long_lane.running[segment] = None  # as _encode_and_join would
-    for segment in [short.segments[0], *taken]:
-        short_lane.running[segment] = None
-    short_lane.batch.add(taken, engine.encode([s.spec.ids for s in taken]), [1] * len(taken), [16] * len(taken))
-    assert scheduler._admit(short_lane) == []  # it has all the backlog it takes
-    short_lane.join_seconds = 1.0  # a join would hold up its own rows for long: it has none, so arrivals join at once
-    late = fake_job(engine, ["A cat sleeps."])
-    scheduler.submit(late)
-    assert scheduler._admit(short_lane) == late.segments
-    short_lane.running[late.segments[0]] = None
-    del short_lane.running[short.segments[0]]
-    del short_lane.running[late.segments[0]]
-    assert scheduler._admit(short_lane) == [document.segments[8 + share - 1]]
-    long_one = document.segments[-1]
-    assert long_one.lane == 1 and long_one in long_lane.waiting  # not the first lane's, however long it waits
-
-
 def test_static_never_moves_work_between_lanes():
-    config = server_config(Path("unused"), scheduler="static", lanes=(16,), max_batch_size=4)
+    config = server_config(Path("unused"), scheduler="static", lanes=(16,), max_batch_size=4, lane_replicas=2)
     engine, scheduler = _unstarted(config)
-    (lane,) = scheduler.lanes
-    assert list(scheduler.admissions.backlog(lane, time.monotonic())) == []
+    (lane,) = scheduler.lanes  # one lane, one batch: nothing to take from
+    assert list(scheduler.admissions.stealable(lane)) == []
 
 
 def test_a_job_decoding_in_two_lanes_is_answered_once_or_cancelled_from_both():
-    """A document whose sentences decode in both lanes (the first took the long lane's backlog) gets every
-    sentence once; one cancelled meanwhile leaves both batches, and nothing stays reserved."""
-    engine = FakeEngine(step_seconds=0.02)  # the long lane's third batch of 4 waits over BACKLOG_AFTER_SECONDS
+    """A document whose sentences decode in both replicas of its lane size gets every sentence once; one
+    cancelled meanwhile leaves both batches, and nothing stays reserved."""
+    engine = FakeEngine(step_seconds=0.02)
     config = server_config(
-        Path("unused"), scheduler="continuous", lanes=(16,), max_batch_size=4, warmup=False, first_lane_replicas=1
+        Path("unused"), scheduler="continuous", lanes=(16,), max_batch_size=4, warmup=False, lane_replicas=2
     )
     scheduler = Scheduler([engine], config, Metrics())
     scheduler.start()
@@ -395,7 +350,7 @@ def test_a_job_decoding_in_two_lanes_is_answered_once_or_cancelled_from_both():
         job = cancelled.job(engine, own_sentences(12))
         scheduler.submit(job)
         deadline = time.monotonic() + 10
-        while not all(lane.running for lane in scheduler.lanes) and time.monotonic() < deadline:
+        while not all(lane.running for lane in scheduler.lanes[2:]) and time.monotonic() < deadline:
             time.sleep(0.0005)
         scheduler.cancel(job)
         assert cancelled.done.wait(10)
@@ -404,7 +359,7 @@ def test_a_job_decoding_in_two_lanes_is_answered_once_or_cancelled_from_both():
     finally:
         scheduler.stop(timeout=10)
     assert done.error is None and sorted(s.spec.segment_index for s in done.segments) == list(range(12))
-    assert {s.lane for s in whole.segments} == {0, 1}  # both lanes decoded it
+    assert {s.lane for s in whole.segments} == {2, 3}  # both replicas of the longer size decoded it
     for segment in done.segments:
         assert segment.result.tokens == list(reversed(segment.spec.ids))[: segment.max_length - 1]
     assert type(cancelled.error).__name__ == "Cancelled"
@@ -430,7 +385,7 @@ def _paused_while(long_work: list[str], share: float) -> float:
     ``long_work`` (one request) meanwhile."""
     engine = FakeEngine(step_seconds=0.005)
     config = server_config(
-        Path("unused"), scheduler="continuous", lanes=(16,), warmup=False, long_lane_share=share, encode_apart=False
+        Path("unused"), scheduler="continuous", lanes=(16,), warmup=False, long_lane_share=share, lane_replicas=1
     )
     scheduler = Scheduler([engine], config, Metrics())
     scheduler.start()
@@ -448,57 +403,20 @@ def _paused_while(long_work: list[str], share: float) -> float:
     return scheduler.metrics.lane_paused.labels(engine.name, scheduler.lanes[0].name)._value.get()
 
 
-def test_the_first_lane_pauses_only_while_a_longer_lane_decodes_what_it_cannot_take():
-    """Longer lanes run at a lower OS priority: while one decodes a sentence too long for the first lane, a
-    busy first lane pauses for their share (--long-lane-share). Alone, beside a document of short sentences
-    (which move down when they fall behind), or with no share set, it never pauses."""
+def test_the_first_lane_pauses_only_while_a_longer_lane_decodes():
+    """Longer lanes run at a lower OS priority: while one decodes (a long sentence, or a document of short
+    ones), a busy first lane pauses for their share (--long-lane-share). Alone, or with no share set, it never
+    pauses."""
     assert _paused_while([LONG_TEXT], share=0.5) >= PAUSE_AT_LEAST_SECONDS
+    assert _paused_while(own_sentences(6), share=0.5) >= PAUSE_AT_LEAST_SECONDS
     assert _paused_while([], share=0.5) == 0.0
-    assert _paused_while(own_sentences(6), share=0.5) == 0.0
     assert _paused_while([LONG_TEXT], share=0.0) == 0.0
-
-
-def test_a_longer_lane_steps_on_its_narrow_replica_while_another_lane_has_rows():
-    """A longer lane holds a narrow replica (half the cores, on the CPU): it steps on it while another lane has
-    rows, so the two lanes' runs do not ask for more threads than there are cores, and on its own replica (all
-    of its threads) when it decodes alone."""
-    engine = FakeEngine(step_seconds=0.005)
-    config = server_config(
-        Path("unused"),
-        scheduler="continuous",
-        lanes=(16,),
-        warmup=False,
-        intra_op_threads=2,
-        encode_apart=False,
-        first_lane_replicas=1,
-    )
-    scheduler = Scheduler([engine], config, Metrics())
-    assert scheduler.threads.other_lanes_narrow == 1
-    scheduler.start()
-    first, longer = scheduler.lanes
-    assert longer.engine.intra_op_threads == 2 and longer.narrow.intra_op_threads == 1 and first.narrow is None
-    alone, long, short = _Answers(), _Answers(), _Answers()
-    try:
-        scheduler.submit(alone.job(engine, [LONG_TEXT]))
-        assert alone.done.wait(10) and alone.error is None
-        steps = longer.batch.stepped_on
-        alone_steps = list(steps)
-        scheduler.submit(long.job(engine, [LONG_TEXT]))
-        while not scheduler.lanes[1].running:
-            time.sleep(0.001)
-        scheduler.submit(short.job(engine, ["A man is walking near the water and a dog follows him"]))
-        assert short.done.wait(10) and long.done.wait(10) and short.error is None and long.error is None
-    finally:
-        scheduler.stop(timeout=10)
-    assert alone_steps and all(on is longer.engine for on in alone_steps)
-    assert any(on is longer.narrow for on in steps[len(alone_steps) :])
-    assert all(on is engine for on in first.batch.stepped_on)  # the first lane runs on the model's engine
 
 
 def test_a_segment_starving_for_room_stops_other_lanes():
     """A long segment that has waited STARVATION_SECONDS for memory that short requests keep taking makes
     every other lane wait until it fits."""
-    config = server_config(Path("unused"), scheduler="continuous", lanes=(16,), first_lane_replicas=1)
+    config = server_config(Path("unused"), scheduler="continuous", lanes=(16,), lane_replicas=1)
     engine, scheduler = _unstarted(config)
     short_lane, long_lane = scheduler.lanes
     document = fake_job(engine, [" ".join(own_sentences(4))])  # one long sentence
@@ -522,38 +440,27 @@ def test_a_segment_starving_for_room_stops_other_lanes():
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread priorities are read from Linux's /proc")
-def test_longer_lanes_run_at_lower_os_priority(tiny_export: Path):
-    """The long lane's inference thread and the threads of its ONNX Runtime sessions are niced; the short
-    lane's are not, so the kernel runs short work first."""
+def test_longer_lanes_run_at_lower_os_priority_on_the_models_one_thread_sessions(tiny_export: Path):
+    """The long lane's inference thread is niced and the short lane's is not, so the kernel runs short work
+    first; both run on the model's sessions, whose one thread is the caller's: ONNX Runtime starts no threads
+    of its own, whose priority would be the main thread's."""
     server = RunningServer(
-        server_config(
-            tiny_export, scheduler="continuous", lanes=(16,), lane_niceness=7, intra_op_threads=2, first_lane_replicas=1
-        )
+        server_config(tiny_export, scheduler="continuous", lanes=(16,), lane_niceness=7, intra_op_threads=2)
     )
     try:
-        short_lane, long_lane = server.server.scheduler.lanes
+        scheduler = server.server.scheduler
+        assert len(scheduler.lanes) == 4 and len({lane.engine for lane in scheduler.lanes}) == 1
         own = os.getpriority(os.PRIO_PROCESS, 0)
 
         def nice(thread_id: int) -> int:
             return int(Path(f"/proc/self/task/{thread_id}/stat").read_text().rsplit(")", 1)[1].split()[16])
 
-        assert nice(short_lane.thread.native_id) == own
-        assert nice(long_lane.thread.native_id) == own + 7
+        assert [nice(lane.thread.native_id) - own for lane in scheduler.lanes] == [0, 0, 7, 7]
         niced = [int(t) for t in os.listdir("/proc/self/task") if nice(int(t)) == own + 7]
-        assert len(niced) >= 2, "the long lane's ONNX Runtime threads inherit its priority"
-        assert server.translate([LONG_TEXT]).translations[0].text  # and the lane works
-
-        # The first lane runs small batches on first_lane_small_batch_threads (1) and larger ones on
-        # intra_op_threads less its encoder thread (it encodes apart: 2 - 1); the long lane runs on intra_op_threads.
-        def threads(session) -> int:
-            return session.get_session_options().intra_op_num_threads
-
-        short, long, narrow = (lane.backend for lane in (short_lane.engine, long_lane.engine, long_lane.narrow))
-        assert [threads(short.small_decoder), threads(short.decoder), threads(long.small_decoder)] == [1, 1, 2]
-        # ... and while the first lane has rows, on its narrow replica: half the cores.
-        assert [threads(narrow.decoder), threads(narrow.encoder), threads(long.encoder)] == [1, 1, 2]
-        assert short_lane.narrow is None
-        assert short_lane.encoder is not None and long_lane.encoder is None
+        assert sorted(niced) == sorted(lane.thread.native_id for lane in scheduler.lanes[2:])
+        backend = scheduler.lanes[0].engine.backend
+        assert [s.get_session_options().intra_op_num_threads for s in (backend.encoder, backend.decoder)] == [1, 1]
+        assert server.translate([LONG_TEXT]).translations[0].text  # and the lanes work
     finally:
         server.close()
 
@@ -561,7 +468,7 @@ def test_longer_lanes_run_at_lower_os_priority(tiny_export: Path):
 def test_a_busy_lane_takes_arrivals_in_batches():
     """Arrivals join at once while waiting costs less than the join would cost the running rows; a lone
     arrival to a busy lane waits until its wait reaches rows × the measured join duration."""
-    config = server_config(Path("unused"), scheduler="continuous", lanes=(64,), first_lane_replicas=1)
+    config = server_config(Path("unused"), scheduler="continuous", lanes=(64,), lane_replicas=1)
     engine, scheduler = _unstarted(config)
     lane = scheduler.lanes[0]
     lane.engine, lane.batch = engine, engine.new_batch()
@@ -570,7 +477,7 @@ def test_a_busy_lane_takes_arrivals_in_batches():
         scheduler.submit(job)
     first = scheduler._admit(lane)
     assert first == [job.segments[0] for job in running]  # nothing running: no reason to wait
-    scheduler._encode_and_join(lane, first, None)
+    scheduler._encode_and_join(lane, first)
     assert lane.batch.rows == 4 and lane.join_seconds > 0
     lane.join_seconds = 0.01  # a join holds 4 rows up for 10 ms: 40 ms in all
     arrival = fake_job(engine, ["A dog runs."])
@@ -595,7 +502,7 @@ def test_scheduler_and_service_import_no_inference_runtime():
 def test_replicas_sharing_the_models_sessions_translate_as_one_lane_does(tiny_export: Path):
     sentences = own_sentences(12)
     server = RunningServer(
-        server_config(tiny_export, first_lane_replicas=2, intra_op_threads=1, max_repeats=0, max_output_tokens=24)
+        server_config(tiny_export, lane_replicas=2, intra_op_threads=1, max_repeats=0, max_output_tokens=24)
     )
     try:
         with ThreadPoolExecutor(12) as pool:

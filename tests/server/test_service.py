@@ -158,7 +158,7 @@ DOCUMENTED_METRICS = [
     "process_resident_memory_bytes",
     "translate_cross_attention_cache_bytes",
     "translate_decode_batch_rows_bucket",
-    "translate_backlog_moved_total",
+    "translate_thread_cpu_seconds_total",
     "translate_lane_paused_seconds_total",
 ]
 
