@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -77,12 +77,6 @@ class StepInputs(NamedTuple):
 # top_log_probs (R, K), top_ids (R, K), eos_log_probs (R, 1), then CANDIDATE_OUTPUTS (runtime/contract.py)
 StepOutputs = Sequence[np.ndarray]
 StepFn = Callable[[StepInputs], StepOutputs]
-
-
-class Steps(Protocol):
-    """What else may step a batch: another set of sessions of the same model (``runtime.engine.Engine``)."""
-
-    def step(self, inputs: StepInputs) -> StepOutputs: ...
 
 
 class DecodeBatch:
@@ -194,12 +188,10 @@ class DecodeBatch:
         self._changed()
         return Joined(encoded.seconds, mask.size, int(mask.sum()))
 
-    def step(self, on: Steps | None = None) -> list[tuple[Any, Hypothesis]]:
-        """One decoder step for every row (``on``: another step function's owner of the same model steps it, as
-        a lane that shares the cores steps on sessions of fewer threads); returns the sources finished by it,
-        with their hypotheses."""
+    def step(self) -> list[tuple[Any, Hypothesis]]:
+        """One decoder step for every row; returns the sources finished by it, with their hypotheses."""
         self.total_length[()] = self.cache.longest + 1
-        outputs = (self.step_fn if on is None else on.step)(self.step_inputs())
+        outputs = self.step_fn(self.step_inputs())
         top_log_probs, top_ids, eos_log_probs = outputs[:3]
         self.cache.advance()
         if self.top_k[0] == 1:  # every source greedy: one row each

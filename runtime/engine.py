@@ -5,14 +5,13 @@ searches.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from runtime.backend import OrtBackend
-from runtime.batch import DecodeBatch, EncodedSources, StepInputs, StepOutputs
+from runtime.batch import DecodeBatch, EncodedSources
 from runtime.memory import MemoryModel, bound_process_memory
 from runtime.options import RuntimeOptions
 from runtime.search import RepetitionGuard, default_max_output
@@ -41,16 +40,6 @@ class Engine:
         self.variant = self.backend.variant
         itemsize = np.dtype(self.backend.cache_dtype).itemsize
         self.memory = MemoryModel(self.config, itemsize, self.backend.d_cache)
-
-    def replica(self, intra_op_threads: int | None = None) -> Engine:
-        """Another engine on the same model files, with its own sessions on ``intra_op_threads`` threads (None:
-        this one's count), without small-batch sessions: created on the thread that will use it, they inherit
-        that thread's priority. The files were verified by this one."""
-        threads = self.options.intra_op_threads if intra_op_threads is None else intra_op_threads
-        options = dataclasses.replace(
-            self.options, intra_op_threads=threads, small_batch_threads=None, verify_files=False
-        )
-        return Engine(self.folder, options, self.guard)
 
     # --- text ----------------------------------------------------------------------
 
@@ -84,10 +73,6 @@ class Engine:
 
     def new_batch(self) -> DecodeBatch:
         return self.backend.new_batch(self.backend.decoding(self.guard))
-
-    def step(self, inputs: StepInputs) -> StepOutputs:
-        """A step of a batch of this model on this engine's sessions (``DecodeBatch.step(on=engine)``)."""
-        return self.backend.step(inputs)
 
     def warmup(self, lengths: Sequence[int] = (8, 32, 128), beams: Sequence[int] = (1, 4)) -> None:
         """Run every length bucket once (greedy and beam) so first requests find warm allocators."""

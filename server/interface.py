@@ -11,7 +11,7 @@ model-free one).
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -55,10 +55,9 @@ class Batch(Protocol):
         """Add sources an engine of the model encoded (``Engine.encode``), each with its beam size and longest
         output (tokens with eos); they decode from the next step on. ``Joined.seconds`` is the encoder call's."""
 
-    def step(self, on: Engine | None = None) -> list[tuple[Hashable, Hypothesis]]:
-        """One decoder step of every row, on ``on`` (another engine of the same model; None: the one that made
-        the batch); the sources it finished, with their hypotheses (output ids without eos, confidence, why
-        they stopped)."""
+    def step(self) -> list[tuple[Hashable, Hypothesis]]:
+        """One decoder step of every row; the sources it finished, with their hypotheses (output ids without
+        eos, confidence, why they stopped)."""
 
     def remove(self, key: Hashable) -> None:
         """Drop a source mid-way; its rows and caches go at once."""
@@ -73,10 +72,6 @@ class Engine(Protocol):
     target_language: str
 
     memory: Memory
-
-    def replica(self, intra_op_threads: int | None = None) -> Engine:
-        """Another engine on the same model with its own sessions on ``intra_op_threads`` threads (None: this
-        one's count), created on, and inheriting the priority of, the calling thread."""
 
     def warmup(self) -> None: ...
 
@@ -101,7 +96,3 @@ class Engine(Protocol):
         thread while a batch steps."""
 
     def new_batch(self) -> Batch: ...
-
-    def step(self, inputs: Any) -> Any:
-        """A step of a batch of this model on this engine's sessions (``Batch.step(on=engine)``: the inputs and
-        outputs are the batch's business, not the scheduler's)."""

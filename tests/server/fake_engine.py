@@ -7,7 +7,6 @@ encoder calls), so a test reads every lane's on the engine it made.
 
 from __future__ import annotations
 
-import copy
 import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
@@ -40,7 +39,6 @@ class FakeBatch:
     def __init__(self, engine: FakeEngine) -> None:
         self.engine = engine
         self.sources: dict[Hashable, _Source] = {}
-        self.stepped_on: list[FakeEngine] = []  # the engine that ran each step
 
     @property
     def rows(self) -> int:
@@ -69,10 +67,8 @@ class FakeBatch:
         longest = max(len(ids) for ids in sources) + 1
         return Joined(0.001, longest * len(sources), sum(len(ids) + 1 for ids in sources))
 
-    def step(self, on: FakeEngine | None = None) -> list[tuple[Hashable, Hypothesis]]:
-        engine = on or self.engine
-        engine.step(self.rows)
-        self.stepped_on.append(engine)
+    def step(self) -> list[tuple[Hashable, Hypothesis]]:
+        self.engine.step(self.rows)
         finished = []
         for key, source in list(self.sources.items()):
             complete = len(source.output) == len(source.reversed_ids)
@@ -107,14 +103,7 @@ class FakeEngine:
         self.encode_error: Exception | None = None  # raised by every encode call while set
         self.joins: list[list[Hashable]] = []  # keys joined together, in order
         self.steps: list[int] = []  # rows of each step
-        self.intra_op_threads: int | None = None  # a replica's
         self.memory = FakeMemory()
-
-    def replica(self, intra_op_threads: int | None = None) -> FakeEngine:
-        """Another engine on the same records (and ``encode_error`` as set when it is made)."""
-        replica = copy.copy(self)
-        replica.intra_op_threads = intra_op_threads
-        return replica
 
     def warmup(self) -> None:
         pass
