@@ -14,6 +14,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -139,6 +140,27 @@ def http(server: RunningServer, path: str, body: object = None, form: dict | Non
             return response.status, response.headers, json.loads(response.read())
     except urllib.error.HTTPError as error:
         return error.code, error.headers, json.loads(error.read())
+
+
+def upload(site: RunningServer, name: str, data: bytes, **fields: str) -> tuple[int, dict]:
+    """POST /translate_file as a multipart form, as LibreTranslate's clients send it."""
+    boundary = uuid.uuid4().hex
+    values = {"source": "en", "target": "de", **fields}
+    parts = [
+        f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode() for k, v in values.items()
+    ]
+    head = f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{name}"\r\n\r\n'.encode()
+    body = b"".join(parts) + head + data + f"\r\n--{boundary}--\r\n".encode()
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{site.server.http_port}/translate_file",
+        data=body,
+        headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
 
 
 def server_command(model: Path) -> list[str]:

@@ -7,7 +7,6 @@ import json
 import time
 import urllib.error
 import urllib.request
-import uuid
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +16,7 @@ import pytest
 from server.config import MIB
 from server.errors import InvalidRequest
 from server.files import MAX_UNZIPPED_BYTES, FileStore, read_document
-from testkit.servers import RunningServer, free_port, http, server_config
+from testkit.servers import RunningServer, free_port, http, server_config, upload
 
 docx = pytest.importorskip("docx", reason="python-docx (the files extra) not installed")
 srt = pytest.importorskip("srt", reason="srt (the test extra) not installed")
@@ -31,27 +30,6 @@ def site(tiny_export: Path) -> Iterator[RunningServer]:
     server = RunningServer(config)
     yield server
     server.close()
-
-
-def upload(site: RunningServer, name: str, data: bytes, **fields: str) -> tuple[int, dict]:
-    """POST /translate_file as a multipart form, as LibreTranslate's clients send it."""
-    boundary = uuid.uuid4().hex
-    values = {"source": "en", "target": "de", **fields}
-    parts = [
-        f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode() for k, v in values.items()
-    ]
-    head = f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{name}"\r\n\r\n'.encode()
-    body = b"".join(parts) + head + data + f"\r\n--{boundary}--\r\n".encode()
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{site.server.http_port}/translate_file",
-        data=body,
-        headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
 
 
 def translated(site: RunningServer, name: str, data: bytes) -> bytes:

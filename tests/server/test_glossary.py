@@ -21,7 +21,7 @@ from server.glossary import MAX_INLINE_ENTRIES, MAX_TERM_CHARS, Glossary, inline
 from server.keys import digest
 from server.markup import WORD, parse
 from server.placement import AlignedSentence, place
-from testkit.servers import RunningServer, free_port, http, server_config, start_server
+from testkit.servers import RunningServer, free_port, http, server_config, start_server, upload
 
 KEY, OTHER_KEY = "k-glossary-a", "k-glossary-b"
 
@@ -259,20 +259,9 @@ def test_stored_glossary_create_list_get_translate_delete(server: RunningServer,
     )
     assert status == 200 and "Velo" in answer["translatedText"] and "rot" in answer["translatedText"], answer
     # a file, with the glossary as a form's field
-    boundary = "glossaryboundary"
-    parts = [("source", "en"), ("target", "de"), ("glossary_id", glossary_id)]
-    data = b"".join(
-        f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode() for k, v in parts
-    )
-    data += (
-        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.txt"\r\n\r\nA bike.\nThe bike.\r\n'
-        f"--{boundary}--\r\n"
-    ).encode()
-    url = f"http://127.0.0.1:{server.server.http_port}/translate_file"
-    upload = urllib.request.Request(url, data, {"Content-Type": f"multipart/form-data; boundary={boundary}"})
-    with urllib.request.urlopen(upload, timeout=60) as response:
-        file_url = json.loads(response.read())["translatedFileUrl"]
-    with urllib.request.urlopen(file_url.replace("localhost", "127.0.0.1"), timeout=60) as response:
+    status, answer = upload(server, "a.txt", b"A bike.\nThe bike.", glossary_id=glossary_id)
+    assert status == 200, answer
+    with urllib.request.urlopen(answer["translatedFileUrl"], timeout=60) as response:  # on 127.0.0.1, as asked
         assert response.read().decode().count("Velo") == 2
     wrong = {"q": "Ein Velo.", "source": "de", "target": "en", "glossary_id": glossary_id}
     status, _, answer = http(server, "/translate", wrong)
