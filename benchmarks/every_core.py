@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from itertools import product
 from pathlib import Path
 
+import psutil
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -59,10 +61,7 @@ def parse_side(text: str) -> Side:
 
 
 def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+    return psutil.Process(pid).memory_info().rss / 2**20
 
 
 def start(side: Side, port: int) -> subprocess.Popen:

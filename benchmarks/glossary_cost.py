@@ -11,7 +11,7 @@ would; the report gives the share), each mapped to a target term; a rarer 50 are
 (a product's own terms, which most requests lack); the stored one holds the same 50 as the first and 9,950
 terms that never occur, so the two differ only in the glossary's size, which matching must not pay for
 (pyahocorasick: linear in the text). The server runs with the cache and the runaway guard off; its CPU is read
-from /proc, so the clients' is not counted.
+by psutil, so the clients' is not counted.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import collections
 import gzip
-import os
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,7 @@ import time
 from pathlib import Path
 
 import grpc
+import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -35,14 +35,13 @@ sys.path.insert(0, str(ROOT))
 from proto import translate_pb2, translate_pb2_grpc  # noqa: E402
 from runtime.cpu import describe_cpu  # noqa: E402
 
-TICKS = os.sysconf("SC_CLK_TCK")
 INLINE_ENTRIES, STORED_ENTRIES = 50, 10_000
 RARER_FROM = 1_000  # the rarer glossary: the train split's words ranked 1,000-1,049 by frequency
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
+def cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
 
 
 def common_words(train: Path, count: int) -> list[str]:
@@ -102,6 +101,7 @@ def main() -> int:
     process = subprocess.Popen(
         [sys.executable, "-m", "server", *flags], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
+    server = psutil.Process(process.pid)
     try:
         deadline = time.monotonic() + 180
         while True:
@@ -124,9 +124,9 @@ def main() -> int:
         for repeat in range(args.repeats):
             order = list(variants) if repeat % 2 == 0 else list(variants)[::-1]
             for name in order:
-                before = cpu_seconds(process.pid)
+                before = cpu_seconds(server)
                 applied[name] = asyncio.run(drive(args.port, sentences, args.clients, variants[name]))
-                cpu[name].append((cpu_seconds(process.pid) - before) / len(sentences))
+                cpu[name].append((cpu_seconds(server) - before) / len(sentences))
                 print(name, repeat, cpu[name][-1], flush=True)
     finally:
         process.terminate()
