@@ -70,10 +70,9 @@ class Scheduler:
             metrics.lane_rows.labels(lane.model, lane.name).set(0)
             if policy.splits_lanes and lane.size_class < len(self.bounds):
                 metrics.lane_paused.labels(lane.model, lane.name)
-        mutex = threading.RLock()
-        self.lock = threading.Condition(mutex)  # over the queues, the batches' members, the budget and the jobs
+        self.lock = threading.RLock()  # over the queues, the batches' members, the budget and the jobs
         for lane in self.lanes:  # each lane is woken alone, for work of its own
-            lane.wake = threading.Condition(mutex)
+            lane.wake = threading.Condition(self.lock)
         self.accepting = True
         self.stopped = False
         self.gauges_at = 0.0  # when the gauges were last set (time.monotonic())
