@@ -171,6 +171,21 @@ def test_inline_glossaries_are_checked_with_messages_naming_the_limit():
             inline_glossary(value)
 
 
+def test_an_inline_glossary_sent_again_is_checked_once_and_a_wrong_one_every_time():
+    entries = {"bike": "Velo", "red bike": "rotes Velo"}
+    first = inline_glossary(dict(entries))
+    assert inline_glossary(dict(entries)) is first  # the same matcher, not checked and built again
+    assert inline_glossary(json.dumps(entries)) is first  # a form's JSON text of the same entries
+    assert inline_glossary(dict(entries), "options.glossary").entries == first.entries
+    wrong = {"bike": "Velo", "car": ""}
+    for _ in range(2):
+        with pytest.raises(InvalidRequest, match="is empty"):
+            inline_glossary(wrong)
+    for unhashable in ({"bike": ["Velo"]}, {"bike": {"de": "Velo"}}):
+        with pytest.raises(InvalidRequest, match="must be a string"):
+            inline_glossary(unhashable)
+
+
 def test_entries_as_tsv_csv_and_json():
     assert parse_entries("bike\tVelo\n\nred\trot\n", "tsv") == {"bike": "Velo", "red": "rot"}
     assert parse_entries('bike,Velo,en,de\n"a, b",c\n', "csv") == {"bike": "Velo", "a, b": "c"}
