@@ -8,8 +8,9 @@ worktree add /tmp/base COMMIT``, with server flags of its own) serves both defau
 runaway guard off (both change the work); the sides alternate within each repeat, and each repeat starts every
 side's server afresh and runs every cell on it in turn. Per cell: requests/s, sentences/s, p99 latency and the
 server's cores busy (its CPU seconds per second, from its metrics, so the clients' CPU is not counted: they
-share the machine), medians of ``--repeats``; per side its resident memory idle (after the warm-up) and after
-the cells (once idle IDLE_S). The load generator is ``translate-loadtest`` of this checkout for every side.
+share the machine) and the load generator's own (its CPU over the run), medians of ``--repeats``; per side its
+resident memory idle (after the warm-up) and after the cells (once idle IDLE_S). The load generator is
+``translate-loadtest`` of this checkout for every side.
 
 ``--engine-alone`` adds the engine without a server: ``translate-file`` on the same sentences with as many in a
 batch as the cell has in flight (clients × sentences per request), beam as the cell's, with its best of 1 worker
@@ -103,6 +104,7 @@ def load(port: int, profile: str, clients: int, beam: int, seconds: float, token
         "rps": run["requests_per_second"],
         "p99": run["latency"]["p99"],
         "busy": run["server_cores_busy"]["all"],
+        "client": run["client_cores_busy"],
         "errors": run["requests"] - run["answered"],
     }
 
@@ -185,9 +187,9 @@ def report(sides: list[Side], alone: dict, args: argparse.Namespace) -> str:
         "",
         "Sides: " + "; ".join(f"**{s.label}**: {s.tree} {shlex.join(s.flags)}".rstrip() for s in sides),
         "",
-        "| sentences/request | clients | beam | side | requests/s | sentences/s | p99 s | cores busy | errors |"
-        + (" sentences/s / engine alone |" if alone else ""),
-        "|---|---|---|---|---|---|---|---|---|" + ("---|" if alone else ""),
+        "| sentences/request | clients | beam | side | requests/s | sentences/s | p99 s | cores busy | load generator "
+        "cores busy | errors |" + (" sentences/s / engine alone |" if alone else ""),
+        "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if alone else ""),
     ]
     for cell in CELLS:
         sentences, clients, beam = cell
@@ -197,7 +199,7 @@ def report(sides: list[Side], alone: dict, args: argparse.Namespace) -> str:
             row = (
                 f"| {sentences} | {clients} | {beam} | {side.label} | {median(r['rps'] for r in runs):.1f} | "
                 f"{sps:.1f} | {median(r['p99'] for r in runs):.3f} | {median(r['busy'] for r in runs):.2f} | "
-                f"{sum(r['errors'] for r in runs)} |"
+                f"{median(r.get('client', 0.0) for r in runs):.2f} | {sum(r['errors'] for r in runs)} |"
             )
             if alone:
                 engine = alone[(sentences * clients, beam)]

@@ -266,7 +266,7 @@ async def drive(args, profile: Profile, concurrency: int, rate: float) -> Run:
             send = http_sender(session, args, profile.tokenizer)
         else:
             send = grpc_sender(await stack.enter_async_context(grpc_channel(args)), args)
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         if rate:  # open loop: Poisson arrivals, answered or not
             tasks = []
             for _ in range(args.requests):
@@ -285,6 +285,7 @@ async def drive(args, profile: Profile, concurrency: int, rate: float) -> Run:
 
             await asyncio.gather(*(client() for _ in range(concurrency)))
         run.seconds = time.perf_counter() - start
+        run.client_cpu_seconds = time.process_time() - cpu_start
     if sampler:
         sampler.cancel()
     after = scrape(args.metrics)

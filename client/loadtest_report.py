@@ -32,6 +32,7 @@ class Run:
     results: list[Result] = field(default_factory=list)
     seconds: float = 0.0
     server: dict[str, float] = field(default_factory=dict)
+    client_cpu_seconds: float = 0.0  # the load generator's own CPU over the run (it may share the server's cores)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -121,6 +122,7 @@ def summarize(run: Run) -> dict:
         "server_mean_batch_sentences": s.get("translate_batch_size_sentences_sum_delta", 0)
         / max(s.get("translate_batch_size_sentences_count_delta", 0), 1),
         "server_cores_busy": cores_busy(s, run.seconds),
+        "client_cores_busy": run.client_cpu_seconds / run.seconds if run.seconds else 0.0,
     }
 
 
@@ -130,8 +132,9 @@ def markdown(summaries: list[dict], command: str) -> str:
         f"client machine: {describe_cpu()} (the server's CPU is its own to record)",
         "",
         "| mode | concurrency / rate | sent | answered / retried / lost | req/s | in tok/s | p50 s | p90 s | p99 s "
-        "| max s | codes | server batch | server queue wait s | peak KV bytes | peak RSS MiB | server cores busy |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| max s | codes | server batch | server queue wait s | peak KV bytes | peak RSS MiB | server cores busy "
+        "| client cores busy |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in summaries:
         lat, srv = s["latency"], s["server"]
@@ -142,7 +145,8 @@ def markdown(summaries: list[dict], command: str) -> str:
             f"{lat['p50']:.3f} | {lat['p90']:.3f} | {lat['p99']:.3f} | {lat['max']:.3f} | {s['codes']} | "
             f"{s['server_mean_batch_sentences']:.1f} | {s['server_mean_queue_wait_seconds']:.3f} | "
             f"{srv.get('translate_kv_cache_bytes_peak', 0):.0f} | "
-            f"{srv.get('process_resident_memory_bytes_peak', 0) / 2**20:.0f} | {_busy(s['server_cores_busy'])} |"
+            f"{srv.get('process_resident_memory_bytes_peak', 0) / 2**20:.0f} | {_busy(s['server_cores_busy'])} | "
+            f"{s['client_cores_busy']:.2f} |"
         )
     lines += ["", "| length bucket | count | p50 s | p99 s |", "|---|---|---|---|"]
     for s in summaries:

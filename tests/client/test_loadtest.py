@@ -115,11 +115,12 @@ def test_bounded_load_is_counted_exactly(running: RunningServer, tiny_export: Pa
     tick = 0.01 / report["runs"][1]["seconds"]  # /proc counts CPU time in clock ticks, per thread
     assert all(value >= -tick for value in busy.values())
     assert busy["all"] >= sum(busy.values()) - busy["all"] - 4 * tick  # the kinds add up to the process at most
+    assert report["runs"][1]["client_cores_busy"] > 0  # this process's CPU over the run, the server's included
     for name in ("latency_vs_length.png", "throughput_vs_concurrency.png"):
         assert (tmp_path / name).stat().st_size > 5000
     report = (tmp_path / "report.md").read_text()
     assert "| closed | 4 | 12 |" in report and f"client machine: {describe_cpu()}" in report
-    assert " | server cores busy |" in report and "(front_door " in report
+    assert " | server cores busy | client cores busy |" in report and "(front_door " in report
 
 
 def test_open_loop_with_deadlines_counts_errors(running: RunningServer, tiny_export: Path, tmp_path: Path):
