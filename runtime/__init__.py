@@ -8,6 +8,8 @@
 - ``device_cache``: the self-attention cache on the step's device, moved by one-node graphs there;
 - ``batch``: the running batch (``DecodeBatch``: add / step / remove, and ``drain``, the one fill-and-drain
   loop) and each step's inputs as a value (``StepInputs``); ``layout``: where the batch's rows sit in a step;
+- ``buckets``: the running batch in fixed-capacity buffers (``BucketedBatch``): sources join and leave without
+  moving others, and the step's inputs keep their memory and shape, as a captured CUDA step needs;
 - ``binding``: a decoder step bound by reference and run in place, and the bindings a session keeps per batch;
 - ``options``: the engine's settings (``EngineSettings``, ``RuntimeOptions``); ``providers``: ONNX Runtime's
   execution providers and how a graph's session is opened on one;

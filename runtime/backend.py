@@ -22,6 +22,7 @@ import onnxruntime as ort
 from runtime.aligner import Aligner
 from runtime.batch import DecodeBatch, EncodedSources, StepInputs, StepOutputs, pad_sources
 from runtime.binding import StepBindings
+from runtime.buckets import BucketedBatch
 from runtime.caches import CachePool, KVCache
 from runtime.contract import ORT_DTYPES, STEP_INPUTS
 from runtime.cpu import describe_cpu, int8_products_saturate
@@ -105,6 +106,12 @@ class OrtBackend:
             CacheOps(PROVIDERS[self.provider], self.device, self.cache_dtype) if self.device_cache else None
         )
         self.cache_pool: CachePool | None = CachePool() if options.reuse_cache_buffers else None
+        self.batch_layout = options.batch_layout
+        if self.batch_layout == "buckets" and self.io_binding:
+            raise ValueError(
+                "batch_layout buckets keeps its buffers on the host, which a step on another device would copy "
+                "across at every step: use the compact layout there"
+            )
         self.step_bindings = StepBindings(self.decoder, self.device)
         small_steps = self.small_decoder is not self.decoder
         self.small_step_bindings = StepBindings(self.small_decoder, self.device) if small_steps else self.step_bindings
@@ -165,10 +172,10 @@ class OrtBackend:
         """How this model's searches end: its eos, its length penalty, and ``guard``."""
         return Decoding(self.config.eos_id, self.length_penalty, guard)
 
-    def new_batch(self, decoding: Decoding | None = None) -> DecodeBatch:
+    def new_batch(self, decoding: Decoding | None = None) -> DecodeBatch | BucketedBatch:
         """An empty running batch over this model's decoder step (``decoding``: how its searches are made; None:
-        ``self.decoding()``). Its host cache takes its buffers from ``cache_pool``
-        (RuntimeOptions.reuse_cache_buffers) and gives them back."""
+        ``self.decoding()``), in ``batch_layout``. A compact batch's host cache takes its buffers from
+        ``cache_pool`` (RuntimeOptions.reuse_cache_buffers) and gives them back."""
         c = self.config
         place = self._on_device if self.io_binding else None
         if self._cache_ops is None:
@@ -177,6 +184,8 @@ class OrtBackend:
             cache_type = partial(DeviceKVCache, ops=self._cache_ops)
         decoding = decoding or self.decoding()
         layout = (c.n_decoder_layers, c.n_heads, self.d_cache, c.decoder_start_id, decoding, self.cache_dtype)
+        if self.batch_layout == "buckets":
+            return BucketedBatch(self.step, *layout)
         return DecodeBatch(self.step, *layout, place, cache_type)
 
     def _on_device(self, array: np.ndarray) -> ort.OrtValue:

@@ -241,7 +241,7 @@ class DecodeBatch:
     def drain(self) -> dict[Any, Hypothesis]:
         """Step until every source is done (no more joining): each source's hypothesis, by key."""
         results: dict[Any, Hypothesis] = {}
-        while self.searches:
+        while len(self):
             results.update(self.step())
         return results
 

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Literal
 
 from common.flags import setting
 from runtime.manifest import Provider, VariantChoice
+
+BatchLayout = Literal["compact", "buckets"]  # runtime/buckets.py
 
 
 @dataclass(frozen=True)
 class EngineSettings:
     """The engine's settings, as the server and translate-file take them (``--variant``, ``--provider``,
-    ``--intra-op-threads``)."""
+    ``--batch-layout``, ``--intra-op-threads``)."""
 
     variant: VariantChoice = setting(
         "fp32",
@@ -21,6 +24,12 @@ class EngineSettings:
         "CUDA where the folder has it, else fp32",
     )
     provider: Provider = setting("auto", "ONNX Runtime's provider (auto: CUDA where available)")
+    batch_layout: BatchLayout = setting(
+        "compact",
+        "how a running batch keeps its rows: compact (packed, its buffers sized to them) or buckets (fixed-capacity "
+        "buffers a source joins and leaves without moving others, as a captured CUDA step needs; host buffers for "
+        "now, so on the CPU provider only)",
+    )
     intra_op_threads: int = setting(
         0,
         "ONNX Runtime's threads in all (0: one per usable core): the server divides them among its running "

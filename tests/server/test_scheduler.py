@@ -32,12 +32,19 @@ LONG_TEXT = " ".join(
 )  # one long sentence
 
 
-@pytest.fixture(scope="module", params=["static", "continuous"])
+@pytest.fixture(
+    scope="module",
+    params=[("static", "compact"), ("continuous", "compact"), ("continuous", "buckets")],
+    ids=["static", "continuous", "continuous-buckets"],
+)
 def scheduled(request, tiny_export: Path):
+    """A server under each scheduler, and continuous batching on both batch layouts (runtime/buckets.py)."""
+    scheduler, layout = request.param
     server = RunningServer(
         server_config(
             tiny_export,
-            scheduler=request.param,
+            scheduler=scheduler,
+            batch_layout=layout,
             max_output_tokens=200,
             long_input_tokens=400,
             max_repeats=0,
@@ -48,7 +55,7 @@ def scheduled(request, tiny_export: Path):
             long_lane_share=0.0,
         )
     )
-    yield request.param, server
+    yield scheduler, server
     server.close()
 
 

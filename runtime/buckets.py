@@ -1,0 +1,354 @@
+"""A running batch in fixed-capacity buffers (``BucketedBatch``): the layout a captured decoder step needs.
+
+A ``Bucket`` has room for N sources of up to S tokens, G rows each (the widest beam it holds), and T
+self-attention slots per row. Every buffer the step binds (tokens, lengths, the caches, the sources' keys,
+values and mask, the search head's scores and bias) is allocated once per bucket, and a step changes only what
+they hold. A source joins into a free slot (its rows n·G … n·G+G-1, its keys at n) and leaves by freeing it:
+its rows are masked (no candidates, length 0), not compacted, so no other row or source moves; beam search
+reorders a source's rows within its slot. The batch moves to a larger bucket only when a joining source does
+not fit (slots, beam, source or output length), and to a smaller one after SHRINK_AFTER steps with a quarter
+of its slots or fewer in use. Within a bucket the step's inputs keep their layout, so a step function binds
+them once: what lets a bucket's step be one captured CUDA graph (every bound buffer keeps its address and
+shape). The step graph and the searches are ``DecodeBatch``'s (runtime/batch.py), so the two decode the same
+tokens where the step computes each row as it would in a compact batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from runtime.batch import BatchKey, DecodeBatch, EncodedSources, Joined, StepFn, StepInputs
+from runtime.contract import layer_names
+from runtime.search import Decoding, Hypothesis, Search
+
+MIN_SOURCES = 1  # the fewest slots a bucket has
+MIN_LENGTH = 16  # the shortest source and cache length a bucket has (each a power of two)
+SHRINK_AFTER = 64  # steps with a quarter of the slots or fewer in use before the batch moves to a smaller bucket
+
+
+def _power_of_two(value: int, least: int) -> int:
+    return max(least, 1 << max(0, int(value) - 1).bit_length())
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """Room for ``sources`` sources of up to ``src_len`` tokens (with eos), ``group`` rows each, and
+    ``cache_len`` self-attention slots per row."""
+
+    sources: int
+    group: int
+    src_len: int
+    cache_len: int
+
+    @property
+    def rows(self) -> int:
+        return self.sources * self.group
+
+    @property
+    def top_k(self) -> int:
+        """Candidates per row and per source the step keeps: what the widest search takes (2·beam, greedy 1)."""
+        return 1 if self.group == 1 else 2 * self.group
+
+    def holds(self, other: Bucket) -> bool:
+        return (
+            self.sources >= other.sources
+            and self.group >= other.group
+            and self.src_len >= other.src_len
+            and self.cache_len >= other.cache_len
+        )
+
+    @staticmethod
+    def fitting(sources: int, group: int, src_len: int, cache_len: int) -> Bucket:
+        """The smallest bucket for these needs (each length a power of two, at least MIN_LENGTH)."""
+        return Bucket(
+            _power_of_two(sources, MIN_SOURCES),
+            group,
+            _power_of_two(src_len, MIN_LENGTH),
+            _power_of_two(cache_len, MIN_LENGTH),
+        )
+
+
+class BucketedBatch:
+    """The running decode batch of ``runtime.batch.DecodeBatch`` (``server.interface.Batch``), in a bucket's
+    fixed buffers (see the module's doc). Host buffers: the CPU provider steps on them in place."""
+
+    def __init__(
+        self,
+        step_fn: StepFn,
+        layers: int,
+        heads: int,
+        d_cache: int,
+        start_id: int,
+        decoding: Decoding,
+        dtype=np.float32,
+    ) -> None:
+        self.step_fn, self.layers, self.heads, self.d_cache = step_fn, layers, heads, d_cache
+        self.start_id, self.decoding, self.dtype = start_id, decoding, dtype
+        self.bucket: Bucket | None = None
+        self.slots: list[tuple[Hashable, Search] | None] = []
+        self.where: dict[Hashable, int] = {}  # each live source's slot
+        self.buckets_used = 0  # buckets this batch has allocated (a test reads it: joins within one reuse it)
+        self._small_steps = 0  # steps in a row with a quarter of the slots or fewer in use
+        self._release()
+
+    # --- what the scheduler reads ----------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.where)
+
+    @property
+    def rows(self) -> int:
+        """Hypotheses being decoded (a source has one per live beam)."""
+        return sum(self.slots[n][1].rows for n in self.where.values())
+
+    @property
+    def cache_bytes(self) -> int:
+        return sum(buffer.nbytes for buffer in self.cache)
+
+    @property
+    def cross_bytes(self) -> int:
+        return sum(buffer.nbytes for buffer in self.cross)
+
+    # --- the step ---------------------------------------------------------------------
+
+    def step_inputs(self) -> StepInputs:
+        """The step's inputs: the same value, over the same buffers, for as long as the bucket holds."""
+        return self._inputs
+
+    def add(
+        self,
+        keys: Sequence[Hashable],
+        encoded: EncodedSources,
+        beams: Sequence[int],
+        max_lengths: Sequence[int],
+    ) -> Joined:
+        """Join sources encoded together into free slots, each with its beam size and longest output (tokens
+        with eos), one live row each; they decode from the next step on. A larger bucket is taken first when
+        they do not fit this one."""
+        cross_k, cross_v, mask = encoded.cross_k, encoded.cross_v, encoded.src_mask
+        if cross_k is not None and not isinstance(cross_k, np.ndarray):
+            cross_k, cross_v = cross_k.numpy(), cross_v.numpy()  # values on a device: to the host, once
+        live = [self.slots[n][1] for n in self.where.values()]
+        need = Bucket.fitting(
+            len(self.where) + len(keys),
+            max([search.width for search in live] + list(beams)),
+            max(mask.shape[1], self._longest_source()),
+            max([search.max_length for search in live] + list(max_lengths)),
+        )
+        if self.bucket is None or not self.bucket.holds(need):
+            current = self.bucket or need
+            self._move_to(
+                Bucket(
+                    max(need.sources, current.sources),  # both powers of two: slots double when they run out
+                    need.group,
+                    max(need.src_len, current.src_len),
+                    max(need.cache_len, current.cache_len),
+                ),
+                cross_k,
+            )
+        free = (n for n, slot in enumerate(self.slots) if slot is None)
+        length = mask.shape[1]
+        for i, (key, beam, max_length) in enumerate(zip(keys, beams, max_lengths, strict=True)):
+            assert key not in self.where, key
+            n = next(free)
+            search = self.decoding.search(beam, max_length)
+            self.slots[n], self.where[key] = (key, search), n
+            self.src_mask[n] = 0
+            self.src_mask[n, :length] = mask[i]
+            for layer in range(self.layers if cross_k is not None else 0):
+                self.cross[2 * layer][n, :, :length] = cross_k[layer, i]
+                self.cross[2 * layer + 1][n, :, :length] = cross_v[layer, i]
+            self.lengths[n * self.bucket.group] = 0  # an empty cache: the slot's rows attend to what they write
+            self._set_rows(n, search, (self.start_id,))
+        return Joined(encoded.seconds, mask.size, int(mask.sum()))
+
+    def step(self) -> list[tuple[Any, Hypothesis]]:
+        """One decoder step for every row; returns the sources finished by it, with their hypotheses."""
+        # GroupQueryAttention's total_sequence_length, a host value: the longest row's on the CPU, where a step's
+        # work follows it (a captured CUDA step reads it once, and would take the bucket's cache_len)
+        self.total_length[()] = self.lengths.max() + 1
+        outputs = self.step_fn(self._inputs)
+        top_log_probs, top_ids, eos_log_probs = outputs[:3]
+        self.lengths += self.live
+        group, finished = self.bucket.group, []
+        if group == 1:  # greedy sources only, one row each: a slot is a row
+            best, best_log_probs = top_ids[:, 0].tolist(), top_log_probs[:, 0].tolist()
+            for n in list(self.where.values()):
+                key, search = self.slots[n]
+                if not search.take(best[n], best_log_probs[n]):
+                    finished.append((key, search.result()))
+                    self._free(n)
+            self.tokens[:] = top_ids[:, 0]  # free rows' too: nothing reads them, and a join sets its own
+            self._after_step()
+            return finished
+        ranked = [output.tolist() for output in outputs[3:]]
+        origins_all, targets_all = [], []
+        for n in list(self.where.values()):
+            key, search = self.slots[n]
+            base, before = n * group, search.rows
+            part = slice(base, base + before)
+            if ranked and search.width > 1:
+                values, origins, candidates = (output[n] for output in ranked)
+                origins, next_tokens = search.advance_ranked(values, origins, candidates, eos_log_probs[part])
+            else:
+                origins, next_tokens = search.advance(top_log_probs[part], top_ids[part], eos_log_probs[part])
+            if not search.rows:
+                finished.append((key, search.result()))
+                self._free(n)
+                continue
+            if list(origins) != list(range(len(origins))):
+                origins_all.extend(base + origin for origin in origins)
+                targets_all.extend(range(base, base + len(origins)))
+            if search.rows == before:  # beam search's usual step: only the tokens and scores change
+                self.tokens[base : base + before] = next_tokens
+                if search.width > 1:
+                    self.row_scores[base : base + before, 0] = search.scores
+            else:
+                self._set_rows(n, search, next_tokens)
+        if origins_all:  # fancy indexing reads every origin before any target is written
+            longest = int(self.lengths.max())
+            origins_index, targets_index = np.array(origins_all), np.array(targets_all)
+            for buffer in self.cache:
+                buffer[targets_index, :, :longest] = buffer[origins_index, :, :longest]
+        self._after_step()
+        return finished
+
+    drain = DecodeBatch.drain  # the one fill-and-drain loop
+
+    def remove(self, key: Hashable) -> None:
+        """Drop a source mid-way (its caller went away): its slot is free from the next step on."""
+        self._free(self.where[key])
+        self._after_step(stepped=False)
+
+    # --- slots -------------------------------------------------------------------------
+
+    def _set_rows(self, n: int, search: Search, tokens: Sequence[int]) -> None:
+        """Slot n's rows after a join or a step: the first ``search.rows`` live with ``tokens`` and the search's
+        scores, the others masked; the search head takes from each live row the candidates the search wants."""
+        group, rows = self.bucket.group, search.rows
+        base = n * group
+        self.tokens[base : base + rows] = tokens
+        self.live[base : base + group] = 0
+        self.live[base : base + rows] = 1
+        length = self.lengths[base]  # a source's rows all hold its tokens so far
+        self.lengths[base : base + group] = 0
+        self.lengths[base : base + rows] = length
+        scores = getattr(search, "scores", None)
+        self.row_scores[base : base + group, 0] = 0.0
+        if scores is not None and search.width > 1:
+            self.row_scores[base : base + rows, 0] = scores
+        self.candidate_bias[n] = -np.inf
+        self.candidate_bias[n, :rows, : search.top_k] = 0.0
+
+    def _free(self, n: int) -> None:
+        key, _ = self.slots[n]
+        del self.where[key]
+        self.slots[n] = None
+        group = self.bucket.group
+        rows = slice(n * group, (n + 1) * group)
+        self.live[rows], self.lengths[rows], self.tokens[rows] = 0, 0, self.start_id
+        self.candidate_bias[n] = -np.inf
+        self.src_mask[n] = 0
+        self.src_mask[n, 0] = 1  # a free slot's rows attend to something: no NaN, not even in rows nobody reads
+
+    def _longest_source(self) -> int:
+        if not self.where:
+            return 0
+        used = self.src_mask[list(self.where.values())]
+        return int(np.flatnonzero(used.any(axis=0)).max(initial=-1)) + 1
+
+    def _after_step(self, stepped: bool = True) -> None:
+        """An empty batch gives its buffers back; one that has long used a quarter of its slots or fewer moves
+        to a smaller bucket."""
+        if not self.where:
+            self._release()
+            return
+        if not stepped or self.bucket.sources <= MIN_SOURCES or 4 * len(self.where) > self.bucket.sources:
+            self._small_steps = 0 if stepped else self._small_steps
+            return
+        self._small_steps += 1
+        if self._small_steps >= SHRINK_AFTER:
+            b = self.bucket
+            self._move_to(Bucket(_power_of_two(2 * len(self.where), MIN_SOURCES), b.group, b.src_len, b.cache_len))
+
+    # --- buffers -----------------------------------------------------------------------
+
+    def _release(self) -> None:
+        """No sources: no buffers, and the next bucket's inputs are a new batch's to a step function."""
+        self.bucket, self.slots, self.where = None, [], {}
+        self.cache, self.cross = [], []
+        self._inputs = None
+        self._key = BatchKey()
+        self._small_steps = 0
+
+    def _move_to(self, bucket: Bucket, sample: np.ndarray | None = None) -> None:
+        """Allocate ``bucket``'s buffers and move the live sources into its first slots, in slot order (``sample``:
+        encoder outputs joining, whose dtype and shape the sources' keys take when there are none yet)."""
+        old, old_slots = self.bucket, self.slots
+        moved = [(n, slot) for n, slot in enumerate(old_slots) if slot is not None]
+        rows, group = bucket.rows, bucket.group
+        cache = [np.zeros((rows, self.heads, bucket.cache_len, self.d_cache), self.dtype) for _ in self._layers()]
+        reference = self.cross[0] if self.cross else sample
+        cross = []
+        if reference is not None:
+            heads, d_head = reference.shape[-3], reference.shape[-1]
+            shape = (bucket.sources, heads, bucket.src_len, d_head)
+            cross = [np.zeros(shape, reference.dtype) for _ in self._layers()]
+        state = {
+            "tokens": np.full(rows, self.start_id, np.int64),
+            "lengths": np.zeros(rows, np.int32),
+            "live": np.zeros(rows, np.int32),
+            "row_scores": np.zeros((rows, 1), np.float64),
+            "candidate_bias": np.full((bucket.sources, group, bucket.top_k), -np.inf),
+            "src_mask": np.zeros((bucket.sources, bucket.src_len), np.int32),
+        }
+        state["src_mask"][:, 0] = 1  # free slots (see _free)
+        if old is not None and moved:
+            before = np.array([n for n, _ in moved])
+            after = np.arange(len(moved))
+            kept = min(old.group, group)  # a live source's rows fit both (each bucket is as wide as its beams)
+            old_rows = (before[:, None] * old.group + np.arange(kept)).reshape(-1)
+            new_rows = (after[:, None] * group + np.arange(kept)).reshape(-1)
+            for name in ("tokens", "lengths", "live", "row_scores"):
+                state[name][new_rows] = getattr(self, name)[old_rows]
+            k = min(old.top_k, bucket.top_k)
+            state["candidate_bias"][after, :kept, :k] = self.candidate_bias[before, :kept, :k]
+            state["src_mask"][after] = 0
+            state["src_mask"][after, : old.src_len] = self.src_mask[before]
+            for new, current in zip(cache, self.cache, strict=True):
+                new[new_rows, :, : old.cache_len] = current[old_rows]
+            for new, current in zip(cross, self.cross, strict=True):
+                new[after, :, : old.src_len] = current[before]
+        self.bucket, self.cache, self.cross = bucket, cache, cross
+        for name, value in state.items():
+            setattr(self, name, value)
+        self.slots = [slot for _, slot in moved] + [None] * (bucket.sources - len(moved))
+        self.where = {slot[0]: n for n, slot in enumerate(self.slots) if slot is not None}
+        self.total_length = np.zeros((), np.int32)
+        self.groups = np.arange(rows, dtype=np.int64).reshape(bucket.sources, group)
+        self.row_position = np.arange(rows, dtype=np.int64)
+        self.top_k = np.array([bucket.top_k], np.int64)
+        self.buckets_used += 1
+        self._small_steps = 0
+        feeds = {
+            "tokens": self.tokens,
+            "lengths": self.lengths,
+            "total_length": self.total_length,
+            "groups": self.groups,
+            "row_position": self.row_position,
+            "src_mask": self.src_mask,
+            "top_k": self.top_k,
+            "row_scores": self.row_scores,
+            "candidate_bias": self.candidate_bias,
+        }
+        feeds.update(zip(layer_names("past", self.layers), self.cache, strict=True))
+        if self.cross:
+            feeds.update(zip(layer_names("cross", self.layers), self.cross, strict=True))
+        self._inputs = StepInputs(feeds, rows, self._key, (self.buckets_used, 0))
+
+    def _layers(self) -> range:
+        return range(2 * self.layers)

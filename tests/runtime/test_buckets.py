@@ -1,0 +1,126 @@
+"""The bucketed batch (runtime/buckets.py): it decodes what the compact batch decodes while sources join, leave
+and are removed mid-way, and within a bucket every buffer the step binds keeps its memory and shape, as a
+captured CUDA step needs."""
+
+from __future__ import annotations
+
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from runtime import buckets
+from runtime.backend import OrtBackend
+from runtime.buckets import Bucket, BucketedBatch
+from runtime.options import RuntimeOptions
+from runtime.search import default_max_output
+from tests.conftest import own_sentences
+
+
+def backend(folder: Path, layout: str) -> OrtBackend:
+    return OrtBackend(folder, RuntimeOptions(provider="cpu", intra_op_threads=1, batch_layout=layout))
+
+
+def decode(
+    engine: OrtBackend, sources: list[list[int]], arrivals: dict[int, list[tuple[int, int]]], removed: dict[int, int]
+) -> tuple[dict[int, list[int]], list]:
+    """Sources joining at the steps ``arrivals`` says ((source, beam) each), ``removed`` ones dropped at theirs;
+    each source's output, and the batch."""
+    batch, results, step = engine.new_batch(), {}, 0
+    while len(batch) or step <= max(arrivals):
+        if step in arrivals:
+            keys = [key for key, _ in arrivals[step]]
+            limits = [default_max_output(len(sources[key]), 24) for key in keys]
+            encoded = engine.encode_sources([sources[key] for key in keys])
+            batch.add(keys, encoded, [beam for _, beam in arrivals[step]], limits)
+        if step in removed:
+            batch.remove(removed[step])
+        if len(batch):
+            results.update({key: hypothesis.tokens for key, hypothesis in batch.step()})
+        step += 1
+    return results, batch
+
+
+ARRIVALS = {
+    0: [(0, 1)],
+    1: [(1, 3), (2, 1)],
+    3: [(3, 3)],
+    4: [(4, 1), (5, 1), (6, 1), (7, 3), (8, 1)],  # past 4 slots: a larger bucket
+    9: [(9, 2)],
+}
+
+
+@pytest.mark.parametrize("beams", ["mixed", "greedy", "beam"])
+def test_buckets_decode_what_a_compact_batch_decodes(tiny_export: Path, beams: str):
+    sentences = backend(tiny_export, "compact").tokenizer.encode_source(own_sentences(10))
+    sources = [ids[: 3 + 2 * i] for i, ids in enumerate(sentences)]  # of different lengths
+    beam_of = {"mixed": lambda b: b, "greedy": lambda b: 1, "beam": lambda b: 3}[beams]
+    arrivals = {step: [(key, beam_of(b)) for key, b in joining] for step, joining in ARRIVALS.items()}
+    removed = {5: 3}
+    compact, _ = decode(backend(tiny_export, "compact"), sources, arrivals, removed)
+    bucketed, batch = decode(backend(tiny_export, "buckets"), sources, arrivals, removed)
+    assert isinstance(batch, BucketedBatch) and batch.buckets_used >= 2  # it grew past its first bucket
+    assert set(compact) == set(range(10)) - {3}
+    assert bucketed == compact
+
+
+def test_within_a_bucket_joining_leaving_and_stepping_keep_every_bound_buffer(tiny_export: Path):
+    engine = backend(tiny_export, "buckets")
+    sources = engine.tokenizer.encode_source(own_sentences(6))
+    batch = engine.new_batch()
+    batch.add([0, 1, 2], engine.encode_sources(sources[:3]), [2, 2, 1], [40, 40, 30])  # 4 slots
+    inputs = batch.step_inputs()
+    bound = {name: (value.__array_interface__["data"][0], value.shape) for name, value in inputs.feeds.items()}
+    sizes = [batch.bucket, batch.cache_bytes, batch.cross_bytes]
+    tracemalloc.start()
+    try:
+        batch.step()
+        batch.add([3], engine.encode_sources(sources[3:4]), [1], [30])  # the fourth slot
+        batch.step()
+        batch.remove(0)
+        batch.add([4], engine.encode_sources(sources[4:5]), [2], [20])  # into the slot 0 left
+        for _ in range(3):
+            batch.step()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert batch.step_inputs() is inputs and batch.buckets_used == 1
+    assert {name: (value.__array_interface__["data"][0], value.shape) for name, value in inputs.feeds.items()} == bound
+    assert [batch.bucket, batch.cache_bytes, batch.cross_bytes] == sizes
+    # Nothing the size of a buffer was made: the encoder's outputs and the step's small arrays at most.
+    assert peak < min(value.nbytes for name, value in inputs.feeds.items() if name.startswith("past_"))
+    kept = engine.step_bindings._kept[inputs.batch]
+    assert list(kept) == [inputs.layout]  # bound once, for every step of the bucket
+
+
+def test_a_batch_takes_a_larger_bucket_when_sources_do_not_fit_and_a_smaller_one_when_few_are_left(
+    tiny_export: Path, monkeypatch
+):
+    monkeypatch.setattr(buckets, "SHRINK_AFTER", 2)
+    engine = backend(tiny_export, "buckets")
+    sources = engine.tokenizer.encode_source(own_sentences(9))
+    batch = engine.new_batch()
+    batch.add(list(range(4)), engine.encode_sources(sources[:4]), [1] * 4, [60] * 4)
+    assert batch.bucket == Bucket(sources=4, group=1, src_len=batch.bucket.src_len, cache_len=64)
+    batch.add(list(range(4, 9)), engine.encode_sources(sources[4:9]), [1] * 5, [60] * 5)
+    assert batch.bucket.sources == 16 and batch.buckets_used == 2
+    for key in range(1, 9):
+        batch.remove(key)
+    batch.step()
+    batch.step()
+    assert batch.bucket.sources == 2 and batch.buckets_used == 3  # room for twice the one left
+    batch.drain()
+    assert batch.bucket is None and batch.cache_bytes == 0  # an empty batch holds no buffers
+
+
+def test_buckets_refuse_a_step_on_another_device_than_their_buffers(tiny_export: Path):
+    with pytest.raises(ValueError, match="on the host"):
+        OrtBackend(tiny_export, RuntimeOptions(provider="cpu", io_binding=True, batch_layout="buckets"))
+
+
+def test_bucket_sizes_are_powers_of_two_from_their_least():
+    assert Bucket.fitting(sources=5, group=4, src_len=17, cache_len=3) == Bucket(8, 4, 32, 16)
+    assert Bucket.fitting(sources=1, group=1, src_len=1, cache_len=64).rows == buckets.MIN_SOURCES
+    assert Bucket(8, 4, 32, 64).top_k == 8 and Bucket(8, 1, 32, 64).top_k == 1
+    assert np.all([Bucket(8, 4, 32, 64).holds(Bucket(4, g, 16, 64)) for g in (1, 4)])
