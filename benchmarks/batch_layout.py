@@ -53,32 +53,48 @@ def continuous(backend: OrtBackend, sources: list[list[int]], beam: int, in_flig
     return [results[i].tokens for i in range(len(sources))]
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def engine_parser(doc: str) -> argparse.ArgumentParser:
+    """The flags of a benchmark of two engine paths on test_2016_flickr (this one, benchmarks/k_steps.py)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--models", default="default,default-de-en", help="folders under exported/")
     parser.add_argument("--variants", default="fp32,int8")
-    parser.add_argument("--beams", default="1,4")
-    parser.add_argument("--in-flight", default="1,16,64")
     parser.add_argument("--sentences", type=int, default=1000, help="for the identity counts")
     parser.add_argument("--speed-sentences", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, required=True)
+    return parser
+
+
+def sides(model: str, variant: str, option: str, values) -> dict:
+    """A backend of the model's variant on one CPU thread for each value of a RuntimeOptions ``option``."""
+    folder = ROOT / "exported" / model
+    return {
+        value: OrtBackend(
+            folder, RuntimeOptions(provider="cpu", variant=variant, intra_op_threads=1, **{option: value})
+        )
+        for value in values
+    }
+
+
+def flickr(data: Path, model: str, count: int) -> list[str]:
+    """The first ``count`` test_2016_flickr sentences in the model's source language."""
+    with gzip.open(data / f"test_2016_flickr.{SOURCE[model]}.gz", "rt", encoding="utf-8") as lines:
+        return [line.strip() for line in lines if line.strip()][:count]
+
+
+def main() -> int:
+    parser = engine_parser(__doc__)
+    parser.add_argument("--beams", default="1,4")
+    parser.add_argument("--in-flight", default="1,16,64")
     args = parser.parse_args()
     beams = [int(b) for b in args.beams.split(",")]
     flights = [int(n) for n in args.in_flight.split(",")]
     identity, speed, self_identity = [], [], []
     for model in args.models.split(","):
-        with gzip.open(args.data / f"test_2016_flickr.{SOURCE[model]}.gz", "rt", encoding="utf-8") as lines:
-            texts = [line.strip() for line in lines if line.strip()][: args.sentences]
+        texts = flickr(args.data, model, args.sentences)
         for variant in args.variants.split(","):
-            backends = {
-                layout: OrtBackend(
-                    ROOT / "exported" / model,
-                    RuntimeOptions(provider="cpu", variant=variant, intra_op_threads=1, batch_layout=layout),
-                )
-                for layout in LAYOUTS
-            }
+            backends = sides(model, variant, "batch_layout", LAYOUTS)
             sources = backends["compact"].tokenizer.encode_source(texts)
             for beam in beams:
                 outputs = {}

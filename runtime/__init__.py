@@ -11,6 +11,7 @@
 - ``buckets``: the running batch in fixed-capacity buffers (``BucketedBatch``): sources join and leave without
   moving others, and the step's inputs keep their memory and shape, as a captured CUDA step needs;
 - ``binding``: a decoder step bound by reference and run in place, and the bindings a session keeps per batch;
+- ``k_steps``: several greedy steps per decoder run, a graph made from the one-step graph, and its bindings;
 - ``options``: the engine's settings (``EngineSettings``, ``RuntimeOptions``); ``providers``: ONNX Runtime's
   execution providers and how a graph's session is opened on one;
 - ``backend``: an exported folder on ONNX Runtime sessions (``OrtBackend``): encode, step, new batches;

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
 from runtime.aligner import Aligner
@@ -27,6 +28,7 @@ from runtime.caches import CachePool, KVCache
 from runtime.contract import ORT_DTYPES, STEP_INPUTS
 from runtime.cpu import describe_cpu, int8_products_saturate
 from runtime.device_cache import CacheOps, DeviceKVCache, device_cache_for
+from runtime.k_steps import KSteps, k_step_graph
 from runtime.manifest import ModelFolderError, read_manifest
 from runtime.model_config import ModelConfig
 from runtime.options import RuntimeOptions
@@ -116,6 +118,15 @@ class OrtBackend:
         small_steps = self.small_decoder is not self.decoder
         self.small_step_bindings = StepBindings(self.small_decoder, self.device) if small_steps else self.step_bindings
         self.aligner = Aligner(self.folder, self.manifest, self.config, self.encode)
+        self.k_steps: KSteps | None = None
+        if options.steps_per_run > 1:
+            if self.io_binding or self.batch_layout != "compact":
+                raise ValueError("steps_per_run > 1 runs on host buffers in the compact layout only, for now")
+            graph = onnx.load(str(self.folder / variants[self.variant]["decoder"]))
+            model = k_step_graph(graph, options.steps_per_run).SerializeToString()
+            threads, arena = options.intra_op_threads, options.memory_arena
+            session = open_session(model, self.provider, threads, options.spinning, arena)
+            self.k_steps = KSteps(session, options.steps_per_run)
 
     def _warn_if_int8_saturates(self) -> None:
         """An int8 export from before 7-bit weights loses BLEU on CPUs without VNNI (export/optimize.py)."""
@@ -186,6 +197,8 @@ class OrtBackend:
         layout = (c.n_decoder_layers, c.n_heads, self.d_cache, c.decoder_start_id, decoding, self.cache_dtype)
         if self.batch_layout == "buckets":
             return BucketedBatch(self.step, *layout)
+        if self.k_steps is not None:
+            return DecodeBatch(self.step, *layout, place, cache_type, self.k_steps.run, self.k_steps.k)
         return DecodeBatch(self.step, *layout, place, cache_type)
 
     def _on_device(self, array: np.ndarray) -> ort.OrtValue:

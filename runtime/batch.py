@@ -77,6 +77,8 @@ class StepInputs(NamedTuple):
 # top_log_probs (R, K), top_ids (R, K), eos_log_probs (R, 1), then CANDIDATE_OUTPUTS (runtime/contract.py)
 StepOutputs = Sequence[np.ndarray]
 StepFn = Callable[[StepInputs], StepOutputs]
+# Several greedy steps in one run (runtime/k_steps.py): each row's next k tokens (R, k) and log-probabilities
+ChunkFn = Callable[[StepInputs], tuple[np.ndarray, np.ndarray]]
 
 
 class DecodeBatch:
@@ -102,8 +104,10 @@ class DecodeBatch:
         dtype=np.float32,
         place: Callable[[np.ndarray], Any] | None = None,
         cache_type: type[KVCache] | Callable[..., KVCache] = KVCache,
+        chunk_fn: ChunkFn | None = None,
+        chunk: int = 1,
     ) -> None:
-        self.step_fn = step_fn
+        self.step_fn, self.chunk_fn, self.chunk = step_fn, chunk_fn, chunk if chunk_fn is not None else 1
         self.start_id = start_id
         self.decoding = decoding
         self.cache = cache_type(layers, heads, d_cache, dtype)
@@ -182,7 +186,7 @@ class DecodeBatch:
         # (growing it on beam search's first step cost 3% of batch-32 beam-4 time). Its buffers are zeroed
         # lazily by the OS, so rows and slots are paged in only as they are written.
         widest = sum(search.width for search in self.searches.values())
-        self.cache.reserve(widest, max(max_lengths))
+        self.cache.reserve(widest, max(max_lengths) + self.chunk - 1)  # a chunk's rows write up to k past the end
         self.cache.add_rows(len(keys))
         self.tokens = np.concatenate([self.tokens, np.full(len(keys), self.start_id, np.int64)])
         self._changed()
@@ -191,6 +195,8 @@ class DecodeBatch:
     def step(self) -> list[tuple[Any, Hypothesis]]:
         """One decoder step for every row; returns the sources finished by it, with their hypotheses."""
         self.total_length[()] = self.cache.longest + 1
+        if self.chunk > 1 and self.top_k[0] == 1:  # every source greedy: k steps in one run
+            return self._greedy_chunk()
         outputs = self.step_fn(self.step_inputs())
         top_log_probs, top_ids, eos_log_probs = outputs[:3]
         self.cache.advance()
@@ -236,6 +242,26 @@ class DecodeBatch:
                 self.tokens[:] = top_ids[:, 0]
         else:
             self._keep([np.array([row]) for row in kept], [top_ids[row, :1] for row in kept], kept)
+        return finished
+
+    def _greedy_chunk(self) -> list[tuple[Any, Hypothesis]]:
+        """``chunk`` greedy steps of every row in one run (runtime/k_steps.py): each search takes its row's tokens
+        in turn until it ends; a row that ended mid-way leaves, and what it wrote after is never read."""
+        tokens, log_probs = self.chunk_fn(self.step_inputs())
+        for _ in range(self.chunk):
+            self.cache.advance()
+        best, best_log_probs = tokens.tolist(), log_probs.tolist()
+        finished, kept = [], []
+        for row, (key, search) in enumerate(list(self.searches.items())):
+            if all(map(search.take, best[row], best_log_probs[row])):
+                kept.append(row)
+            else:
+                finished.append((key, search.result()))
+                del self.searches[key]
+        if len(kept) == self.rows:
+            self.tokens[:] = tokens[:, -1]
+        else:
+            self._keep([np.array([row]) for row in kept], [tokens[row, -1:] for row in kept], kept)
         return finished
 
     def drain(self) -> dict[Any, Hypothesis]:

@@ -54,6 +54,9 @@ class RuntimeOptions(EngineSettings):
     # provider it runs the same code, for tests.
     device_cache: bool | None = None
     verify_files: bool = True
+    # Greedy steps per decoder run (runtime/k_steps.py): a batch whose sources are all greedy goes to ONNX
+    # Runtime and back once per this many tokens. 1: one step per run.
+    steps_per_run: int = 1
     # CPU: batches under SMALL_BATCH_ROWS rows run on sessions with this many threads (None: the same ones).
     small_batch_threads: int | None = None
     # ONNX Runtime's CPU arena keeps the largest intermediates a session ever made (an encoder call over a

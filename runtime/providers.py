@@ -82,10 +82,12 @@ def reinstall_cuda_build() -> str:
     return why if requirement is None else f"{why}: pip install '{requirement}'"
 
 
-def open_session(path: str, provider: str, threads: int, spinning: bool, memory_arena: bool) -> ort.InferenceSession:
-    """A graph's session on ``provider`` ('cpu' or 'cuda') with ``threads`` intra-op threads (0: one per core)
-    that spin only within a run (``spinning``, see RuntimeOptions); ProviderUnavailable when ONNX Runtime falls
-    back to another provider."""
+def open_session(
+    path: str | bytes, provider: str, threads: int, spinning: bool, memory_arena: bool
+) -> ort.InferenceSession:
+    """A graph's session (a file, or a serialized model) on ``provider`` ('cpu' or 'cuda') with ``threads``
+    intra-op threads (0: one per core) that spin only within a run (``spinning``, see RuntimeOptions);
+    ProviderUnavailable when ONNX Runtime falls back to another provider."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.add_session_config_entry("session.intra_op.allow_spinning", str(int(spinning)))
@@ -96,7 +98,8 @@ def open_session(path: str, provider: str, threads: int, spinning: bool, memory_
     session = ort.InferenceSession(path, options, providers, disabled_optimizers=NO_FUSIONS)
     if session.get_providers()[0] != providers[0]:  # ONNX Runtime fell back to another provider
         raise ProviderUnavailable(
-            f"provider {provider!r}: ONNX Runtime could not use {providers[0]} for {path} and fell "
+            f"provider {provider!r}: ONNX Runtime could not use {providers[0]} for "
+            f"{path if isinstance(path, str) else 'a graph'} and fell "
             f"back to {session.get_providers()[0]}; on CUDA, onnxruntime-gpu must be built for this "
             f"machine's CUDA, with cuDNN 9: {reinstall_cuda_build()}"
         )

@@ -1,0 +1,91 @@
+"""Several greedy steps per run (runtime/k_steps.py): the same tokens and the same cache as one step per run,
+with rows ending mid-way and sources joining between runs; beam search still steps one at a time."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from runtime.backend import OrtBackend
+from runtime.contract import CANDIDATE_OUTPUTS
+from runtime.k_steps import CHUNK_OUTPUTS, k_step_graph
+from runtime.offline import translate_ids
+from runtime.options import RuntimeOptions
+from runtime.search import default_max_output
+from tests.conftest import own_sentences
+
+
+def backend(folder: Path, k: int, **options) -> OrtBackend:
+    return OrtBackend(folder, RuntimeOptions(provider="cpu", intra_op_threads=1, steps_per_run=k, **options))
+
+
+def test_the_k_step_graph_is_k_copies_of_the_step_without_its_search_head(tiny_export: Path):
+    step = onnx.load(str(tiny_export / "decoder.onnx"))
+    graph = k_step_graph(step, 3).graph
+    ops, one = Counter(node.op_type for node in graph.node), Counter(node.op_type for node in step.graph.node)
+    assert ops["GroupQueryAttention"] == 3 * one["GroupQueryAttention"]
+    assert ops["GatherElements"] == 0  # the search head is gone: greedy takes each row's best token
+    outputs = [output.name for output in graph.output]
+    assert outputs[:2] == list(CHUNK_OUTPUTS) and not set(CANDIDATE_OUTPUTS) & set(outputs)
+    presents = [name for name in outputs if name.startswith("present_key_0")]
+    assert presents == ["present_key_0@0", "present_key_0@1", "present_key_0"]
+    assert {value.name for value in graph.input} <= {value.name for value in step.graph.input}
+    read = {name for node in graph.node for name in node.input}
+    assert all(tensor.name in read for tensor in graph.initializer)
+
+
+@pytest.mark.parametrize("k", [2, 3, 8])
+def test_k_steps_per_run_decode_the_tokens_of_one_step_per_run(tiny_export: Path, k: int):
+    one, chunked = backend(tiny_export, 1), backend(tiny_export, k)
+    sources = [ids[: 2 + 3 * i] for i, ids in enumerate(one.tokenizer.encode_source(own_sentences(6)))]
+    for cap in (7, 30):  # rows end at their length limit mid-chunk, or at eos
+        alone = [translate_ids(one, [source], max_output_tokens=cap)[0] for source in sources]
+        assert [translate_ids(chunked, [source], max_output_tokens=cap)[0] for source in sources] == alone
+        assert translate_ids(chunked, sources, max_output_tokens=cap) == translate_ids(
+            one, sources, max_output_tokens=cap
+        )
+
+
+def test_a_chunk_writes_the_cache_that_k_single_steps_write(tiny_export: Path):
+    one, chunked = backend(tiny_export, 1), backend(tiny_export, 4)
+    sources = one.tokenizer.encode_source(own_sentences(3))
+    batches = []
+    for engine, steps in ((one, 4), (chunked, 1)):
+        batch = engine.new_batch()
+        batch.add([0, 1, 2], engine.encode_sources(sources), [1, 1, 1], [64, 64, 64])
+        for _ in range(steps):
+            assert batch.step() == []
+        batches.append(batch)
+    single, chunk = batches
+    assert chunk.cache.live_lengths.tolist() == single.cache.live_lengths.tolist() == [4, 4, 4]
+    assert chunk.tokens.tolist() == single.tokens.tolist()
+    for a, b in zip(single.cache.views(), chunk.cache.views(), strict=True):
+        np.testing.assert_array_equal(a[:, :, :4], b[:, :, :4])
+
+
+def test_sources_join_between_chunks_and_beam_search_steps_one_at_a_time(tiny_export: Path):
+    one, chunked = backend(tiny_export, 1), backend(tiny_export, 3)
+    sources = one.tokenizer.encode_source(own_sentences(5))
+    results = []
+    for engine in (one, chunked):
+        batch, done, runs = engine.new_batch(), {}, 0
+        for key, (source, beam) in enumerate(zip(sources, [1, 1, 2, 1, 1], strict=True)):
+            batch.add([key], engine.encode_sources([source]), [beam], [default_max_output(len(source), 20)])
+            done.update({k: h.tokens for k, h in batch.step()})
+            runs += 1
+        while len(batch):
+            done.update({k: h.tokens for k, h in batch.step()})
+            runs += 1
+        results.append((done, runs))
+    assert results[1][0] == results[0][0]
+    assert results[1][1] < results[0][1]  # greedy-only runs went three steps at a time
+
+
+def test_k_steps_need_host_buffers_in_the_compact_layout(tiny_export: Path):
+    for options in ({"io_binding": True}, {"batch_layout": "buckets"}):
+        with pytest.raises(ValueError, match="compact layout only"):
+            backend(tiny_export, 2, **options)
