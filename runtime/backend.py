@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 
 from runtime.aligner import Aligner
@@ -28,7 +27,6 @@ from runtime.caches import CachePool, KVCache
 from runtime.contract import ORT_DTYPES, STEP_INPUTS
 from runtime.cpu import describe_cpu, int8_products_saturate
 from runtime.device_cache import CacheOps, DeviceKVCache, device_cache_for
-from runtime.k_steps import KSteps, k_step_graph
 from runtime.manifest import ModelFolderError, read_manifest
 from runtime.model_config import ModelConfig
 from runtime.options import RuntimeOptions
@@ -118,15 +116,23 @@ class OrtBackend:
         small_steps = self.small_decoder is not self.decoder
         self.small_step_bindings = StepBindings(self.small_decoder, self.device) if small_steps else self.step_bindings
         self.aligner = Aligner(self.folder, self.manifest, self.config, self.encode)
-        self.k_steps: KSteps | None = None
-        if options.steps_per_run > 1:
-            if self.io_binding or self.batch_layout != "compact":
-                raise ValueError("steps_per_run > 1 runs on host buffers in the compact layout only, for now")
-            graph = onnx.load(str(self.folder / variants[self.variant]["decoder"]))
-            model = k_step_graph(graph, options.steps_per_run).SerializeToString()
-            threads, arena = options.intra_op_threads, options.memory_arena
-            session = open_session(model, self.provider, threads, options.spinning, arena)
-            self.k_steps = KSteps(session, options.steps_per_run)
+        self.k_steps = self._k_steps(options) if options.steps_per_run > 1 else None
+
+    def _k_steps(self, options: RuntimeOptions) -> Any:
+        """The session of ``steps_per_run`` greedy steps per run (runtime/k_steps.py), made from the decoder's
+        graph with the onnx package, which the serving image leaves out: imported only here."""
+        if self.io_binding or self.batch_layout != "compact":
+            raise ValueError("steps_per_run > 1 runs on host buffers in the compact layout only, for now")
+        try:
+            import onnx
+
+            from runtime.k_steps import KSteps, k_step_graph
+        except ImportError as e:
+            raise ValueError(f"steps_per_run > 1 makes its graph with the onnx package: {e}; pip install onnx") from e
+        graph = onnx.load(str(self.folder / self.manifest["variants"][self.variant]["decoder"]))
+        model = k_step_graph(graph, options.steps_per_run).SerializeToString()
+        session = open_session(model, self.provider, options.intra_op_threads, options.spinning, options.memory_arena)
+        return KSteps(session, options.steps_per_run)
 
     def _warn_if_int8_saturates(self) -> None:
         """An int8 export from before 7-bit weights loses BLEU on CPUs without VNNI (export/optimize.py)."""

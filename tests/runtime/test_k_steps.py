@@ -3,6 +3,7 @@ with rows ending mid-way and sources joining between runs; beam search still ste
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -89,3 +90,11 @@ def test_k_steps_need_host_buffers_in_the_compact_layout(tiny_export: Path):
     for options in ({"io_binding": True}, {"batch_layout": "buckets"}):
         with pytest.raises(ValueError, match="compact layout only"):
             backend(tiny_export, 2, **options)
+
+
+def test_k_steps_without_the_onnx_package_are_refused_with_what_to_install(tiny_export: Path, monkeypatch):
+    """The serving image leaves the onnx package out; one step per run never imports it."""
+    monkeypatch.setitem(sys.modules, "onnx", None)
+    with pytest.raises(ValueError, match="pip install onnx"):
+        backend(tiny_export, 2)
+    assert backend(tiny_export, 1).k_steps is None
