@@ -16,7 +16,6 @@ from __future__ import annotations
 import csv
 import functools
 import html
-import io
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -207,15 +206,20 @@ def parse_entries(text: str, entries_format: str) -> dict[str, Any]:
         raise InvalidRequest(
             f"entries_format={entries_format!r} is not supported; use one of {', '.join(ENTRY_FORMATS)}"
         )
-    rows = csv.reader(io.StringIO(text), delimiter="\t" if entries_format == "tsv" else ",")
+    # Lines as str.splitlines sees them (a lone carriage return ends one too), so the csv module never meets a
+    # line break inside an unquoted field; a term holds none.
+    rows = csv.reader(text.splitlines(), delimiter="\t" if entries_format == "tsv" else ",")
     entries: dict[str, Any] = {}
-    for number, row in enumerate(rows, 1):
-        if not any(cell.strip() for cell in row):
-            continue
-        if len(row) < 2:
-            separator = "," if entries_format == "csv" else "<TAB>"
-            raise InvalidRequest(f"entries line {number} has no target term: send source{separator}target")
-        if row[0].strip() in entries:
-            raise InvalidRequest(f"entries line {number}: {row[0].strip()!r} is there twice")
-        entries[row[0].strip()] = row[1]
+    try:
+        for number, row in enumerate(rows, 1):
+            if not any(cell.strip() for cell in row):
+                continue
+            if len(row) < 2:
+                separator = "," if entries_format == "csv" else "<TAB>"
+                raise InvalidRequest(f"entries line {number} has no target term: send source{separator}target")
+            if row[0].strip() in entries:
+                raise InvalidRequest(f"entries line {number}: {row[0].strip()!r} is there twice")
+            entries[row[0].strip()] = row[1]
+    except csv.Error as e:  # a field past the csv module's size limit, a stray quote...
+        raise InvalidRequest(f"entries are not valid {entries_format.upper()} ({e}); send one entry per line") from e
     return entries

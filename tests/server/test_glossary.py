@@ -196,6 +196,16 @@ def test_entries_as_tsv_csv_and_json():
         parse_entries("", "xlsx")
 
 
+def test_entries_that_the_csv_module_cannot_read_are_a_clear_error():
+    """A lone carriage return ends a line (the csv module refused it inside a field: the fuzzer's 500), and a
+    field past the module's size limit is an InvalidRequest naming it."""
+    assert parse_entries("bike\tVelo\rred\trot\r\n", "tsv") == {"bike": "Velo", "red": "rot"}
+    with pytest.raises(InvalidRequest, match="line 2 has no target term"):
+        parse_entries("bike\tVel2ndre,o\rmt", "tsv")
+    with pytest.raises(InvalidRequest, match="not valid CSV .*field limit"):
+        parse_entries("x" * 200_000 + ",y", "csv")
+
+
 # --- over HTTP and gRPC, on the tiny model --------------------------------------------------------------------
 
 
