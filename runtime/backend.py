@@ -116,23 +116,25 @@ class OrtBackend:
         small_steps = self.small_decoder is not self.decoder
         self.small_step_bindings = StepBindings(self.small_decoder, self.device) if small_steps else self.step_bindings
         self.aligner = Aligner(self.folder, self.manifest, self.config, self.encode)
-        self.k_steps = self._k_steps(options) if options.steps_per_run > 1 else None
+        self.steps_per_run = options.steps_per_run
+        self.k_steps = self._k_steps(options) if self.steps_per_run > 1 else None
 
-    def _k_steps(self, options: RuntimeOptions) -> Any:
-        """The session of ``steps_per_run`` greedy steps per run (runtime/k_steps.py), made from the decoder's
-        graph with the onnx package, which the serving image leaves out: imported only here."""
+    def _k_steps(self, options: RuntimeOptions) -> StepBindings:
+        """The session of ``steps_per_run`` greedy steps per run (runtime/k_steps.py) and its bindings, made from
+        the decoder's graph with the onnx package, which the serving image leaves out: imported only here."""
         if self.io_binding or self.batch_layout != "compact":
             raise ValueError("steps_per_run > 1 runs on host buffers in the compact layout only, for now")
         try:
             import onnx
 
-            from runtime.k_steps import KSteps, k_step_graph
+            from runtime.k_steps import bind_k_steps, k_step_graph
         except ImportError as e:
             raise ValueError(f"steps_per_run > 1 makes its graph with the onnx package: {e}; pip install onnx") from e
+        k = options.steps_per_run
         graph = onnx.load(str(self.folder / self.manifest["variants"][self.variant]["decoder"]))
-        model = k_step_graph(graph, options.steps_per_run).SerializeToString()
+        model = k_step_graph(graph, k).SerializeToString()
         session = open_session(model, self.provider, options.intra_op_threads, options.spinning, options.memory_arena)
-        return KSteps(session, options.steps_per_run)
+        return StepBindings(session, self.device, partial(bind_k_steps, k=k))
 
     def _warn_if_int8_saturates(self) -> None:
         """An int8 export from before 7-bit weights loses BLEU on CPUs without VNNI (export/optimize.py)."""
@@ -204,7 +206,7 @@ class OrtBackend:
         if self.batch_layout == "buckets":
             return BucketedBatch(self.step, *layout)
         if self.k_steps is not None:
-            return DecodeBatch(self.step, *layout, place, cache_type, self.k_steps.run, self.k_steps.k)
+            return DecodeBatch(self.step, *layout, place, cache_type, self.k_steps.run, self.steps_per_run)
         return DecodeBatch(self.step, *layout, place, cache_type)
 
     def _on_device(self, array: np.ndarray) -> ort.OrtValue:

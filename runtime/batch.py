@@ -201,7 +201,7 @@ class DecodeBatch:
         top_log_probs, top_ids, eos_log_probs = outputs[:3]
         self.cache.advance()
         if self.top_k[0] == 1:  # every source greedy: one row each
-            return self._greedy_step(top_log_probs, top_ids)
+            return self._greedy_step(top_log_probs[:, :1], top_ids[:, :1])
         # Each source's candidates, ranked by the step (CANDIDATE_OUTPUTS), if it does: as lists, once.
         ranked = [output.tolist() for output in outputs[3:]]
         rows, tokens, kept, finished, offset = [], [], [], [], 0
@@ -224,11 +224,13 @@ class DecodeBatch:
         return finished
 
     def _greedy_step(self, top_log_probs: np.ndarray, top_ids: np.ndarray) -> list[tuple[Any, Hypothesis]]:
-        """Every source greedy, one row each: the order of rows is the order of sources."""
+        """Every source greedy, one row each (the order of rows is the order of sources): each row's search
+        takes the row's tokens, a column per step the run made (one, or a chunk's), until it ends; a row that
+        ended leaves, and what the run wrote for it after its end is never read."""
         finished, kept = [], []
-        best, best_log_probs = top_ids[:, 0].tolist(), top_log_probs[:, 0].tolist()
+        best, best_log_probs = top_ids.tolist(), top_log_probs.tolist()
         for row, (key, search) in enumerate(list(self.searches.items())):
-            if search.take(best[row], best_log_probs[row]):
+            if all(map(search.take, best[row], best_log_probs[row])):
                 kept.append(row)
             else:
                 finished.append((key, search.result()))
@@ -236,33 +238,20 @@ class DecodeBatch:
         if len(kept) == self.rows:  # nothing changes shape: the next step reuses its binding
             if self.rows <= FEW_ROWS:
                 tokens = memoryview(self.tokens)
-                for row, token in enumerate(best):
-                    tokens[row] = token
+                for row, taken in enumerate(best):
+                    tokens[row] = taken[-1]
             else:
-                self.tokens[:] = top_ids[:, 0]
+                self.tokens[:] = top_ids[:, -1]
         else:
-            self._keep([np.array([row]) for row in kept], [top_ids[row, :1] for row in kept], kept)
+            self._keep([np.array([row]) for row in kept], [top_ids[row, -1:] for row in kept], kept)
         return finished
 
     def _greedy_chunk(self) -> list[tuple[Any, Hypothesis]]:
-        """``chunk`` greedy steps of every row in one run (runtime/k_steps.py): each search takes its row's tokens
-        in turn until it ends; a row that ended mid-way leaves, and what it wrote after is never read."""
+        """``chunk`` greedy steps of every row in one run (runtime/k_steps.py)."""
         tokens, log_probs = self.chunk_fn(self.step_inputs())
         for _ in range(self.chunk):
             self.cache.advance()
-        best, best_log_probs = tokens.tolist(), log_probs.tolist()
-        finished, kept = [], []
-        for row, (key, search) in enumerate(list(self.searches.items())):
-            if all(map(search.take, best[row], best_log_probs[row])):
-                kept.append(row)
-            else:
-                finished.append((key, search.result()))
-                del self.searches[key]
-        if len(kept) == self.rows:
-            self.tokens[:] = tokens[:, -1]
-        else:
-            self._keep([np.array([row]) for row in kept], [tokens[row, -1:] for row in kept], kept)
-        return finished
+        return self._greedy_step(log_probs, tokens)
 
     def drain(self) -> dict[Any, Hypothesis]:
         """Step until every source is done (no more joining): each source's hypothesis, by key."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,8 +92,12 @@ class StepBindings:
     When a layout changes, the bindings that differ from it only in which of a device cache's two buffer sets
     is live are kept (beam search alternates between them)."""
 
-    def __init__(self, session: ort.InferenceSession, device: str) -> None:
-        self.session, self.device = session, device
+    def __init__(
+        self, session: ort.InferenceSession, device: str, bind: Callable[..., StepBinding] | None = None
+    ) -> None:
+        """``bind(session, feeds, device)``: how a layout's feeds are bound (``bind_step``; the k-step graph's
+        ``runtime.k_steps.bind_k_steps``)."""
+        self.session, self.device, self.bind = session, device, bind or bind_step
         self._kept: weakref.WeakKeyDictionary[Any, dict[tuple, StepBinding]] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()  # translate-file's workers step their batches on one session at once
 
@@ -105,7 +110,7 @@ class StepBindings:
         return bound.outputs
 
     def _bind(self, inputs: StepInputs) -> StepBinding:
-        bound = bind_step(self.session, inputs.feeds, self.device)
+        bound = self.bind(self.session, inputs.feeds, self.device)
         family = inputs.layout[:-1]
         with self._lock:
             kept = self._kept.get(inputs.batch, {})

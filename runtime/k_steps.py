@@ -15,7 +15,6 @@ them).
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import numpy as np
@@ -23,7 +22,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from runtime.batch import StepInputs
+from runtime.binding import StepBinding
 from runtime.contract import STEP_OUTPUTS
 
 PER_STEP = ("tokens", "lengths", "total_length")  # the feeds each copy reads its own of
@@ -126,41 +125,28 @@ def _node(nodes: list[onnx.NodeProto], op: str, inputs: list[str], output: str, 
     return output
 
 
-class KSteps:
-    """A k-step graph's session, run over bindings it keeps for each batch layout (as ``StepBindings`` does):
-    the step's feeds by reference, each past buffer bound as every copy's present output too, and the chunk's
-    tokens and log-probabilities written into arrays it returns."""
-
-    def __init__(self, session: ort.InferenceSession, k: int) -> None:
-        self.session, self.k = session, k
-        self.declared = {value.name for value in session.get_inputs()}
-        layers = sum(name.startswith("past_") for name in self.declared) // 2
-        self.present = present_names(layers, k)
-        self._kept: weakref.WeakKeyDictionary[Any, tuple[tuple, Any]] = weakref.WeakKeyDictionary()
-
-    def run(self, inputs: StepInputs) -> tuple[np.ndarray, np.ndarray]:
-        kept = self._kept.get(inputs.batch)
-        if kept is None or kept[0] != inputs.layout:
-            kept = self._kept[inputs.batch] = (inputs.layout, self._bind(inputs))
-        binding, outputs, _ = kept[1]
-        self.session.run_with_iobinding(binding)
-        return outputs
-
-    def _bind(self, inputs: StepInputs) -> tuple[ort.IOBinding, tuple[np.ndarray, np.ndarray], list]:
-        binding, values = self.session.io_binding(), []
-        pasts = [name for name in inputs.feeds if name.startswith("past_")]
-        for name, array in inputs.feeds.items():
-            if name not in self.declared:
-                continue
-            assert array.flags.c_contiguous, name  # a copy would not see the batch's updates
-            value = ort.OrtValue.ortvalue_from_numpy(array)  # the same memory
-            values.append(value)
-            binding.bind_ortvalue_input(name, value)
-            if name in pasts:
-                for names in self.present:
-                    binding.bind_ortvalue_output(names[pasts.index(name)], value)
-        outputs = (np.empty((inputs.rows, self.k), np.int64), np.empty((inputs.rows, self.k), np.float32))
-        for name, array in zip(CHUNK_OUTPUTS, outputs, strict=True):
-            values.append(ort.OrtValue.ortvalue_from_numpy(array))
-            binding.bind_ortvalue_output(name, values[-1])
-        return binding, outputs, values
+def bind_k_steps(session: ort.InferenceSession, feeds: dict[str, Any], device: str, k: int) -> StepBinding:
+    """A k-step graph bound as ``bind_step`` binds a step (host feeds by reference; ``StepBindings`` keeps it
+    per batch layout), with each past buffer bound as every copy's present output too, and the chunk's tokens
+    and log-probabilities written into arrays that ``StepBindings.run`` returns."""
+    assert device == "cpu", device  # host buffers only, for now
+    declared = {value.name for value in session.get_inputs()}
+    pasts = [name for name in feeds if name.startswith("past_")]
+    presents = present_names(len(pasts) // 2, k)
+    binding, values = session.io_binding(), []
+    for name, array in feeds.items():
+        if name not in declared:
+            continue
+        assert array.flags.c_contiguous, name  # a copy would not see the batch's updates
+        value = ort.OrtValue.ortvalue_from_numpy(array)  # the same memory
+        values.append(value)
+        binding.bind_ortvalue_input(name, value)
+        if name in pasts:
+            for names in presents:
+                binding.bind_ortvalue_output(names[pasts.index(name)], value)
+    rows = len(feeds["tokens"])
+    outputs = (np.empty((rows, k), np.int64), np.empty((rows, k), np.float32))
+    for name, array in zip(CHUNK_OUTPUTS, outputs, strict=True):
+        values.append(ort.OrtValue.ortvalue_from_numpy(array))
+        binding.bind_ortvalue_output(name, values[-1])
+    return StepBinding(binding, outputs, values)
