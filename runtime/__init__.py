@@ -10,6 +10,8 @@
   loop) and each step's inputs as a value (``StepInputs``); ``layout``: where the batch's rows sit in a step;
 - ``buckets``: the running batch in fixed-capacity buffers (``BucketedBatch``): sources join and leave without
   moving others, and the step's inputs keep their memory and shape, as a captured CUDA step needs;
+  ``bucket_buffers``: where a bucket's caches live (the host, or the step's device, kept per bucket shape);
+  ``captured``: a bucket's step on a device, bound once and replayed as one CUDA graph per bucket;
 - ``binding``: a decoder step bound by reference and run in place, and the bindings a session keeps per batch;
 - ``k_steps``: several greedy steps per decoder run, a graph made from the one-step graph, and its bindings;
 - ``options``: the engine's settings (``EngineSettings``, ``RuntimeOptions``); ``providers``: ONNX Runtime's

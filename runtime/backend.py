@@ -22,9 +22,11 @@ import onnxruntime as ort
 from runtime.aligner import Aligner
 from runtime.batch import DecodeBatch, EncodedSources, StepInputs, StepOutputs, pad_sources
 from runtime.binding import StepBindings
+from runtime.bucket_buffers import DeviceBuffers
 from runtime.buckets import BucketedBatch
 from runtime.caches import CachePool, KVCache
-from runtime.contract import ORT_DTYPES, STEP_INPUTS
+from runtime.captured import DeviceSteps, split_host_feeds
+from runtime.contract import CANDIDATE_OUTPUTS, ORT_DTYPES, STEP_INPUTS, STEP_OUTPUTS
 from runtime.cpu import describe_cpu, int8_products_saturate
 from runtime.device_cache import CacheOps, DeviceKVCache, device_cache_for
 from runtime.manifest import ModelFolderError, read_manifest
@@ -107,34 +109,69 @@ class OrtBackend:
         )
         self.cache_pool: CachePool | None = CachePool() if options.reuse_cache_buffers else None
         self.batch_layout = options.batch_layout
-        if self.batch_layout == "buckets" and self.io_binding:
-            raise ValueError(
-                "batch_layout buckets keeps its buffers on the host, which a step on another device would copy "
-                "across at every step: use the compact layout there"
-            )
         self.step_bindings = StepBindings(self.decoder, self.device)
         small_steps = self.small_decoder is not self.decoder
         self.small_step_bindings = StepBindings(self.small_decoder, self.device) if small_steps else self.step_bindings
         self.aligner = Aligner(self.folder, self.manifest, self.config, self.encode)
         self.steps_per_run = options.steps_per_run
-        self.k_steps = self._k_steps(options) if self.steps_per_run > 1 else None
+        # Buckets on a device (io_binding): their buffers live there, and their steps run over them (DeviceSteps)
+        self.bucket_buffers: DeviceBuffers | None = None
+        self.device_steps = self.device_chunks = None
+        if options.cuda_graphs and not (self.batch_layout == "buckets" and self.io_binding):
+            raise ValueError("cuda_graphs captures each bucket's step: it needs batch_layout buckets on a device")
+        if self.batch_layout == "buckets" and self.io_binding:
+            self._device_buckets(options)
+        self.k_steps = self._k_steps(options) if self.steps_per_run > 1 and self.device_chunks is None else None
 
-    def _k_steps(self, options: RuntimeOptions) -> StepBindings:
-        """The session of ``steps_per_run`` greedy steps per run (runtime/k_steps.py) and its bindings, made from
-        the decoder's graph with the onnx package, which the serving image leaves out: imported only here."""
-        if self.io_binding or self.batch_layout != "compact":
-            raise ValueError("steps_per_run > 1 runs on host buffers in the compact layout only, for now")
+    def _graph(self, what: str) -> Any:
+        """The decoder's graph as an onnx.ModelProto, for the graphs made from it (the onnx package, which the
+        serving image leaves out, is imported only here)."""
         try:
             import onnx
-
-            from runtime.k_steps import bind_k_steps, k_step_graph
         except ImportError as e:
-            raise ValueError(f"steps_per_run > 1 makes its graph with the onnx package: {e}; pip install onnx") from e
+            raise ValueError(f"{what} makes its graph with the onnx package: {e}; pip install onnx") from e
+        return onnx.load(str(self.folder / self.manifest["variants"][self.variant]["decoder"]))
+
+    def _k_steps(self, options: RuntimeOptions) -> StepBindings:
+        """The session of ``steps_per_run`` greedy steps per run (runtime/k_steps.py) and its bindings, on host
+        buffers."""
+        if self.io_binding:
+            raise ValueError("steps_per_run > 1 on a device runs in batch_layout buckets only")
+        graph = self._graph("steps_per_run > 1")
+        from runtime.k_steps import bind_k_steps, k_step_graph
+
         k = options.steps_per_run
-        graph = onnx.load(str(self.folder / self.manifest["variants"][self.variant]["decoder"]))
         model = k_step_graph(graph, k).SerializeToString()
         session = open_session(model, self.provider, options.intra_op_threads, options.spinning, options.memory_arena)
         return StepBindings(session, self.device, partial(bind_k_steps, k=k))
+
+    def _device_buckets(self, options: RuntimeOptions) -> None:
+        """Buckets whose buffers live on the device, their steps (and chunks of ``steps_per_run`` greedy steps)
+        run over them by DeviceSteps, each bucket's captured as a CUDA graph with ``cuda_graphs``."""
+        if self.provider == "cuda" and self.cache_dtype != np.float16:
+            raise ValueError(
+                "batch_layout buckets on CUDA keeps the cache on the device, where ONNX Runtime's "
+                "GroupQueryAttention has no float32 kernel: use the fp16 variant"
+            )
+        ops = self._cache_ops or CacheOps(PROVIDERS[self.provider], self.device, self.cache_dtype)
+        self.bucket_buffers = DeviceBuffers(ops)
+        graphs = self.provider == "cuda" if options.cuda_graphs is None else options.cuda_graphs
+        session = self.decoder
+
+        def opened(model: Any) -> ort.InferenceSession:
+            extra = {"enable_cuda_graph": "1"} if graphs and self.provider == "cuda" else None
+            threads, arena = options.intra_op_threads, options.memory_arena
+            return open_session(model.SerializeToString(), self.provider, threads, options.spinning, arena, extra)
+
+        if graphs:
+            session = opened(split_host_feeds(self._graph("cuda_graphs")))
+        self.device_steps = DeviceSteps(session, self.device, STEP_OUTPUTS + CANDIDATE_OUTPUTS, graphs)
+        if self.steps_per_run > 1:
+            graph = self._graph("steps_per_run > 1")
+            from runtime.k_steps import CHUNK_OUTPUTS, k_step_graph
+
+            model = k_step_graph(graph, self.steps_per_run, host_totals=True)
+            self.device_chunks = DeviceSteps(opened(model), self.device, list(CHUNK_OUTPUTS), graphs)
 
     def _warn_if_int8_saturates(self) -> None:
         """An int8 export from before 7-bit weights loses BLEU on CPUs without VNNI (export/optimize.py)."""
@@ -204,7 +241,11 @@ class OrtBackend:
         decoding = decoding or self.decoding()
         layout = (c.n_decoder_layers, c.n_heads, self.d_cache, c.decoder_start_id, decoding, self.cache_dtype)
         if self.batch_layout == "buckets":
-            return BucketedBatch(self.step, *layout)
+            if self.bucket_buffers is not None:
+                buffers, step, chunk = self.bucket_buffers, self.device_steps, self.device_chunks
+            else:
+                buffers, step, chunk = None, self.step, self.k_steps.run if self.k_steps else None
+            return BucketedBatch(step, *layout, buffers, chunk, self.steps_per_run)
         if self.k_steps is not None:
             return DecodeBatch(self.step, *layout, place, cache_type, self.k_steps.run, self.steps_per_run)
         return DecodeBatch(self.step, *layout, place, cache_type)

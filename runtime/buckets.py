@@ -11,6 +11,12 @@ of its slots or fewer in use. Within a bucket the step's inputs keep their layou
 them once: what lets a bucket's step be one captured CUDA graph (every bound buffer keeps its address and
 shape). The step graph and the searches are ``DecodeBatch``'s (runtime/batch.py), so the two decode the same
 tokens where the step computes each row as it would in a compact batch.
+
+The caches and sources' keys are host arrays or values on the step's device (runtime/bucket_buffers.py); the
+small feeds (tokens, lengths, masks, scores) are host arrays, which a device's step function copies across
+before each run (runtime/captured.py). A greedy bucket may run several steps per call (``chunk_fn``,
+runtime/k_steps.py). On a device the step's total length is the bucket's (``fixed_total_length``), as a
+captured step reads it once.
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from runtime.batch import BatchKey, DecodeBatch, EncodedSources, Joined, StepFn, StepInputs
+from runtime.batch import BatchKey, ChunkFn, DecodeBatch, EncodedSources, Joined, StepFn, StepInputs
+from runtime.bucket_buffers import BufferSet, DeviceBuffers, HostBuffers
 from runtime.contract import layer_names
 from runtime.search import Decoding, Hypothesis, Search
 
@@ -74,7 +81,8 @@ class Bucket:
 
 class BucketedBatch:
     """The running decode batch of ``runtime.batch.DecodeBatch`` (``server.interface.Batch``), in a bucket's
-    fixed buffers (see the module's doc). Host buffers: the CPU provider steps on them in place."""
+    fixed buffers (see the module's doc): ``buffers`` says where they live (default: the host, where the CPU
+    provider steps on them in place); ``chunk_fn`` runs ``chunk`` greedy steps at once."""
 
     def __init__(
         self,
@@ -85,9 +93,16 @@ class BucketedBatch:
         start_id: int,
         decoding: Decoding,
         dtype=np.float32,
+        buffers: HostBuffers | DeviceBuffers | None = None,
+        chunk_fn: ChunkFn | None = None,
+        chunk: int = 1,
     ) -> None:
         self.step_fn, self.layers, self.heads, self.d_cache = step_fn, layers, heads, d_cache
         self.start_id, self.decoding, self.dtype = start_id, decoding, dtype
+        self.buffers = buffers or HostBuffers(dtype)
+        self.chunk_fn, self.chunk = chunk_fn, chunk if chunk_fn is not None else 1
+        self.fixed_total_length = self.buffers.on_device
+        self.set: BufferSet | None = None
         self.bucket: Bucket | None = None
         self.slots: list[tuple[Hashable, Search] | None] = []
         self.where: dict[Hashable, int] = {}  # each live source's slot
@@ -107,11 +122,11 @@ class BucketedBatch:
 
     @property
     def cache_bytes(self) -> int:
-        return sum(buffer.nbytes for buffer in self.cache)
+        return sum(map(self.buffers.nbytes, self.cache))
 
     @property
     def cross_bytes(self) -> int:
-        return sum(buffer.nbytes for buffer in self.cross)
+        return sum(map(self.buffers.nbytes, self.cross))
 
     # --- the step ---------------------------------------------------------------------
 
@@ -137,7 +152,7 @@ class BucketedBatch:
             len(self.where) + len(keys),
             max([search.width for search in live] + list(beams)),
             max(mask.shape[1], self._longest_source()),
-            max([search.max_length for search in live] + list(max_lengths)),
+            max([search.max_length for search in live] + list(max_lengths)) + self.chunk - 1,  # a chunk's overrun
         )
         if self.bucket is None or not self.bucket.holds(need):
             current = self.bucket or need
@@ -151,40 +166,42 @@ class BucketedBatch:
                 cross_k,
             )
         free = (n for n, slot in enumerate(self.slots) if slot is None)
-        length = mask.shape[1]
+        length, slots = mask.shape[1], []
         for i, (key, beam, max_length) in enumerate(zip(keys, beams, max_lengths, strict=True)):
             assert key not in self.where, key
             n = next(free)
+            slots.append(n)
             search = self.decoding.search(beam, max_length)
             self.slots[n], self.where[key] = (key, search), n
             self.src_mask[n] = 0
             self.src_mask[n, :length] = mask[i]
-            for layer in range(self.layers if cross_k is not None else 0):
-                self.cross[2 * layer][n, :, :length] = cross_k[layer, i]
-                self.cross[2 * layer + 1][n, :, :length] = cross_v[layer, i]
             self.lengths[n * self.bucket.group] = 0  # an empty cache: the slot's rows attend to what they write
             self._set_rows(n, search, (self.start_id,))
+        joining = range(len(keys))
+        for layer in range(self.layers if cross_k is not None else 0):
+            self.buffers.copy_rows(cross_k[layer], self.cross[2 * layer], joining, slots)
+            self.buffers.copy_rows(cross_v[layer], self.cross[2 * layer + 1], joining, slots)
         return Joined(encoded.seconds, mask.size, int(mask.sum()))
 
     def step(self) -> list[tuple[Any, Hypothesis]]:
         """One decoder step for every row; returns the sources finished by it, with their hypotheses."""
         # GroupQueryAttention's total_sequence_length, a host value: the longest row's on the CPU, where a step's
-        # work follows it (a captured CUDA step reads it once, and would take the bucket's cache_len)
-        self.total_length[()] = self.lengths.max() + 1
+        # work follows it; on a device the bucket's (a captured step reads it once), less a chunk's later steps
+        if self.fixed_total_length:
+            self.total_length[()] = self.bucket.cache_len - self.chunk + 1
+        else:
+            self.total_length[()] = self.lengths.max() + 1
+        if self.chunk > 1 and self.bucket.group == 1:  # greedy sources only: k steps in one run
+            tokens, log_probs = self.chunk_fn(self._inputs)
+            self.lengths += self.chunk * self.live
+            return self._greedy(tokens, log_probs)
         outputs = self.step_fn(self._inputs)
-        top_log_probs, top_ids, eos_log_probs = outputs[:3]
+        top_log_probs, top_ids = outputs[0], outputs[1]
         self.lengths += self.live
         group, finished = self.bucket.group, []
         if group == 1:  # greedy sources only, one row each: a slot is a row
-            best, best_log_probs = top_ids[:, 0].tolist(), top_log_probs[:, 0].tolist()
-            for n in list(self.where.values()):
-                key, search = self.slots[n]
-                if not search.take(best[n], best_log_probs[n]):
-                    finished.append((key, search.result()))
-                    self._free(n)
-            self.tokens[:] = top_ids[:, 0]  # free rows' too: nothing reads them, and a join sets its own
-            self._after_step()
-            return finished
+            return self._greedy(top_ids[:, :1], top_log_probs[:, :1])
+        eos_log_probs = outputs[2]
         ranked = [output.tolist() for output in outputs[3:]]
         origins_all, targets_all = [], []
         for n in list(self.where.values()):
@@ -209,11 +226,23 @@ class BucketedBatch:
                     self.row_scores[base : base + before, 0] = search.scores
             else:
                 self._set_rows(n, search, next_tokens)
-        if origins_all:  # fancy indexing reads every origin before any target is written
-            longest = int(self.lengths.max())
-            origins_index, targets_index = np.array(origins_all), np.array(targets_all)
-            for buffer in self.cache:
-                buffer[targets_index, :, :longest] = buffer[origins_index, :, :longest]
+        if origins_all:  # every origin is read before any target is written
+            self.buffers.reorder(self.cache, origins_all, targets_all, int(self.lengths.max()))
+        self._after_step()
+        return finished
+
+    def _greedy(self, tokens: np.ndarray, log_probs: np.ndarray) -> list[tuple[Any, Hypothesis]]:
+        """Greedy sources, a slot a row: each row's search takes its tokens, a column per step the run made (one,
+        or a chunk's), until it ends; a row that ended leaves, and what the run wrote after its end is never
+        read."""
+        finished = []
+        best, best_log_probs = tokens.tolist(), log_probs.tolist()
+        for n in list(self.where.values()):
+            key, search = self.slots[n]
+            if not all(map(search.take, best[n], best_log_probs[n])):
+                finished.append((key, search.result()))
+                self._free(n)
+        self.tokens[:] = tokens[:, -1]  # free rows' too: nothing reads them, and a join sets its own
         self._after_step()
         return finished
 
@@ -279,7 +308,9 @@ class BucketedBatch:
 
     def _release(self) -> None:
         """No sources: no buffers, and the next bucket's inputs are a new batch's to a step function."""
-        self.bucket, self.slots, self.where = None, [], {}
+        if self.set is not None:
+            self.buffers.give_back(self.set)
+        self.bucket, self.slots, self.where, self.set = None, [], {}, None
         self.cache, self.cross = [], []
         self._inputs = None
         self._key = BatchKey()
@@ -291,13 +322,14 @@ class BucketedBatch:
         old, old_slots = self.bucket, self.slots
         moved = [(n, slot) for n, slot in enumerate(old_slots) if slot is not None]
         rows, group = bucket.rows, bucket.group
-        cache = [np.zeros((rows, self.heads, bucket.cache_len, self.d_cache), self.dtype) for _ in self._layers()]
         reference = self.cross[0] if self.cross else sample
-        cross = []
+        cross_shape = None
         if reference is not None:
-            heads, d_head = reference.shape[-3], reference.shape[-1]
-            shape = (bucket.sources, heads, bucket.src_len, d_head)
-            cross = [np.zeros(shape, reference.dtype) for _ in self._layers()]
+            shape = tuple(reference.shape() if callable(reference.shape) else reference.shape)
+            cross_shape = (bucket.sources, shape[-3], bucket.src_len, shape[-1])
+        cache_shape = (rows, self.heads, bucket.cache_len, self.d_cache)
+        taken = self.buffers.take(cache_shape, 2 * self.layers, cross_shape)
+        cache, cross = taken.cache, taken.cross
         state = {
             "tokens": np.full(rows, self.start_id, np.int64),
             "lengths": np.zeros(rows, np.int32),
@@ -320,10 +352,12 @@ class BucketedBatch:
             state["src_mask"][after] = 0
             state["src_mask"][after, : old.src_len] = self.src_mask[before]
             for new, current in zip(cache, self.cache, strict=True):
-                new[new_rows, :, : old.cache_len] = current[old_rows]
+                self.buffers.copy_rows(current, new, old_rows, new_rows)
             for new, current in zip(cross, self.cross, strict=True):
-                new[after, :, : old.src_len] = current[before]
-        self.bucket, self.cache, self.cross = bucket, cache, cross
+                self.buffers.copy_rows(current, new, before, after)
+        if self.set is not None:
+            self.buffers.give_back(self.set)
+        self.bucket, self.cache, self.cross, self.set = bucket, cache, cross, taken
         for name, value in state.items():
             setattr(self, name, value)
         self.slots = [slot for _, slot in moved] + [None] * (bucket.sources - len(moved))
@@ -348,7 +382,7 @@ class BucketedBatch:
         feeds.update(zip(layer_names("past", self.layers), self.cache, strict=True))
         if self.cross:
             feeds.update(zip(layer_names("cross", self.layers), self.cross, strict=True))
-        self._inputs = StepInputs(feeds, rows, self._key, (self.buckets_used, 0))
+        self._inputs = StepInputs(feeds, rows, self._key, (taken.key, 0))
 
     def _layers(self) -> range:
         return range(2 * self.layers)

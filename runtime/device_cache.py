@@ -29,16 +29,18 @@ class BufferView:
 
 
 class CacheOps:
-    """Row gathers and zero-padded copies of cache buffers, run where the buffers live (one-node graphs on
-    the step's execution provider), so a device-resident cache never visits the host."""
+    """Row gathers, zero-padded copies and row copies in place (``copy_rows``) of cache buffers, run where the
+    buffers live (small graphs on the step's execution provider), so a device-resident cache never visits the
+    host."""
 
     def __init__(self, provider: str, device: str, dtype: type) -> None:
-        self.device, self.dtype = device, dtype
+        self.provider, self.device, self.dtype = provider, device, dtype
         options = ort.SessionOptions()
         options.intra_op_num_threads = 1
         graph = lambda op: str(cache_op_path(op, dtype))  # noqa: E731
         self.gather = ort.InferenceSession(graph("gather"), options, providers=[provider])
         self.pad = ort.InferenceSession(graph("pad"), options, providers=[provider])
+        self._copy_rows = ort.InferenceSession(graph("copy_rows"), options, providers=[provider])
 
     def empty(self, shape: tuple[int, ...]) -> ort.OrtValue:
         return ort.OrtValue.ortvalue_from_shape_and_type(list(shape), self.dtype, self.device, 0)
@@ -49,6 +51,24 @@ class CacheOps:
         binding.bind_cpu_input(session.get_inputs()[1].name, index)
         binding.bind_output("y", self.device, 0, self.dtype, list(target.shape), target.value.data_ptr())
         session.run_with_iobinding(binding)
+
+    def copy_rows(self, source: ort.OrtValue | np.ndarray, target: ort.OrtValue, rows, targets) -> None:
+        """target[targets] = source[rows], each row zero-padded to target's slots (axis 2), in target's own
+        buffer; ``source`` may be ``target`` itself (every row is read before any is written) or a host array
+        (copied to the device by this run)."""
+        shape, into = tuple(source.shape() if isinstance(source, ort.OrtValue) else source.shape), target.shape()
+        pads = np.array([0, 0, 0, 0, 0, 0, into[2] - shape[2], 0], np.int64)
+        binding = self._copy_rows.io_binding()
+        if isinstance(source, ort.OrtValue):
+            binding.bind_ortvalue_input("x", source)
+        else:
+            binding.bind_cpu_input("x", np.ascontiguousarray(source, self.dtype))
+        binding.bind_ortvalue_input("target", target)
+        binding.bind_cpu_input("rows", np.asarray(rows, np.int64))
+        binding.bind_cpu_input("targets", np.asarray(targets, np.int64).reshape(-1, 1))
+        binding.bind_cpu_input("pads", pads)
+        binding.bind_ortvalue_output("y", target)
+        self._copy_rows.run_with_iobinding(binding)
 
 
 class DeviceKVCache(KVCache):

@@ -36,8 +36,11 @@ def present_names(layers: int, k: int) -> list[list[str]]:
     return [[name if j == k - 1 else f"{name}@{j}" for name in base] for j in range(k)]
 
 
-def k_step_graph(step: onnx.ModelProto, k: int) -> onnx.ModelProto:
-    """The graph of k greedy steps made from ``step`` (see the module's doc)."""
+def k_step_graph(step: onnx.ModelProto, k: int, host_totals: bool = False) -> onnx.ModelProto:
+    """The graph of k greedy steps made from ``step`` (see the module's doc). With ``host_totals``, copy j's
+    total length is an input of its own, ``total_length@j`` (the caller feeds total_length + j), instead of an
+    Add in the graph: GroupQueryAttention reads it from host memory, and on CUDA an Add there would run on the
+    device and need a Memcpy back, which a captured graph cannot hold."""
     graph = step.graph
     initializers = {tensor.name: tensor for tensor in graph.initializer}
     present = [output for output in graph.output if output.name.startswith("present_")]
@@ -53,6 +56,7 @@ def k_step_graph(step: onnx.ModelProto, k: int) -> onnx.ModelProto:
     ]
     new_nodes: list[onnx.NodeProto] = []
     outputs: list[onnx.ValueInfoProto] = []
+    extra_inputs: list[onnx.ValueInfoProto] = []
     names = present_names(len(present) // 2, k)
     tokens_out, log_probs_out = [], []
     for j in range(k):
@@ -62,7 +66,13 @@ def k_step_graph(step: onnx.ModelProto, k: int) -> onnx.ModelProto:
             feeds["tokens"] = _node(new_nodes, "Gather", [f"top_ids@{j - 1}", "k_steps.first"], f"tokens@{j}", axis=1)
             ahead = _node(new_nodes, "Add", ["lengths", f"k_steps.plus_{j}"], f"lengths_ahead@{j}")
             feeds["lengths"] = _node(new_nodes, "Min", [ahead, "k_steps.last_position"], f"lengths@{j}")
-            feeds["total_length"] = _node(new_nodes, "Add", ["total_length", f"k_steps.plus_{j}"], f"total@{j}")
+            if host_totals:
+                feeds["total_length"] = f"total_length@{j}"
+                total = next(value for value in graph.input if value.name == "total_length")
+                extra_inputs.append(helper.make_tensor_value_info(f"total_length@{j}", TensorProto.INT32, []))
+                assert total.type.tensor_type.elem_type == TensorProto.INT32
+            else:
+                feeds["total_length"] = _node(new_nodes, "Add", ["total_length", f"k_steps.plus_{j}"], f"total@{j}")
         renamed = dict(zip((output.name for output in present), names[j], strict=True))
         for node in nodes:
             copy = onnx.NodeProto()
@@ -90,7 +100,7 @@ def k_step_graph(step: onnx.ModelProto, k: int) -> onnx.ModelProto:
     ]
     read = {name for node in new_nodes for name in node.input}
     weights = [tensor for tensor in [*graph.initializer, *extra] if tensor.name in read]
-    made = helper.make_graph(new_nodes, f"{graph.name}_k{k}", inputs, outputs, weights)
+    made = helper.make_graph(new_nodes, f"{graph.name}_k{k}", inputs + extra_inputs, outputs, weights)
     model = helper.make_model(made, opset_imports=step.opset_import, ir_version=step.ir_version)
     model.producer_name = step.producer_name
     return model

@@ -27,8 +27,8 @@ class EngineSettings:
     batch_layout: BatchLayout = setting(
         "compact",
         "how a running batch keeps its rows: compact (packed, its buffers sized to them) or buckets (fixed-capacity "
-        "buffers a source joins and leaves without moving others, as a captured CUDA step needs; host buffers for "
-        "now, so on the CPU provider only)",
+        "buffers a source joins and leaves without moving others; on CUDA they live on the device and each bucket's "
+        "step is a captured CUDA graph, which needs the fp16 variant and the onnx package)",
     )
     intra_op_threads: int = setting(
         0,
@@ -57,6 +57,9 @@ class RuntimeOptions(EngineSettings):
     # Greedy steps per decoder run (runtime/k_steps.py): a batch whose sources are all greedy goes to ONNX
     # Runtime and back once per this many tokens. 1: one step per run.
     steps_per_run: int = 1
+    # Each bucket's step one captured CUDA graph (runtime/captured.py; batch_layout buckets on a device). None:
+    # on for buckets on CUDA. On the CPU provider the same code runs without capture, for tests.
+    cuda_graphs: bool | None = None
     # CPU: batches under SMALL_BATCH_ROWS rows run on sessions with this many threads (None: the same ones).
     small_batch_threads: int | None = None
     # ONNX Runtime's CPU arena keeps the largest intermediates a session ever made (an encoder call over a

@@ -83,11 +83,16 @@ def reinstall_cuda_build() -> str:
 
 
 def open_session(
-    path: str | bytes, provider: str, threads: int, spinning: bool, memory_arena: bool
+    path: str | bytes,
+    provider: str,
+    threads: int,
+    spinning: bool,
+    memory_arena: bool,
+    provider_options: dict[str, str] | None = None,
 ) -> ort.InferenceSession:
     """A graph's session (a file, or a serialized model) on ``provider`` ('cpu' or 'cuda') with ``threads``
-    intra-op threads (0: one per core) that spin only within a run (``spinning``, see RuntimeOptions);
-    ProviderUnavailable when ONNX Runtime falls back to another provider."""
+    intra-op threads (0: one per core) that spin only within a run (``spinning``, see RuntimeOptions) and the
+    provider's ``provider_options``; ProviderUnavailable when ONNX Runtime falls back to another provider."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.add_session_config_entry("session.intra_op.allow_spinning", str(int(spinning)))
@@ -95,7 +100,8 @@ def open_session(
     options.inter_op_num_threads = 1
     options.enable_cpu_mem_arena = memory_arena
     providers = [PROVIDERS[provider]]
-    session = ort.InferenceSession(path, options, providers, disabled_optimizers=NO_FUSIONS)
+    chosen = [(providers[0], provider_options)] if provider_options else providers
+    session = ort.InferenceSession(path, options, chosen, disabled_optimizers=NO_FUSIONS)
     if session.get_providers()[0] != providers[0]:  # ONNX Runtime fell back to another provider
         raise ProviderUnavailable(
             f"provider {provider!r}: ONNX Runtime could not use {providers[0]} for "

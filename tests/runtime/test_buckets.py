@@ -1,6 +1,7 @@
 """The bucketed batch (runtime/buckets.py): it decodes what the compact batch decodes while sources join, leave
-and are removed mid-way, and within a bucket every buffer the step binds keeps its memory and shape, as a
-captured CUDA step needs."""
+and are removed mid-way, with its buffers on the host or on the step's device (runtime/bucket_buffers.py, run
+here on the CPU provider as on CUDA), one or several greedy steps per run, and within a bucket every buffer the
+step binds keeps its memory and shape, as a captured CUDA step needs (runtime/captured.py)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,24 @@ from runtime.options import RuntimeOptions
 from runtime.search import default_max_output
 from tests.conftest import own_sentences
 
+ENGINES = {  # how a bucketed engine runs: its buffers' place, graphs and steps per run
+    "host": {},
+    "host, 3 steps per run": {"steps_per_run": 3},
+    "device": {"io_binding": True},
+    "device, graphs, 3 steps per run": {"io_binding": True, "cuda_graphs": True, "steps_per_run": 3},
+}
 
-def backend(folder: Path, layout: str) -> OrtBackend:
-    return OrtBackend(folder, RuntimeOptions(provider="cpu", intra_op_threads=1, batch_layout=layout))
+
+def backend(folder: Path, layout: str, **extra) -> OrtBackend:
+    return OrtBackend(folder, RuntimeOptions(provider="cpu", intra_op_threads=1, batch_layout=layout, **extra))
+
+
+def address(value) -> int:  # noqa: ANN001 (a numpy array or an ONNX Runtime value)
+    return value.data_ptr() if hasattr(value, "data_ptr") else value.__array_interface__["data"][0]
+
+
+def shape(value) -> tuple[int, ...]:  # noqa: ANN001
+    return tuple(value.shape() if callable(value.shape) else value.shape)
 
 
 def decode(
@@ -51,15 +67,16 @@ ARRIVALS = {
 }
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("beams", ["mixed", "greedy", "beam"])
-def test_buckets_decode_what_a_compact_batch_decodes(tiny_export: Path, beams: str):
+def test_buckets_decode_what_a_compact_batch_decodes(tiny_export: Path, beams: str, engine: str):
     sentences = backend(tiny_export, "compact").tokenizer.encode_source(own_sentences(10))
     sources = [ids[: 3 + 2 * i] for i, ids in enumerate(sentences)]  # of different lengths
     beam_of = {"mixed": lambda b: b, "greedy": lambda b: 1, "beam": lambda b: 3}[beams]
     arrivals = {step: [(key, beam_of(b)) for key, b in joining] for step, joining in ARRIVALS.items()}
     removed = {5: 3}
     compact, _ = decode(backend(tiny_export, "compact"), sources, arrivals, removed)
-    bucketed, batch = decode(backend(tiny_export, "buckets"), sources, arrivals, removed)
+    bucketed, batch = decode(backend(tiny_export, "buckets", **ENGINES[engine]), sources, arrivals, removed)
     assert isinstance(batch, BucketedBatch) and batch.buckets_used >= 2  # it grew past its first bucket
     assert set(compact) == set(range(10)) - {3}
     assert bucketed == compact
@@ -71,7 +88,7 @@ def test_within_a_bucket_joining_leaving_and_stepping_keep_every_bound_buffer(ti
     batch = engine.new_batch()
     batch.add([0, 1, 2], engine.encode_sources(sources[:3]), [2, 2, 1], [40, 40, 30])  # 4 slots
     inputs = batch.step_inputs()
-    bound = {name: (value.__array_interface__["data"][0], value.shape) for name, value in inputs.feeds.items()}
+    bound = {name: (address(value), shape(value)) for name, value in inputs.feeds.items()}
     sizes = [batch.bucket, batch.cache_bytes, batch.cross_bytes]
     tracemalloc.start()
     try:
@@ -86,7 +103,7 @@ def test_within_a_bucket_joining_leaving_and_stepping_keep_every_bound_buffer(ti
     finally:
         tracemalloc.stop()
     assert batch.step_inputs() is inputs and batch.buckets_used == 1
-    assert {name: (value.__array_interface__["data"][0], value.shape) for name, value in inputs.feeds.items()} == bound
+    assert {name: (address(value), shape(value)) for name, value in inputs.feeds.items()} == bound
     assert [batch.bucket, batch.cache_bytes, batch.cross_bytes] == sizes
     # Nothing the size of a buffer was made: the encoder's outputs and the step's small arrays at most.
     assert peak < min(value.nbytes for name, value in inputs.feeds.items() if name.startswith("past_"))
@@ -114,9 +131,73 @@ def test_a_batch_takes_a_larger_bucket_when_sources_do_not_fit_and_a_smaller_one
     assert batch.bucket is None and batch.cache_bytes == 0  # an empty batch holds no buffers
 
 
-def test_buckets_refuse_a_step_on_another_device_than_their_buffers(tiny_export: Path):
-    with pytest.raises(ValueError, match="on the host"):
-        OrtBackend(tiny_export, RuntimeOptions(provider="cpu", io_binding=True, batch_layout="buckets"))
+@pytest.mark.parametrize("steps_per_run", [1, 3])
+def test_on_a_device_a_bucket_is_bound_once_and_its_buffers_and_graph_serve_the_next_batch(
+    tiny_export: Path, steps_per_run: int
+):
+    engine = backend(tiny_export, "buckets", io_binding=True, cuda_graphs=True, steps_per_run=steps_per_run)
+    steps = engine.device_chunks or engine.device_steps
+    sources = engine.tokenizer.encode_source(own_sentences(6))
+    batch = engine.new_batch()
+    batch.add([0, 1, 2], engine.encode_sources(sources[:3]), [1, 1, 1], [40, 40, 30])  # 4 slots, greedy
+    inputs = batch.step_inputs()
+    key = inputs.layout[0]
+    fed = {name: (address(value), shape(value)) for name, value in inputs.feeds.items()}
+    batch.step()
+    held = steps._bound[key]
+    on_device = [(address(value), shape(value)) for _, value in held.copies] + [
+        (address(value), shape(value)) for value in held.outputs
+    ]
+    batch.add([3], engine.encode_sources(sources[3:4]), [1], [30])
+    batch.step()
+    batch.remove(0)
+    batch.add([4], engine.encode_sources(sources[4:5]), [1], [20])
+    batch.step()
+    assert {name: (address(value), shape(value)) for name, value in inputs.feeds.items()} == fed
+    assert list(steps._bound) == [key] and steps._bound[key] is held  # one binding: one captured graph
+    assert on_device == [(address(value), shape(value)) for _, value in held.copies] + [
+        (address(value), shape(value)) for value in held.outputs
+    ]
+    assert held.options.get_run_config_entry("gpu_graph_id") == str(key)  # the bucket's own graph
+    batch.drain()
+    assert engine.bucket_buffers.made == 1
+    # A new batch in the same bucket takes the same buffers, binding and graph: nothing is made again.
+    again = engine.new_batch()
+    again.add([0, 1, 2], engine.encode_sources(sources[:3]), [1, 1, 1], [40, 40, 30])
+    assert again.step_inputs().layout[0] == key
+    again.drain()
+    assert engine.bucket_buffers.made == 1 and list(steps._bound) == [key]
+
+
+def test_cuda_graphs_need_buckets_on_a_device(tiny_export: Path):
+    with pytest.raises(ValueError, match="needs batch_layout buckets on a device"):
+        OrtBackend(tiny_export, RuntimeOptions(provider="cpu", cuda_graphs=True))
+
+
+def test_the_captured_step_reads_host_feeds_where_their_kernels_want_them(tiny_export: Path):
+    import onnx
+    import onnxruntime as ort
+
+    from runtime.captured import HOST_INPUTS, ON_DEVICE, split_host_feeds
+
+    model = onnx.load(str(tiny_export / "decoder.onnx"))
+    split = split_host_feeds(onnx.load(str(tiny_export / "decoder.onnx")))
+    readers = {(node.op_type, i): name for node in split.graph.node for i, name in enumerate(node.input)}
+    for (op, i), name in readers.items():
+        if name in ("top_k", "total_length"):
+            assert (op, i) in HOST_INPUTS, (op, i)  # only kernels that read host memory read the host feed
+    assert any(name == "top_k" + ON_DEVICE for name in readers.values())  # the search head's arithmetic
+    # The same step either way, on a beam batch's feeds.
+    engine = backend(tiny_export, "compact")
+    sources = engine.tokenizer.encode_source(own_sentences(3))
+    batch = engine.new_batch()
+    batch.add([0, 1, 2], engine.encode_sources(sources), [2, 2, 2], [30, 30, 30])
+    batch.step()
+    feeds = {name: np.array(value) for name, value in batch.step_inputs().feeds.items()}
+    expected = ort.InferenceSession(model.SerializeToString()).run(None, feeds)
+    got = ort.InferenceSession(split.SerializeToString()).run(None, feeds | {"top_k" + ON_DEVICE: feeds["top_k"]})
+    for a, b in zip(expected, got, strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_bucket_sizes_are_powers_of_two_from_their_least():

@@ -86,10 +86,23 @@ def test_sources_join_between_chunks_and_beam_search_steps_one_at_a_time(tiny_ex
     assert results[1][1] < results[0][1]  # greedy-only runs went three steps at a time
 
 
-def test_k_steps_need_host_buffers_in_the_compact_layout(tiny_export: Path):
-    for options in ({"io_binding": True}, {"batch_layout": "buckets"}):
-        with pytest.raises(ValueError, match="compact layout only"):
-            backend(tiny_export, 2, **options)
+def test_k_steps_on_a_device_run_in_buckets(tiny_export: Path):
+    with pytest.raises(ValueError, match="runs in batch_layout buckets only"):
+        backend(tiny_export, 2, io_binding=True)
+    assert backend(tiny_export, 2, io_binding=True, batch_layout="buckets").device_chunks is not None
+
+
+def test_a_device_k_step_graph_reads_each_copys_total_length_from_the_host(tiny_export: Path):
+    import onnx
+
+    from runtime.k_steps import k_step_graph
+
+    graph = k_step_graph(onnx.load(str(tiny_export / "decoder.onnx")), 3, host_totals=True).graph
+    assert {"total_length", "total_length@1", "total_length@2"} <= {value.name for value in graph.input}
+    # Only GroupQueryAttention reads them: no node computes with them on the device, so no Memcpy on CUDA.
+    assert {node.op_type for node in graph.node if any(i.startswith("total_length") for i in node.input)} == {
+        "GroupQueryAttention"
+    }
 
 
 def test_k_steps_without_the_onnx_package_are_refused_with_what_to_install(tiny_export: Path, monkeypatch):

@@ -1,0 +1,141 @@
+"""Where a bucket's caches and sources' keys live (runtime/buckets.py): ``HostBuffers``, numpy arrays the CPU
+provider steps on in place, or ``DeviceBuffers``, ONNX Runtime values on the step's device whose rows are copied
+there (``CacheOps.copy_rows``) and never visit the host. A device's buffer sets are kept for the next batch that
+takes the same bucket: the buffers, and the step's binding and captured graph over them (runtime/captured.py),
+are made once per bucket shape a process uses, not once per batch."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from runtime.contract import ORT_DTYPES
+from runtime.device_cache import CacheOps
+
+_keys = itertools.count(1)  # every buffer set's own number (a captured step's graph id: 0 is ONNX Runtime's)
+
+
+@dataclass(eq=False)
+class BufferSet:
+    """A bucket's self-attention caches (past_key_0, past_value_0, ...) and sources' keys and values (cross_...),
+    and ``key``, the set's own number."""
+
+    cache: list[Any]
+    cross: list[Any]
+    key: int = field(default_factory=lambda: next(_keys))
+
+
+class HostBuffers:
+    """Numpy buffers, made for each bucket a batch takes and left to the garbage collector after."""
+
+    on_device = False
+
+    def __init__(self, dtype) -> None:
+        self.dtype = dtype
+
+    def take(self, cache_shape: tuple[int, ...], count: int, cross_shape: tuple[int, ...] | None) -> BufferSet:
+        cache = [np.zeros(cache_shape, self.dtype) for _ in range(count)]
+        cross = [] if cross_shape is None else [np.zeros(cross_shape, self.dtype) for _ in range(count)]
+        return BufferSet(cache, cross)
+
+    def give_back(self, buffers: BufferSet) -> None:
+        pass
+
+    @staticmethod
+    def copy_rows(source: np.ndarray, target: np.ndarray, rows: Sequence[int], targets: Sequence[int], slots=None):
+        """target[targets, :, :slots] = source[rows, :, :slots] (slots: all of source's); slots past it keep what
+        they held, which nobody reads (a row's length, a source's mask)."""
+        slots = source.shape[2] if slots is None else slots
+        target[np.asarray(targets), :, :slots] = source[np.asarray(rows), :, :slots]
+
+    def reorder(self, buffers: list[np.ndarray], rows: Sequence[int], targets: Sequence[int], slots: int) -> None:
+        """Each buffer's rows ``targets`` become its rows ``rows`` (beams reordered within their sources)."""
+        for buffer in buffers:
+            self.copy_rows(buffer, buffer, rows, targets, slots)
+
+    @staticmethod
+    def nbytes(buffer: np.ndarray) -> int:
+        return buffer.nbytes
+
+
+class DeviceBuffers:
+    """ONNX Runtime values on ``ops``' device, zeroed when made (a masked slot is multiplied by 0, which a NaN left
+    in fresh memory would survive), rows copied by ``ops.copy_rows``, and kept by shape for the next batch
+    (at most the sets in use at once, for each bucket shape used)."""
+
+    on_device = True
+
+    def __init__(self, ops: CacheOps) -> None:
+        self.ops, self.dtype = ops, ops.dtype
+        self._free: dict[tuple, list[BufferSet]] = defaultdict(list)
+        self._lock = threading.Lock()
+        self._reorders: dict[int, ort.InferenceSession] = {}
+        self.made = 0  # buffer sets made (a test reads it: a second batch in the same bucket makes none)
+
+    def take(self, cache_shape: tuple[int, ...], count: int, cross_shape: tuple[int, ...] | None) -> BufferSet:
+        shape = (cache_shape, count, cross_shape)
+        with self._lock:
+            if self._free[shape]:
+                return self._free[shape].pop()
+            self.made += 1
+        cache = [self._zeros(cache_shape) for _ in range(count)]
+        cross = [] if cross_shape is None else [self._zeros(cross_shape) for _ in range(count)]
+        return BufferSet(cache, cross)
+
+    def give_back(self, buffers: BufferSet) -> None:
+        cross = tuple(buffers.cross[0].shape()) if buffers.cross else None
+        with self._lock:
+            self._free[(tuple(buffers.cache[0].shape()), len(buffers.cache), cross)].append(buffers)
+
+    def copy_rows(self, source, target: ort.OrtValue, rows: Sequence[int], targets: Sequence[int], slots=None):
+        """target[targets] = source[rows], whole rows zero-padded to target's slots, on the device (``slots`` is
+        a host copy's shortcut)."""
+        self.ops.copy_rows(source, target, rows, targets)
+
+    def reorder(self, buffers: list[ort.OrtValue], rows: Sequence[int], targets: Sequence[int], slots: int) -> None:
+        """Each buffer's rows ``targets`` become its rows ``rows``, all buffers in one run (beam search reorders
+        every step: one run instead of one per buffer)."""
+        session = self._reorders.get(len(buffers)) or self._reorder_session(len(buffers))
+        binding = session.io_binding()
+        for i, buffer in enumerate(buffers):
+            binding.bind_ortvalue_input(f"x{i}", buffer)
+            binding.bind_ortvalue_output(f"y{i}", buffer)
+        binding.bind_cpu_input("rows", np.asarray(rows, np.int64))
+        binding.bind_cpu_input("targets", np.asarray(targets, np.int64).reshape(-1, 1))
+        session.run_with_iobinding(binding)
+
+    def _reorder_session(self, count: int) -> ort.InferenceSession:
+        """y_i = ScatterND(x_i, targets, Gather(x_i, rows)) for ``count`` buffers, each y_i bound to x_i (made
+        with the onnx package, as the captured step's graphs are)."""
+        from onnx import TensorProto, helper
+
+        f = helper.np_dtype_to_tensor_dtype(np.dtype(self.dtype))
+        nodes, inputs, outputs = [], [], []
+        for i in range(count):
+            nodes.append(helper.make_node("Gather", [f"x{i}", "rows"], [f"taken{i}"], axis=0))
+            nodes.append(helper.make_node("ScatterND", [f"x{i}", "targets", f"taken{i}"], [f"y{i}"]))
+            inputs.append(helper.make_tensor_value_info(f"x{i}", f, None))
+            outputs.append(helper.make_tensor_value_info(f"y{i}", f, None))
+        inputs.append(helper.make_tensor_value_info("rows", TensorProto.INT64, ["n"]))
+        inputs.append(helper.make_tensor_value_info("targets", TensorProto.INT64, ["n", 1]))
+        graph = helper.make_graph(nodes, "reorder", inputs, outputs)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=[self.ops.provider])
+        self._reorders[count] = session
+        return session
+
+    @staticmethod
+    def nbytes(buffer: ort.OrtValue) -> int:
+        return int(np.prod(buffer.shape())) * np.dtype(ORT_DTYPES[buffer.data_type()]).itemsize
+
+    def _zeros(self, shape: tuple[int, ...]) -> ort.OrtValue:
+        return ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, self.dtype), self.ops.device, 0)
