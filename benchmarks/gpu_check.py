@@ -13,6 +13,14 @@ smallest form, which the suite runs on the CPU provider so that the check cannot
    greedy rows, and the step's time replayed against run normally; any error is the finding.
 4. The server on the device under the load generator (closed loop, ``--clients``, one test sentence per
    request, ``--load-seconds``): requests/s, p50, p99 and errors.
+5. Buckets on the device (runtime/buckets.py, runtime/captured.py): the fp16 step over fixed device buffers,
+   without and with one captured CUDA graph per bucket, and with k greedy steps per run (k = 2, 4, 8): the
+   Memcpy nodes ONNX Runtime adds to each graph, agreement with CPU fp32 and BLEU, and output tokens/s beside
+   the compact engine's at batch 1, 32 and 128.
+
+Where the device has no fp32 export or no CPU time to spare, ``--reference FILE`` takes CPU fp32's outputs
+made beforehand on another machine (``--write-reference FILE`` on it), and ``--variants fp16`` loads only fp16;
+``--budget SECONDS`` skips what would start after that many seconds, saying so.
 
 Every line of the report says what it measured; a part that cannot run says why instead of failing the rest.
 """
@@ -47,6 +55,8 @@ from runtime.cpu import describe_cpu
 from runtime.options import RuntimeOptions
 from runtime.providers import NO_FUSIONS, PROVIDERS
 from runtime.search import Decoding, default_max_output
+
+STARTED = time.perf_counter()
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = {"sentences": 8, "batches": (1, 4), "repeats": 1, "load_seconds": 2.0, "clients": 2}
@@ -258,13 +268,22 @@ def capture(model: OrtBackend, provider: str) -> str:
     )
 
 
-def serve_under_load(model_dir: Path, provider: str, variant: str, data: Path, seconds: float, clients: int) -> str:
+def serve_under_load(
+    model_dir: Path,
+    provider: str,
+    variant: str,
+    data: Path,
+    seconds: float,
+    clients: int,
+    extra: tuple[str, ...] = (),
+    sentences: int = 1,
+) -> str:
     sys.path.insert(0, str(ROOT))  # testkit's server helpers (testkit/ is not installed)
     from client import loadtest, loadtest_report
     from testkit.servers import start_subprocess_server
 
     # Language detection is off: its model is not what this part measures, and one source language needs none.
-    flags = ("--provider", provider, "--variant", variant, "--language-detection", "off")
+    flags = ("--provider", provider, "--variant", variant, "--language-detection", "off", *extra)
     try:
         process, port, _ = start_subprocess_server(model_dir, *flags)
     except AssertionError as error:
@@ -272,7 +291,9 @@ def serve_under_load(model_dir: Path, provider: str, variant: str, data: Path, s
     try:
         args = loadtest.bounded(port, 1_000_000, seconds)
         tokenizer = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / "sentencepiece.model"))
-        profile = loadtest.Profile(f"file:{corpus_path(data, 'test_2016_flickr', 'en')}", tokenizer, 1)
+        source = corpus_path(data, "test_2016_flickr", "en")
+        spec = f"file:{source}" if sentences == 1 else f"corpus:{source}:0:doc:{sentences}-{sentences}:0"
+        profile = loadtest.Profile(spec, tokenizer)  # documents of ``sentences`` lines
         run = asyncio.run(loadtest.drive(args, profile, clients, 0.0))
     finally:
         process.terminate()
@@ -280,10 +301,171 @@ def serve_under_load(model_dir: Path, provider: str, variant: str, data: Path, s
     ok = [r.latency for r in run.results if r.code == "OK"]
     p50, p99 = (loadtest_report.percentile(ok, q) * 1e3 for q in (0.5, 0.99))
     return (
-        f"{clients} closed-loop clients, {variant}, {run.seconds:.0f} s: {len(ok) / run.seconds:,.1f} requests/s, "
+        f"{clients} closed-loop clients, {sentences} sentences a request, {' '.join((variant, *extra))}, "
+        f"{run.seconds:.0f} s: {len(ok) / run.seconds:,.1f} requests/s, "
         f"p50 {p50:.1f} ms, p99 {p99:.1f} ms, "
         f"errors {len(run.results) - len(ok)}"
     )
+
+
+def memcpy_nodes(model: bytes | str, provider: str, provider_options: dict | None = None) -> int | str:
+    """Memcpy nodes ONNX Runtime adds to a graph on ``provider`` (counted in the graph it saves after
+    partitioning), or why not counted."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as work:
+        options = ort.SessionOptions()
+        options.optimized_model_filepath = str(Path(work) / "optimized.onnx")
+        chosen = [(PROVIDERS[provider], provider_options or {})]
+        try:
+            ort.InferenceSession(model, options, chosen, disabled_optimizers=NO_FUSIONS)
+            saved = onnx.load(options.optimized_model_filepath, load_external_data=False)
+        except Exception as error:  # noqa: BLE001 (the error is the finding)
+            return f"not counted: {type(error).__name__}: {str(error).splitlines()[0][:200]}"
+    return sum(node.op_type.startswith("Memcpy") for node in saved.graph.node)
+
+
+def memcpy_lines(model_dir: Path, variant: str, provider: str) -> list[str]:
+    """The Memcpy count of the step as exported, after ``split_host_feeds``, and of the k-step graph."""
+    from runtime.captured import split_host_feeds
+    from runtime.k_steps import k_step_graph
+
+    path = model_dir / read_manifest_variant(model_dir, variant)
+    graphs = {
+        "decoder step as exported": onnx.load(str(path)),
+        "decoder step, host feeds split (captured)": split_host_feeds(onnx.load(str(path))),
+        "8 greedy steps per run, totals computed in the graph": k_step_graph(onnx.load(str(path)), 8),
+        "8 greedy steps per run, totals from the host (captured)": k_step_graph(onnx.load(str(path)), 8, True),
+    }
+    return [
+        f"| {provider} {variant} {name}: Memcpy nodes | {memcpy_nodes(graph.SerializeToString(), provider)} |"
+        for name, graph in graphs.items()
+    ]
+
+
+def read_manifest_variant(model_dir: Path, variant: str) -> str:
+    from runtime.manifest import read_manifest
+
+    return read_manifest(model_dir, verify=False)["variants"][variant]["decoder"]
+
+
+BUCKET_ENGINES = {  # name: RuntimeOptions beyond the variant and provider
+    "compact": {"device_cache": True},
+    "buckets": {"batch_layout": "buckets", "io_binding": True},
+    "buckets, graphs": {"batch_layout": "buckets", "io_binding": True, "cuda_graphs": True},
+    **{
+        f"buckets, graphs, k={k}": {
+            "batch_layout": "buckets",
+            "io_binding": True,
+            "cuda_graphs": True,
+            "steps_per_run": k,
+        }
+        for k in (2, 4, 8)
+    },
+}
+
+
+def bucket_engines(model_dir: Path, variant: str, provider: str) -> tuple[dict[str, OrtBackend], list[str]]:
+    """BUCKET_ENGINES that load here (a CPU run has no graphs to capture, but runs the same code)."""
+    engines, lines = {}, []
+    for name, extra in BUCKET_ENGINES.items():
+        if provider == "cpu":
+            extra = {key: value for key, value in extra.items() if key != "device_cache"}
+        try:
+            engines[name] = OrtBackend(model_dir, RuntimeOptions(variant, provider, **extra))
+        except Exception as error:  # noqa: BLE001 (the error is the finding)
+            lines.append(f"| {variant} {name} | not loaded: {type(error).__name__}: {str(error)[:300]} |")
+    return engines, lines
+
+
+def graphs_captured(engine: OrtBackend) -> str:
+    """How many buffer sets (one graph id each) a bucketed engine's steps ran over."""
+    steps = [s for s in (engine.device_steps, engine.device_chunks) if s is not None]
+    if not steps:
+        return ""
+    return ", ".join(f"{len(s._bound)} graph ids, {s.runs} runs" for s in steps)
+
+
+def beam_search_op(args: argparse.Namespace, config) -> tuple[Translate | None, str]:  # noqa: ANN001
+    """ONNX Runtime's BeamSearch node over the same weights (``--beam-search-op``: its graph, made by
+    export.generation_op, fp16 for CUDA) on the provider, or None and why not."""
+    if not args.beam_search_op:
+        return None, "not run: no --beam-search-op"
+    from export.generation_op import BeamSearchOp
+
+    try:
+        op = BeamSearchOp.from_graph(str(args.beam_search_op), config.pad_id, config.eos_id, PROVIDERS[args.provider])
+        op.translate_ids([[4, 5, 6]], 1)
+    except Exception as error:  # noqa: BLE001 (the error is the finding)
+        return None, f"not run: {type(error).__name__}: {str(error).splitlines()[0][:300]}"
+    return op.translate_ids, f"ORT BeamSearch node ({args.beam_search_op.name})"
+
+
+def bucket_section(args, engines, sources, references, expected, tokenizer, lines) -> None:
+    """Agreement, BLEU and speed of the bucketed engines against the compact one (and ONNX Runtime's BeamSearch
+    node, where given)."""
+    translators: dict[str, Translate] = {
+        name: (lambda chunk, beam, engine=engine: offline.translate_ids(engine, chunk, beam))
+        for name, engine in engines.items()
+    }
+    op, why = beam_search_op(args, next(iter(engines.values())).config)
+    lines.append(f"| ONNX Runtime's BeamSearch node | {why} |")
+    if op is not None:
+        translators["ORT BeamSearch node"] = op
+    for name, translate in translators.items():
+        for beam in (1, 4):
+            if beam == 4 and "k=" in name:
+                continue  # several steps per run are for greedy batches
+            if not in_budget(args, lines, f"agreement of {name}, beam {beam}"):
+                return
+            _, outputs = rate(translate, sources, 32, beam)
+            same = np.mean([a == b for a, b in zip(expected[beam], outputs, strict=True)])
+            bleu = sacrebleu.corpus_bleu(tokenizer.decode(outputs), [references]).score
+            lines.append(
+                f"| {args.provider} fp16 {name}, beam {beam}, batch 32: identical to CPU fp32 | {same:.1%}, "
+                f"BLEU {bleu:.2f} (CPU fp32 {expected['bleu'][beam]:.2f}) |"
+            )
+    columns = " | ".join(translators)
+    lines += ["", f"| case (output tokens/s) | {columns} |", "|---" * (len(translators) + 1) + "|"]
+    for batch in args.batches:
+        for beam in (1, 4):
+            if not in_budget(args, lines, f"batch {batch}, beam {beam}"):
+                return
+            subset = sources[:BATCH_1_SENTENCES] if batch == 1 else sources[: args.speed_sentences]
+            rates: dict[str, list[float]] = {name: [] for name in translators}
+            for _ in range(args.repeats):
+                for name, translate in translators.items():
+                    if beam == 4 and "k=" in name:
+                        continue
+                    rates[name].append(rate(translate, subset, batch, beam)[0])
+            cells = " | ".join(f"{statistics.median(v):,.0f}" if v else "" for v in rates.values())
+            lines.append(f"| batch {batch}, {'greedy' if beam == 1 else f'beam {beam}'} | {cells} |")
+    lines.append("")
+    for name, engine in engines.items():
+        if engine.bucket_buffers is not None:
+            lines.append(f"- {name}: {engine.bucket_buffers.made} buffer sets made; {graphs_captured(engine)}")
+
+
+def in_budget(args: argparse.Namespace, lines: Report, what: str) -> bool:
+    """Whether ``what`` may start within ``--budget`` (else a line says it was skipped)."""
+    if args.budget and time.perf_counter() - STARTED > args.budget:
+        lines.append(f"| {what} | skipped: past the {args.budget:.0f} s budget |")
+        return False
+    return True
+
+
+def write_reference(args: argparse.Namespace, sources: list[list[int]], tokenizer, references) -> int:
+    """CPU fp32's outputs, greedy and beam 4, at batch 32, for a device run's ``--reference``."""
+    import json
+
+    model = OrtBackend(args.model, RuntimeOptions("fp32", "cpu", spinning=False))
+    made = {"cpu": describe_cpu(), "onnxruntime": ort.__version__, "sentences": len(sources)}
+    for beam in (1, 4):
+        outputs = rate(partial(offline.translate_ids, model), sources, 32, beam)[1]
+        made[str(beam)] = outputs
+        made[f"bleu_{beam}"] = sacrebleu.corpus_bleu(tokenizer.decode(outputs), [references]).score
+    args.write_reference.write_text(json.dumps(made))
+    return 0
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -302,8 +484,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--divergence-only", action="store_true", help="only compare each graph node by node with the CPU provider"
     )
+    parser.add_argument("--variants", default="fp32,fp16", help="the variants the folder has to run")
+    parser.add_argument("--reference", type=Path, help="CPU fp32's outputs (--write-reference) instead of running it")
+    parser.add_argument("--write-reference", type=Path, help="write CPU fp32's outputs for --reference, then stop")
+    parser.add_argument("--beam-search-op", type=Path, help="ONNX Runtime's BeamSearch graph to time beside ours")
+    parser.add_argument("--speed-sentences", type=int, default=1000, help="sentences timed at batch 32 and up")
+    parser.add_argument("--budget", type=float, default=0.0, help="seconds after which parts are skipped (0: none)")
+    parser.add_argument("--parts", default="agreement,speed,buckets,load", help="the parts to run")
     args = parser.parse_args(argv)
     args.batches = tuple(int(b) for b in args.batches.split(","))
+    args.variants = tuple(args.variants.split(","))
+    args.parts = set(args.parts.split(","))
     if args.smoke:
         for name, value in SMOKE.items():
             setattr(args, name, value)
@@ -311,22 +502,58 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import json
+
     args = parse_args(argv)
+    texts = read_lines(corpus_path(args.data, "test_2016_flickr", "en"))[: args.sentences]
+    references = read_lines(corpus_path(args.data, "test_2016_flickr", "de"))[: args.sentences]
+    if args.write_reference:
+        model = OrtBackend(args.model, RuntimeOptions("fp32", "cpu", spinning=False))
+        return write_reference(args, model.tokenizer.encode_source(texts), model.tokenizer, references)
     if PROVIDERS[args.provider] not in ort.get_available_providers():
         print(f"gpu_check: this onnxruntime has no {args.provider} provider (make gpu-check installs onnxruntime-gpu)")
         return 2
-    texts = read_lines(corpus_path(args.data, "test_2016_flickr", "en"))[: args.sentences]
-    references = read_lines(corpus_path(args.data, "test_2016_flickr", "de"))[: args.sentences]
     options = {"spinning": False} if args.provider == "cpu" else {}
-    # fp32 keeps its cache on the host on CUDA (runtime.device_cache.device_cache_for); fp16 is timed both ways.
-    models = {
-        "fp32": OrtBackend(args.model, RuntimeOptions("fp32", args.provider, **options)),
-        "fp16": OrtBackend(args.model, RuntimeOptions("fp16", args.provider, device_cache=True, **options)),
-        "fp16, cache on host": OrtBackend(args.model, RuntimeOptions("fp16", args.provider, device_cache=False)),
-    }
-    on_cpu = {v: OrtBackend(args.model, RuntimeOptions(v, "cpu", spinning=False)) for v in ("fp32", "fp16")}
-    tokenizer = on_cpu["fp32"].tokenizer
+    lines = Report(args.report)
+    lines += [
+        f"command: python benchmarks/gpu_check.py {shlex.join(sys.argv[1:] if argv is None else argv)}",
+        f"machine: {gpu_name()}; {describe_cpu()}; onnxruntime {ort.__version__}; provider {args.provider}; "
+        f"{len(texts)} test_2016_flickr sentences; medians of {args.repeats}",
+        "",
+        "| check | result |",
+        "|---|---|",
+    ]
+    fp16_cpu = OrtBackend(args.model, RuntimeOptions("fp16", "cpu", spinning=False))
+    tokenizer = fp16_cpu.tokenizer
     sources = tokenizer.encode_source(texts)
+    if args.reference:  # CPU fp32's outputs, made on another machine
+        made = json.loads(args.reference.read_text())
+        assert made["sentences"] >= len(sources), "the reference has fewer sentences than asked for"
+        expected = {beam: made[str(beam)][: len(sources)] for beam in (1, 4)}
+        lines.append(f"| CPU fp32 reference | made on {made['cpu']}, onnxruntime {made['onnxruntime']} |")
+    else:
+        fp32_cpu = OrtBackend(args.model, RuntimeOptions("fp32", "cpu", spinning=False))
+        expected = {beam: rate(partial(offline.translate_ids, fp32_cpu), sources, 32, beam)[1] for beam in (1, 4)}
+    expected["bleu"] = {b: sacrebleu.corpus_bleu(tokenizer.decode(expected[b]), [references]).score for b in (1, 4)}
+    if "buckets" in args.parts and "fp16" in args.variants:
+        lines += memcpy_lines(args.model, "fp16", args.provider)
+        engines, failed = bucket_engines(args.model, "fp16", args.provider)
+        lines += failed
+        bucket_section(args, engines, sources, references, expected, tokenizer, lines)
+        del engines
+        lines += ["", "| check | result |", "|---|---|"]
+    # fp32 keeps its cache on the host on CUDA (runtime.device_cache.device_cache_for); fp16 is timed both ways.
+    models = {}
+    if "fp32" in args.variants:
+        models["fp32"] = OrtBackend(args.model, RuntimeOptions("fp32", args.provider, **options))
+    if "fp16" in args.variants:
+        models["fp16"] = OrtBackend(args.model, RuntimeOptions("fp16", args.provider, device_cache=True, **options))
+        models["fp16, cache on host"] = OrtBackend(
+            args.model, RuntimeOptions("fp16", args.provider, device_cache=False)
+        )
+    on_cpu = {"fp16": fp16_cpu}
+    if "fp32" in args.variants:
+        on_cpu["fp32"] = OrtBackend(args.model, RuntimeOptions("fp32", "cpu", spinning=False))
     engines: dict[str, Translate] = {
         f"ours {name}": (lambda chunk, beam, model=model: offline.translate_ids(model, chunk, beam))
         for name, model in models.items()
@@ -334,49 +561,55 @@ def main(argv: list[str] | None = None) -> int:
     ct2, ct2_name = ct2_translator(args.ct2, args.provider) if args.ct2 else (None, "not run: no --ct2")
     if ct2 is not None:
         engines[ct2_name] = ct2
-
-    lines = Report(args.report)
-    lines += [
-        f"command: python benchmarks/gpu_check.py {shlex.join(sys.argv[1:] if argv is None else argv)}",
-        f"machine: {gpu_name()}; {describe_cpu()}; onnxruntime {ort.__version__}; provider {args.provider}; "
-        f"{len(sources)} test_2016_flickr sentences; medians of {args.repeats}",
-        "",
-        "| check | result |",
-        "|---|---|",
-    ]
-    for variant in ("fp32", "fp16"):
-        lines += divergence(args.model, variant, args.provider, texts)
-    if args.divergence_only:
-        return 0
-    for beam in (1, 4):
-        expected = {v: rate(partial(offline.translate_ids, model), sources, 32, beam)[1] for v, model in on_cpu.items()}
-        for name in models:
-            variant = name.split(",")[0]
-            _, outputs = rate(engines[f"ours {name}"], sources, 32, beam)
-            same = np.mean([a == b for a, b in zip(expected[variant], outputs, strict=True)])
-            lines.append(
-                f"| {args.provider} {name} against CPU {variant}, beam {beam}: identical outputs | {same:.1%} |"
-            )
-    for name in ("fp32", "fp16"):
-        _, outputs = rate(engines[f"ours {name}"], sources, 32, 1)
-        bleu = sacrebleu.corpus_bleu(tokenizer.decode(outputs), [references]).score
-        lines.append(f"| {args.provider} {name}: BLEU, greedy | {bleu:.2f} |")
-    lines.append(f"| CTranslate2 | {ct2_name if ct2 is None else f'{ct2_name} on {args.provider}'} |")
-    lines.append(f"| CUDA graphs (decoder step, fp16) | {capture(models['fp16'], args.provider)} |")
-    lines += ["", "| case (output tokens/s) | " + " | ".join(engines) + " |", "|---" * (len(engines) + 1) + "|"]
-    for batch in args.batches:
+    if "agreement" in args.parts:
+        for variant in args.variants:
+            if in_budget(args, lines, f"{variant} node by node"):
+                lines += divergence(args.model, variant, args.provider, texts)
+        if args.divergence_only:
+            return 0
         for beam in (1, 4):
-            subset = sources[:BATCH_1_SENTENCES] if batch == 1 else sources
-            rates: dict[str, list[float]] = {name: [] for name in engines}
-            for _ in range(args.repeats):
-                for name, translate in engines.items():
-                    rates[name].append(rate(translate, subset, batch, beam)[0])
-            cells = " | ".join(f"{statistics.median(values):,.0f}" for values in rates.values())
-            lines.append(f"| batch {batch}, {'greedy' if beam == 1 else f'beam {beam}'} | {cells} |")
-    if args.load_seconds > 0:
+            if not in_budget(args, lines, f"agreement, beam {beam}"):
+                break
+            against = {
+                v: rate(partial(offline.translate_ids, model), sources, 32, beam)[1] for v, model in on_cpu.items()
+            }
+            for name in models:
+                variant = name.split(",")[0]
+                _, outputs = rate(engines[f"ours {name}"], sources, 32, beam)
+                same = np.mean([a == b for a, b in zip(against[variant], outputs, strict=True)])
+                lines.append(
+                    f"| {args.provider} {name} against CPU {variant}, beam {beam}: identical outputs | {same:.1%} |"
+                )
+        for name in args.variants:
+            _, outputs = rate(engines[f"ours {name}"], sources, 32, 1)
+            bleu = sacrebleu.corpus_bleu(tokenizer.decode(outputs), [references]).score
+            lines.append(f"| {args.provider} {name}: BLEU, greedy | {bleu:.2f} |")
+        lines.append(f"| CTranslate2 | {ct2_name if ct2 is None else f'{ct2_name} on {args.provider}'} |")
+        if "fp16" in models:
+            lines.append(f"| CUDA graphs (decoder step, fp16) | {capture(models['fp16'], args.provider)} |")
+    if "speed" in args.parts:
+        lines += ["", "| case (output tokens/s) | " + " | ".join(engines) + " |", "|---" * (len(engines) + 1) + "|"]
+        for batch in args.batches:
+            for beam in (1, 4):
+                if not in_budget(args, lines, f"speed at batch {batch}, beam {beam}"):
+                    break
+                subset = sources[:BATCH_1_SENTENCES] if batch == 1 else sources
+                rates: dict[str, list[float]] = {name: [] for name in engines}
+                for _ in range(args.repeats):
+                    for name, translate in engines.items():
+                        rates[name].append(rate(translate, subset, batch, beam)[0])
+                cells = " | ".join(f"{statistics.median(values):,.0f}" for values in rates.values())
+                lines.append(f"| batch {batch}, {'greedy' if beam == 1 else f'beam {beam}'} | {cells} |")
+    if "load" in args.parts and args.load_seconds > 0:
         variant = "fp16" if args.provider == "cuda" else "fp32"
-        served = serve_under_load(args.model, args.provider, variant, args.data, args.load_seconds, args.clients)
-        lines += ["", f"Server under load: {served}"]
+        layouts = [()] if args.provider == "cpu" else [(), ("--batch-layout", "buckets")]
+        for extra in layouts:
+            for sentences in (1, 16):
+                if in_budget(args, lines, f"the server under load, {sentences} sentences a request {extra}"):
+                    served = serve_under_load(
+                        args.model, args.provider, variant, args.data, args.load_seconds, args.clients, extra, sentences
+                    )
+                    lines += ["", f"Server under load: {served}"]
     return 0
 
 

@@ -169,17 +169,42 @@ class BeamSearchOp:
     """The BeamSearch node in a session: ``translate_ids`` as the engine's (ids without start and eos)."""
 
     def __init__(self, model: Transformer, threads: int = 2) -> None:
+        self.session = self.open(build_beam_search(model).SerializeToString(), threads)
+        self.pad_id, self.eos_id = model.config.pad_id, model.config.eos_id
+
+    @staticmethod
+    def open(graph: bytes | str, threads: int = 2, provider: str = "CPUExecutionProvider") -> ort.InferenceSession:
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
-        self.session = ort.InferenceSession(
-            build_beam_search(model).SerializeToString(), options, ["CPUExecutionProvider"]
-        )
-        self.config = model.config
+        return ort.InferenceSession(graph, options, [provider])
+
+    @classmethod
+    def from_graph(cls, graph: bytes | str, pad_id: int, eos_id: int, provider: str) -> BeamSearchOp:
+        """The node of a graph made before (``build_beam_search``, then perhaps ``float16``) on ``provider``:
+        how the GPU check carries it to a device without PyTorch's export."""
+        op = cls.__new__(cls)
+        op.session, op.pad_id, op.eos_id = cls.open(graph, 1, provider), pad_id, eos_id
+        return op
+
+    @staticmethod
+    def float16(model: onnx.ModelProto) -> onnx.ModelProto:
+        """The node's graph with float16 weights and subgraphs (its inputs and outputs kept), by ONNX Runtime's
+        own converter: the reference beside our fp16 engine on CUDA, where the node runs float16."""
+        from onnxruntime.transformers.float16 import convert_float_to_float16
+
+        model = onnx.ModelProto.FromString(model.SerializeToString())
+        for attribute in model.graph.node[0].attribute:  # the converter wants each weight's name once in all
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                names = {tensor.name: f"{attribute.name}/{tensor.name}" for tensor in attribute.g.initializer}
+                for tensor in attribute.g.initializer:
+                    tensor.name = names[tensor.name]
+                for node in attribute.g.node:
+                    node.input[:] = [names.get(name, name) for name in node.input]
+        return convert_float_to_float16(model, keep_io_types=True, disable_shape_infer=True)
 
     def translate_ids(self, sources: list[list[int]], beam: int = 1, max_output_tokens: int = 256) -> list[list[int]]:
-        c = self.config
-        tokens, mask = pad_sources(sources, c.pad_id, c.eos_id)
+        tokens, mask = pad_sources(sources, self.pad_id, self.eos_id)
         longest = max(default_max_output(len(s), max_output_tokens) for s in sources)
         feeds = {
             "input_ids": tokens.astype(np.int32),
@@ -194,6 +219,6 @@ class BeamSearchOp:
         sequences = self.session.run(None, feeds)[0][:, 0, 1:]
         outputs = []
         for row in sequences.tolist():
-            ends = [i for i, t in enumerate(row) if t in (c.eos_id, c.pad_id)]
+            ends = [i for i, t in enumerate(row) if t in (self.eos_id, self.pad_id)]
             outputs.append(row[: ends[0]] if ends else row)
         return outputs

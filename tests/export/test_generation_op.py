@@ -34,3 +34,25 @@ def test_the_beam_search_node_finds_the_engines_beams(tiny_checkpoint: Path, tin
         engine = [offline.translate_ids(ours, [source], beam, 12)[0] for source in ids]
         same = sum(a == b for a, b in zip(theirs, engine, strict=True))
         assert same >= at_least, f"beam {beam}: {same} of {len(ids)} the same"
+
+
+def test_the_node_carried_as_a_graph_decodes_as_the_one_made_from_the_model(tiny_checkpoint: Path):
+    """The GPU check carries the node's graph to a device without PyTorch (``from_graph``), in fp16 there: the
+    graph made beforehand decodes what the model's own node decodes, and its fp16 form keeps the node's inputs
+    and outputs while its subgraphs' weights become float16 (the CPU provider has no fp16 BeamSearch to run)."""
+    import onnx
+
+    from export.generation_op import build_beam_search
+
+    model, tokenizer = load_checkpoint(tiny_checkpoint)
+    graph = build_beam_search(model)
+    c = model.config
+    carried = BeamSearchOp.from_graph(graph.SerializeToString(), c.pad_id, c.eos_id, "CPUExecutionProvider")
+    ids = tokenizer.encode_source(own_sentences(3))
+    assert carried.translate_ids(ids, 2, 12) == BeamSearchOp(model, threads=1).translate_ids(ids, 2, 12)
+    half = BeamSearchOp.float16(graph)
+    assert [(v.name, v.type) for v in half.graph.input] == [(v.name, v.type) for v in graph.graph.input]
+    assert [(v.name, v.type) for v in half.graph.output] == [(v.name, v.type) for v in graph.graph.output]
+    subgraphs = [a.g for a in half.graph.node[0].attribute if a.type == onnx.AttributeProto.GRAPH]
+    weights = [t.data_type for g in subgraphs for t in g.initializer if t.dims and len(t.dims) > 1]
+    assert weights and set(weights) == {onnx.TensorProto.FLOAT16}
