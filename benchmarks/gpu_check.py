@@ -362,19 +362,33 @@ BUCKET_ENGINES = {  # name: RuntimeOptions beyond the variant and provider
         }
         for k in (2, 4, 8)
     },
+    # ONNX Runtime's fusions, which every session turns off for the CPU's sake (runtime.providers.NO_FUSIONS)
+    "buckets, graphs, k=8, fusions": {
+        "batch_layout": "buckets",
+        "io_binding": True,
+        "steps_per_run": 8,
+        "fusions": True,
+    },
 }
 
 
 def bucket_engines(model_dir: Path, variant: str, provider: str) -> tuple[dict[str, OrtBackend], list[str]]:
     """BUCKET_ENGINES that load here (a CPU run has no graphs to capture, but runs the same code)."""
+    from runtime import providers
+
     engines, lines = {}, []
     for name, extra in BUCKET_ENGINES.items():
         if provider == "cpu":
             extra = {key: value for key, value in extra.items() if key != "device_cache"}
+        extra, fusions = dict(extra), extra.get("fusions", False)
+        extra.pop("fusions", None)
+        kept, providers.NO_FUSIONS = providers.NO_FUSIONS, [] if fusions else providers.NO_FUSIONS
         try:
             engines[name] = OrtBackend(model_dir, RuntimeOptions(variant, provider, **extra))
         except Exception as error:  # noqa: BLE001 (the error is the finding)
             lines.append(f"| {variant} {name} | not loaded: {type(error).__name__}: {str(error)[:300]} |")
+        finally:
+            providers.NO_FUSIONS = kept
     return engines, lines
 
 

@@ -1,22 +1,18 @@
 #!/usr/bin/env bash
 # The GPU check on a lent machine that reaches no package index, from what benchmarks/gpu_prepare.py made here.
-# Two runs on the same machine, each carrying one part beside the tree (each fits a 64 MiB transfer):
+# Runs on the same machine, each carrying one part beside the tree (each fits a 64 MiB transfer):
 #   benchmarks/gpu_device.sh stash          carrying .gpu/a: keeps onnxruntime-gpu's libraries in /tmp/gpu
 #   benchmarks/gpu_device.sh run [SECONDS]  carrying .gpu/b: installs, checks, times; report in $OUT as it goes
+#   benchmarks/gpu_device.sh profile        carrying .gpu/b: one step's time at several sizes, and its kernels
 # The tree travels without the checkpoints (the device needs only the fp16 export in .gpu/b): empty them here
-# for the two runs and restore them after (git checkout model/). With network access, `make gpu-check` instead.
+# for the runs and restore them after (git checkout model/). With network access, `make gpu-check` instead.
 set -u
 here=/tmp/gpu
 out=${OUT:-/tmp/gpu-out}
 mkdir -p "$here" "$out"
-case "${1:-}" in
-stash)
-    cp .gpu/a/* "$here"/ && ls -la "$here"
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-    ;;
-run)
-    budget=${2:-360}
-    python3 - <<'EOF' || exit 1
+
+install() {  # onnxruntime-gpu from the stashed part and .gpu/b, into /tmp/site
+    python3 - <<'PY' || return 1
 import lzma, pathlib, tarfile
 site = pathlib.Path("/tmp/site")
 with tarfile.open(".gpu/b/onnxruntime.tar.xz") as tar:
@@ -25,7 +21,7 @@ capi = site / "onnxruntime" / "capi"
 stash = pathlib.Path("/tmp/gpu")
 (capi / "libonnxruntime_providers_cuda.so").write_bytes(lzma.decompress((stash / "libonnxruntime_providers_cuda.so.xz").read_bytes()))
 (capi / (stash / "extension_name").read_text()).write_bytes(lzma.decompress((stash / "onnxruntime_pybind11_state.so.xz").read_bytes()))
-EOF
+PY
     cp .gpu/b/proto/*.py proto/
     # the gRPC modules were generated for a newer grpcio than the machine's: their stubs run on it, so say so
     sed -i "s/^GRPC_GENERATED_VERSION = .*/GRPC_GENERATED_VERSION = '$(python3 -c 'import grpc; print(grpc.__version__)')'/" proto/translate_pb2_grpc.py
@@ -33,15 +29,40 @@ EOF
     nvidia=$(python3 -c "import glob, os, site; print(':'.join(sorted({os.path.dirname(p) for s in site.getsitepackages() for p in glob.glob(s + '/nvidia/**/lib*.so*', recursive=True)})))")
     export LD_LIBRARY_PATH=$nvidia${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-    python3 -c "import onnxruntime as o; print(o.__version__, o.__file__, o.get_available_providers())" || exit 1
+    python3 -c "import onnxruntime as o; print(o.__version__, o.__file__, o.get_available_providers())"
+}
+
+case "${1:-}" in
+stash)
+    cp .gpu/a/* "$here"/ && ls -la "$here"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    ;;
+run)
+    install || exit 1
+    budget=${2:-360}
     timeout $((budget + 60)) python3 benchmarks/gpu_check.py --model .gpu/b/model --variants fp16 \
         --reference .gpu/b/reference.json --data .gpu/b/data --beam-search-op .gpu/b/beam_search.fp16.onnx \
         --parts "${PARTS:-buckets,agreement,load}" --speed-sentences "${SPEED_SENTENCES:-1000}" \
         --budget "$budget" --load-seconds 10 --clients 16 \
         --report "$out/gpu_check.md" 2>&1 | tee "$out/log.txt"
     ;;
+profile)
+    install || exit 1
+    step="python3 benchmarks/gpu_step_profile.py --model .gpu/b/model"
+    for args in "--rows 1" "--rows 1 --graphs" "--rows 1 --graphs --steps-per-run 8" "--rows 1 --fusions" \
+        "--rows 32" "--rows 32 --graphs" "--rows 128" "--rows 128 --graphs" "--rows 128 --graphs --fusions" \
+        "--rows 1 --beam 4" "--rows 32 --beam 4" "--rows 32 --beam 4 --graphs"; do
+        timeout 60 $step $args 2>/dev/null | tee -a "$out/step_times.txt"
+    done
+    for args in "--rows 1" "--rows 128" "--rows 32 --beam 4"; do  # each kernel of a step, launched on its own
+        name=$(echo "$args" | tr -d ' -')
+        timeout 120 ncu --print-summary per-kernel --launch-skip 600 --launch-count 300 $step $args \
+            --warmup 10 --steps 10 > "$out/kernels_$name.txt" 2>&1
+        tail -40 "$out/kernels_$name.txt"
+    done
+    ;;
 *)
-    echo "usage: $0 stash | run [SECONDS]" >&2
+    echo "usage: $0 stash | run [SECONDS] | profile" >&2
     exit 2
     ;;
 esac

@@ -84,3 +84,17 @@ def test_every_node_output_becomes_a_graph_output(tiny_export: Path):
     exposed = onnx.load_from_string(graph_bytes).graph.output
     assert outputs <= {o.name for o in exposed}
     assert all(ops[name] == node.op_type for node in graph.node for name in node.output if name)
+
+
+def test_the_step_profile_times_a_full_bucket_on_the_cpu_provider(tiny_export: Path, capsys):
+    """The profile a lent GPU runs under Nsight Compute (benchmarks/gpu_device.sh profile), in its CPU form: the
+    batch keeps every row decoding for every timed step."""
+    import gpu_step_profile
+
+    for flags in (["--rows", "2", "--beam", "2"], ["--rows", "3", "--steps-per-run", "2", "--graphs", "--fusions"]):
+        args = ["--model", str(tiny_export), "--provider", "cpu", "--variant", "fp32", "--warmup", "2", "--steps", "3"]
+        assert gpu_step_profile.main(args + flags) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "2 sources x beam 2 (4 rows), 1 steps per run" in lines[0]
+    assert "3 sources x beam 1 (3 rows), 2 steps per run, graphs True, fusions True" in lines[1]
+    assert all(re.search(r"\d+\.\d{3} ms per step$", line) for line in lines)
