@@ -153,6 +153,12 @@ class OrtBackend:
                 "batch_layout buckets on CUDA keeps the cache on the device, where ONNX Runtime's "
                 "GroupQueryAttention has no float32 kernel: use the fp16 variant"
             )
+        try:  # the beam reorder's graph is made on first use: a missing package is said now, not mid-request
+            import onnx  # noqa: F401
+        except ImportError as e:
+            raise ValueError(
+                f"batch_layout buckets on a device makes graphs with the onnx package: {e}; pip install onnx"
+            ) from e
         ops = self._cache_ops or CacheOps(PROVIDERS[self.provider], self.device, self.cache_dtype)
         self.bucket_buffers = DeviceBuffers(ops)
         graphs = self.provider == "cuda" if options.cuda_graphs is None else options.cuda_graphs

@@ -205,3 +205,12 @@ def test_bucket_sizes_are_powers_of_two_from_their_least():
     assert Bucket.fitting(sources=1, group=1, src_len=1, cache_len=64).rows == buckets.MIN_SOURCES
     assert Bucket(8, 4, 32, 64).top_k == 8 and Bucket(8, 1, 32, 64).top_k == 1
     assert np.all([Bucket(8, 4, 32, 64).holds(Bucket(4, g, 16, 64)) for g in (1, 4)])
+
+
+def test_buckets_on_a_device_without_the_onnx_package_are_refused_at_load(tiny_export: Path, monkeypatch):
+    """Their beam reorder's graph is made on first use: without the package, loading says so, not a request."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "onnx", None)
+    with pytest.raises(ValueError, match="pip install onnx"):
+        backend(tiny_export, "buckets", io_binding=True, cuda_graphs=False)
