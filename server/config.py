@@ -29,6 +29,10 @@ MIB = 1 << 20
 # continuous' throughput from 0.90x static's to 0.96x and cut long p99 from 10.2 to 8.9 s, doubling the single
 # sentences' p99 (still 0.08x static's); 0.3 changed nothing measurable and 0.7 pushed that p99 past static's.
 LONG_LANE_SHARE = 0.5
+# --batch-gap-ms: an idle lane's wait for a batch ends this long after the last arrival (see _wait_for_batch).
+# Off by default: on a 2-core AMD EPYC, 1 ms gave 1.19-1.24x requests/s at 4 clients greedy (p99 0.96-0.99x)
+# but p99 1.11-1.12x at 4 clients beam 4, and 0.95-1.02x elsewhere (benchmarks/every_core_batch_gap.md).
+BATCH_GAP_MS = 0.0
 # --char-limit: LibreTranslate's default is none; this bounds what one request costs before any translation (its
 # parsing, splitting and tokenizing are linear in it) while a long document (about 1,500 sentences) goes whole.
 CHAR_LIMIT = 100_000
@@ -70,6 +74,11 @@ class SchedulerSettings:
     max_batch_size: int = setting(64, "sentences decoding at once (continuous: per lane)")
     max_batch_tokens: int = setting(4096, "padded source tokens per encoder batch")
     max_batch_delay_ms: float = setting(5.0, "how long an idle server waits for more arrivals")
+    batch_gap_ms: float = setting(
+        BATCH_GAP_MS,
+        "within max_batch_delay_ms, an idle lane stops waiting once no sentence arrived for this long (arrivals "
+        "that have stopped gather nothing more); 0: it waits the whole delay",
+    )
     max_queue_size: int = setting(1024, "sentences waiting; more are RESOURCE_EXHAUSTED")
     lane_replicas: int = setting(
         0,
@@ -83,6 +92,8 @@ class SchedulerSettings:
         for name in ("max_batch_size", "max_batch_tokens", "max_queue_size"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}={getattr(self, name)} must be at least 1")
+        if self.batch_gap_ms < 0 or self.max_batch_delay_ms < 0:
+            problems.append("max_batch_delay_ms and batch_gap_ms must be 0 or more")
         if self.lane_replicas < 0:
             problems.append(f"lane_replicas={self.lane_replicas} must be 0 (one per core) or more")
         if not 0.0 <= self.long_lane_share < 1.0:

@@ -186,10 +186,14 @@ class Scheduler:
             self._update_gauges(lane)
 
     def _wait_for_batch(self, lane: Lane) -> None:
-        """With nothing running, give arrivals up to max_batch_delay_ms to form a batch."""
+        """With nothing running, give arrivals up to max_batch_delay_ms to form a batch, and stop once none came
+        for batch_gap_ms: when the senders are few (closed-loop clients waiting on their answers), the first
+        arrivals come together and the rest of the delay would only idle the core."""
         deadline = lane.waiting[0].enqueued_at + self.settings.max_batch_delay_ms / 1000
+        gap = self.settings.batch_gap_ms / 1000
         while len(lane.waiting) < self.settings.max_batch_size and not self.stopped:
-            remaining = deadline - time.monotonic()
+            until = min(deadline, max(s.enqueued_at for s in lane.waiting) + gap) if gap else deadline
+            remaining = until - time.monotonic()
             if remaining <= 0:
                 break
             lane.wake.wait(remaining)

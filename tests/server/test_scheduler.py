@@ -499,6 +499,35 @@ def test_a_busy_lane_takes_arrivals_in_batches():
     assert scheduler._admit(lane) == [job.segments[0] for job in crowd]
 
 
+@pytest.mark.parametrize("gap_ms", [3.0, 0.0])
+def test_an_idle_lane_stops_waiting_for_a_batch_once_arrivals_pause(gap_ms: float):
+    """With nothing running a lane waits up to max_batch_delay_ms for more arrivals, but no longer than
+    batch_gap_ms after the last one (0: the whole delay)."""
+    config = server_config(
+        Path("unused"),
+        scheduler="continuous",
+        lanes=(64,),
+        lane_replicas=1,
+        max_batch_delay_ms=300.0,
+        batch_gap_ms=gap_ms,
+    )
+    engine, scheduler = _unstarted(config)
+    lane = scheduler.lanes[0]
+    lane.engine, lane.batch = engine, engine.new_batch()
+    first, late = fake_job(engine, ["A dog runs."]), fake_job(engine, ["A cat sleeps."])
+    scheduler.submit(first)
+    later = threading.Timer(0.1, scheduler.submit, [late])
+    later.start()
+    start = time.monotonic()
+    admitted = scheduler._admit(lane)
+    waited = time.monotonic() - start
+    later.join()
+    if gap_ms:
+        assert admitted == first.segments and waited < 0.05  # the arrivals paused: no point waiting on
+    else:
+        assert admitted == first.segments + late.segments and waited >= 0.29  # the whole delay
+
+
 def test_scheduler_and_service_import_no_inference_runtime():
     """The engine boundary: the scheduler and the RPC service reach ONNX Runtime only through an engine."""
     code = "import sys, server.scheduler, server.service; print(sorted({'onnxruntime', 'torch'} & set(sys.modules)))"
