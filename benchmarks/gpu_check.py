@@ -519,14 +519,14 @@ def main(argv: list[str] | None = None) -> int:
     import json
 
     args = parse_args(argv)
+    if not args.write_reference and PROVIDERS[args.provider] not in ort.get_available_providers():
+        print(f"gpu_check: this onnxruntime has no {args.provider} provider (make gpu-check installs onnxruntime-gpu)")
+        return 2
     texts = read_lines(corpus_path(args.data, "test_2016_flickr", "en"))[: args.sentences]
     references = read_lines(corpus_path(args.data, "test_2016_flickr", "de"))[: args.sentences]
     if args.write_reference:
         model = OrtBackend(args.model, RuntimeOptions("fp32", "cpu", spinning=False))
         return write_reference(args, model.tokenizer.encode_source(texts), model.tokenizer, references)
-    if PROVIDERS[args.provider] not in ort.get_available_providers():
-        print(f"gpu_check: this onnxruntime has no {args.provider} provider (make gpu-check installs onnxruntime-gpu)")
-        return 2
     options = {"spinning": False} if args.provider == "cpu" else {}
     lines = Report(args.report)
     lines += [
