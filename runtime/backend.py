@@ -123,14 +123,19 @@ class OrtBackend:
             self._device_buckets(options)
         self.k_steps = self._k_steps(options) if self.steps_per_run > 1 and self.device_chunks is None else None
 
-    def _graph(self, what: str) -> Any:
-        """The decoder's graph as an onnx.ModelProto, for the graphs made from it (the onnx package, which the
-        serving image leaves out, is imported only here)."""
+    @staticmethod
+    def _onnx(what: str) -> Any:
+        """The onnx package, for ``what``'s graphs: the serving image leaves it out, so it is imported only here,
+        and its absence is said when a model loads, not mid-request."""
         try:
             import onnx
         except ImportError as e:
-            raise ValueError(f"{what} makes its graph with the onnx package: {e}; pip install onnx") from e
-        return onnx.load(str(self.folder / self.manifest["variants"][self.variant]["decoder"]))
+            raise ValueError(f"{what} makes its graphs with the onnx package: {e}; pip install onnx") from e
+        return onnx
+
+    def _graph(self, what: str) -> Any:
+        """The decoder's graph as an onnx.ModelProto, for the graphs made from it."""
+        return self._onnx(what).load(str(self.folder / self.manifest["variants"][self.variant]["decoder"]))
 
     def _k_steps(self, options: RuntimeOptions) -> StepBindings:
         """The session of ``steps_per_run`` greedy steps per run (runtime/k_steps.py) and its bindings, on host
@@ -153,12 +158,7 @@ class OrtBackend:
                 "batch_layout buckets on CUDA keeps the cache on the device, where ONNX Runtime's "
                 "GroupQueryAttention has no float32 kernel: use the fp16 variant"
             )
-        try:  # the beam reorder's graph is made on first use: a missing package is said now, not mid-request
-            import onnx  # noqa: F401
-        except ImportError as e:
-            raise ValueError(
-                f"batch_layout buckets on a device makes graphs with the onnx package: {e}; pip install onnx"
-            ) from e
+        self._onnx("batch_layout buckets on a device")  # its beam reorder's graph is made on first use
         ops = self._cache_ops or CacheOps(PROVIDERS[self.provider], self.device, self.cache_dtype)
         self.bucket_buffers = DeviceBuffers(ops)
         graphs = self.provider == "cuda" if options.cuda_graphs is None else options.cuda_graphs

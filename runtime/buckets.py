@@ -15,8 +15,7 @@ tokens where the step computes each row as it would in a compact batch.
 The caches and sources' keys are host arrays or values on the step's device (runtime/bucket_buffers.py); the
 small feeds (tokens, lengths, masks, scores) are host arrays, which a device's step function copies across
 before each run (runtime/captured.py). A greedy bucket may run several steps per call (``chunk_fn``,
-runtime/k_steps.py). On a device the step's total length is the bucket's (``fixed_total_length``), as a
-captured step reads it once.
+runtime/k_steps.py). On a device the step's total length is the bucket's, as a captured step reads it once.
 """
 
 from __future__ import annotations
@@ -101,8 +100,7 @@ class BucketedBatch:
         self.start_id, self.decoding, self.dtype = start_id, decoding, dtype
         self.buffers = buffers or HostBuffers(dtype)
         self.chunk_fn, self.chunk = chunk_fn, chunk if chunk_fn is not None else 1
-        self.fixed_total_length = self.buffers.on_device
-        self.set: BufferSet | None = None
+        self.set: BufferSet | None = None  # the bucket's caches and sources' keys
         self.bucket: Bucket | None = None
         self.slots: list[tuple[Hashable, Search] | None] = []
         self.where: dict[Hashable, int] = {}  # each live source's slot
@@ -119,6 +117,16 @@ class BucketedBatch:
     def rows(self) -> int:
         """Hypotheses being decoded (a source has one per live beam)."""
         return sum(self.slots[n][1].rows for n in self.where.values())
+
+    @property
+    def cache(self) -> list[Any]:
+        """The self-attention caches, past_key_0, past_value_0, ... (none without a bucket)."""
+        return self.set.cache if self.set else []
+
+    @property
+    def cross(self) -> list[Any]:
+        """The sources' keys and values, cross_key_0, cross_value_0, ..."""
+        return self.set.cross if self.set else []
 
     @property
     def cache_bytes(self) -> int:
@@ -187,7 +195,7 @@ class BucketedBatch:
         """One decoder step for every row; returns the sources finished by it, with their hypotheses."""
         # GroupQueryAttention's total_sequence_length, a host value: the longest row's on the CPU, where a step's
         # work follows it; on a device the bucket's (a captured step reads it once), less a chunk's later steps
-        if self.fixed_total_length:
+        if self.buffers.on_device:
             self.total_length[()] = self.bucket.cache_len - self.chunk + 1
         else:
             self.total_length[()] = self.lengths.max() + 1
@@ -311,7 +319,6 @@ class BucketedBatch:
         if self.set is not None:
             self.buffers.give_back(self.set)
         self.bucket, self.slots, self.where, self.set = None, [], {}, None
-        self.cache, self.cross = [], []
         self._inputs = None
         self._key = BatchKey()
         self._small_steps = 0
@@ -329,7 +336,6 @@ class BucketedBatch:
             cross_shape = (bucket.sources, shape[-3], bucket.src_len, shape[-1])
         cache_shape = (rows, self.heads, bucket.cache_len, self.d_cache)
         taken = self.buffers.take(cache_shape, 2 * self.layers, cross_shape)
-        cache, cross = taken.cache, taken.cross
         state = {
             "tokens": np.full(rows, self.start_id, np.int64),
             "lengths": np.zeros(rows, np.int32),
@@ -351,13 +357,13 @@ class BucketedBatch:
             state["candidate_bias"][after, :kept, :k] = self.candidate_bias[before, :kept, :k]
             state["src_mask"][after] = 0
             state["src_mask"][after, : old.src_len] = self.src_mask[before]
-            for new, current in zip(cache, self.cache, strict=True):
+            for new, current in zip(taken.cache, self.cache, strict=True):
                 self.buffers.copy_rows(current, new, old_rows, new_rows)
-            for new, current in zip(cross, self.cross, strict=True):
+            for new, current in zip(taken.cross, self.cross, strict=True):
                 self.buffers.copy_rows(current, new, before, after)
         if self.set is not None:
             self.buffers.give_back(self.set)
-        self.bucket, self.cache, self.cross, self.set = bucket, cache, cross, taken
+        self.bucket, self.set = bucket, taken
         for name, value in state.items():
             setattr(self, name, value)
         self.slots = [slot for _, slot in moved] + [None] * (bucket.sources - len(moved))
@@ -383,6 +389,3 @@ class BucketedBatch:
         if self.cross:
             feeds.update(zip(layer_names("cross", self.layers), self.cross, strict=True))
         self._inputs = StepInputs(feeds, rows, self._key, (taken.key, 0))
-
-    def _layers(self) -> range:
-        return range(2 * self.layers)

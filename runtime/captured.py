@@ -21,7 +21,6 @@ import numpy as np
 import onnxruntime as ort
 
 from runtime.batch import StepInputs
-from runtime.contract import ORT_DTYPES
 
 HOST_FEEDS = ("total_length", "top_k")  # read by kernels from host memory
 ON_DEVICE = ".device"  # the suffix of a host feed's device copy (split_host_feeds)
@@ -29,14 +28,11 @@ ON_DEVICE = ".device"  # the suffix of a host feed's device copy (split_host_fee
 HOST_INPUTS = {("GroupQueryAttention", 6), ("TopK", 1)}
 EVERY_STEP = ("tokens", "lengths")  # copied before every run
 AFTER_JOINS = ("row_scores", "candidate_bias", "src_mask")  # copied when they changed (beams, joins, departures)
-NUMPY = {"tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(double)": np.float64, **ORT_DTYPES}
 
 
 def split_host_feeds(model):  # noqa: ANN001, ANN201 (onnx.ModelProto, which the serving image lacks)
     """``model`` (an onnx.ModelProto, changed in place and returned) where a HOST_FEEDS input is also read by
     nodes computing on the device: those read a new input, its name + ON_DEVICE, bound on the device."""
-    from onnx import helper
-
     graph = model.graph
     declared = {value.name: value for value in graph.input}
     for name in HOST_FEEDS:
@@ -50,9 +46,9 @@ def split_host_feeds(model):  # noqa: ANN001, ANN201 (onnx.ModelProto, which the
         ]
         if not others:
             continue
-        copy = helper.make_tensor_value_info(name + ON_DEVICE, declared[name].type.tensor_type.elem_type, None)
-        copy.type.CopyFrom(declared[name].type)
-        graph.input.append(copy)
+        copy = graph.input.add()
+        copy.CopyFrom(declared[name])
+        copy.name = name + ON_DEVICE
         for node, i in others:
             node.input[i] = name + ON_DEVICE
     return model
@@ -141,7 +137,7 @@ class DeviceSteps:
                     binding.bind_ortvalue_output(present, value)
                 keep.append(value)
                 continue
-            array = np.ascontiguousarray(value, NUMPY.get(self.inputs[name].type, value.dtype))
+            array = np.ascontiguousarray(value)  # the contract's dtypes, as the copies before each run need
             on_host = source in HOST_FEEDS and not name.endswith(ON_DEVICE)
             value = ort.OrtValue.ortvalue_from_numpy(array, "cpu" if on_host else self.device, 0)
             binding.bind_ortvalue_input(name, value)
@@ -150,22 +146,21 @@ class DeviceSteps:
                 host.append((name, value))
             elif source in EVERY_STEP + AFTER_JOINS:
                 copies.append((name, value))
-        outputs = []
         for name in self.output_names:
             binding.bind_output(name, self.device)
         # Outputs bound by device only are made by the first run: run once (the step is a pure function of its
         # feeds, so this run's writes are the ones the batch's next step makes), then fix them at their buffers.
-        options = None
-        if self.graphs:
-            options = ort.RunOptions()
-            options.add_run_config_entry("gpu_graph_id", "-1")
-        self.session.run_with_iobinding(binding, options)
-        made = dict(zip(self.output_names, binding.get_outputs()[-len(self.output_names) :], strict=True))
-        for name in self.output_names:
-            outputs.append(made[name])
-            binding.bind_ortvalue_output(name, made[name])
+        self.session.run_with_iobinding(binding, self._graph(-1))
+        outputs = list(binding.get_outputs()[-len(self.output_names) :])  # bound after the presents
+        for name, value in zip(self.output_names, outputs, strict=True):
+            binding.bind_ortvalue_output(name, value)
         keep.extend(outputs)
-        if self.graphs:
-            options = ort.RunOptions()
-            options.add_run_config_entry("gpu_graph_id", str(inputs.layout[0]))
-        return _Bound(binding, copies, outputs, host, options, keep)
+        return _Bound(binding, copies, outputs, host, self._graph(inputs.layout[0]), keep)
+
+    def _graph(self, graph_id: int) -> ort.RunOptions | None:
+        """Run options naming a captured graph (-1: run without one), where graphs are on."""
+        if not self.graphs:
+            return None
+        options = ort.RunOptions()
+        options.add_run_config_entry("gpu_graph_id", str(graph_id))
+        return options

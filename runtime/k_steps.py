@@ -68,9 +68,9 @@ def k_step_graph(step: onnx.ModelProto, k: int, host_totals: bool = False) -> on
             feeds["lengths"] = _node(new_nodes, "Min", [ahead, "k_steps.last_position"], f"lengths@{j}")
             if host_totals:
                 feeds["total_length"] = f"total_length@{j}"
-                total = next(value for value in graph.input if value.name == "total_length")
-                extra_inputs.append(helper.make_tensor_value_info(f"total_length@{j}", TensorProto.INT32, []))
-                assert total.type.tensor_type.elem_type == TensorProto.INT32
+                extra_inputs.append(onnx.ValueInfoProto())
+                extra_inputs[-1].CopyFrom(next(value for value in inputs if value.name == "total_length"))
+                extra_inputs[-1].name = feeds["total_length"]
             else:
                 feeds["total_length"] = _node(new_nodes, "Add", ["total_length", f"k_steps.plus_{j}"], f"total@{j}")
         renamed = dict(zip((output.name for output in present), names[j], strict=True))
