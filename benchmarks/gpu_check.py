@@ -52,9 +52,11 @@ from runtime.batch import pad_sources
 from runtime.binding import bind_step, run_in_place
 from runtime.contract import CANDIDATE_OUTPUTS, STEP_OUTPUTS
 from runtime.cpu import describe_cpu
+from runtime.manifest import read_manifest
 from runtime.options import RuntimeOptions
 from runtime.providers import NO_FUSIONS, PROVIDERS
 from runtime.search import Decoding, default_max_output
+from runtime.tokenizer import Tokenizer
 
 STARTED = time.perf_counter()
 
@@ -330,7 +332,7 @@ def memcpy_lines(model_dir: Path, variant: str, provider: str) -> list[str]:
     from runtime.captured import split_host_feeds
     from runtime.k_steps import k_step_graph
 
-    path = model_dir / read_manifest_variant(model_dir, variant)
+    path = model_dir / read_manifest(model_dir, verify=False)["variants"][variant]["decoder"]
     graphs = {
         "decoder step as exported": onnx.load(str(path)),
         "decoder step, host feeds split (captured)": split_host_feeds(onnx.load(str(path))),
@@ -341,12 +343,6 @@ def memcpy_lines(model_dir: Path, variant: str, provider: str) -> list[str]:
         f"| {provider} {variant} {name}: Memcpy nodes | {memcpy_nodes(graph.SerializeToString(), provider)} |"
         for name, graph in graphs.items()
     ]
-
-
-def read_manifest_variant(model_dir: Path, variant: str) -> str:
-    from runtime.manifest import read_manifest
-
-    return read_manifest(model_dir, verify=False)["variants"][variant]["decoder"]
 
 
 BUCKET_ENGINES = {  # name: RuntimeOptions beyond the variant and provider
@@ -439,25 +435,32 @@ def bucket_section(args, engines, sources, references, expected, tokenizer, line
                 f"| {args.provider} fp16 {name}, beam {beam}, batch 32: identical to CPU fp32 | {same:.1%}, "
                 f"BLEU {bleu:.2f} (CPU fp32 {expected['bleu'][beam]:.2f}) |"
             )
-    columns = " | ".join(translators)
-    lines += ["", f"| case (output tokens/s) | {columns} |", "|---" * (len(translators) + 1) + "|"]
-    for batch in args.batches:
-        for beam in (1, 4):
-            if not in_budget(args, lines, f"batch {batch}, beam {beam}"):
-                return
-            subset = sources[:BATCH_1_SENTENCES] if batch == 1 else sources[: args.speed_sentences]
-            rates: dict[str, list[float]] = {name: [] for name in translators}
-            for _ in range(args.repeats):
-                for name, translate in translators.items():
-                    if beam == 4 and "k=" in name:
-                        continue
-                    rates[name].append(rate(translate, subset, batch, beam)[0])
-            cells = " | ".join(f"{statistics.median(v):,.0f}" if v else "" for v in rates.values())
-            lines.append(f"| batch {batch}, {'greedy' if beam == 1 else f'beam {beam}'} | {cells} |")
+    if not speed_table(args, translators, sources, lines):
+        return
     lines.append("")
     for name, engine in engines.items():
         if engine.bucket_buffers is not None:
             lines.append(f"- {name}: {engine.bucket_buffers.made} buffer sets made; {graphs_captured(engine)}")
+
+
+def speed_table(args: argparse.Namespace, translators: dict[str, Translate], sources, lines: Report) -> bool:
+    """Output tokens/s of each translator at each batch, greedy and beam 4, medians of ``--repeats`` with the
+    translators alternating (several steps per run, "k=", are for greedy only); False if the budget cut it."""
+    columns = " | ".join(translators)
+    lines += ["", f"| case (output tokens/s) | {columns} |", "|---" * (len(translators) + 1) + "|"]
+    for batch in args.batches:
+        for beam in (1, 4):
+            if not in_budget(args, lines, f"speed at batch {batch}, beam {beam}"):
+                return False
+            subset = sources[:BATCH_1_SENTENCES] if batch == 1 else sources[: args.speed_sentences]
+            rates: dict[str, list[float]] = {name: [] for name in translators}
+            for _ in range(args.repeats):
+                for name, translate in translators.items():
+                    if beam == 1 or "k=" not in name:
+                        rates[name].append(rate(translate, subset, batch, beam)[0])
+            cells = " | ".join(f"{statistics.median(v):,.0f}" if v else "" for v in rates.values())
+            lines.append(f"| batch {batch}, {'greedy' if beam == 1 else f'beam {beam}'} | {cells} |")
+    return True
 
 
 def in_budget(args: argparse.Namespace, lines: Report, what: str) -> bool:
@@ -468,14 +471,18 @@ def in_budget(args: argparse.Namespace, lines: Report, what: str) -> bool:
     return True
 
 
+def cpu_fp32(model_dir: Path, sources: list[list[int]]) -> dict[int, list[list[int]]]:
+    """CPU fp32's outputs at batch 32, greedy (1) and beam 4: what every other engine is compared with."""
+    model = OrtBackend(model_dir, RuntimeOptions("fp32", "cpu", spinning=False))
+    return {beam: rate(partial(offline.translate_ids, model), sources, 32, beam)[1] for beam in (1, 4)}
+
+
 def write_reference(args: argparse.Namespace, sources: list[list[int]], tokenizer, references) -> int:
-    """CPU fp32's outputs, greedy and beam 4, at batch 32, for a device run's ``--reference``."""
+    """CPU fp32's outputs and their BLEU, for a device run's ``--reference``."""
     import json
 
-    model = OrtBackend(args.model, RuntimeOptions("fp32", "cpu", spinning=False))
     made = {"cpu": describe_cpu(), "onnxruntime": ort.__version__, "sentences": len(sources)}
-    for beam in (1, 4):
-        outputs = rate(partial(offline.translate_ids, model), sources, 32, beam)[1]
+    for beam, outputs in cpu_fp32(args.model, sources).items():
         made[str(beam)] = outputs
         made[f"bleu_{beam}"] = sacrebleu.corpus_bleu(tokenizer.decode(outputs), [references]).score
     args.write_reference.write_text(json.dumps(made))
@@ -524,9 +531,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     texts = read_lines(corpus_path(args.data, "test_2016_flickr", "en"))[: args.sentences]
     references = read_lines(corpus_path(args.data, "test_2016_flickr", "de"))[: args.sentences]
+    tokenizer = Tokenizer.load(args.model, read_manifest(args.model, verify=False)["tokenizer"])
+    sources = tokenizer.encode_source(texts)
     if args.write_reference:
-        model = OrtBackend(args.model, RuntimeOptions("fp32", "cpu", spinning=False))
-        return write_reference(args, model.tokenizer.encode_source(texts), model.tokenizer, references)
+        return write_reference(args, sources, tokenizer, references)
     options = {"spinning": False} if args.provider == "cpu" else {}
     lines = Report(args.report)
     lines += [
@@ -538,16 +546,13 @@ def main(argv: list[str] | None = None) -> int:
         "|---|---|",
     ]
     fp16_cpu = OrtBackend(args.model, RuntimeOptions("fp16", "cpu", spinning=False))
-    tokenizer = fp16_cpu.tokenizer
-    sources = tokenizer.encode_source(texts)
     if args.reference:  # CPU fp32's outputs, made on another machine
         made = json.loads(args.reference.read_text())
         assert made["sentences"] >= len(sources), "the reference has fewer sentences than asked for"
         expected = {beam: made[str(beam)][: len(sources)] for beam in (1, 4)}
         lines.append(f"| CPU fp32 reference | made on {made['cpu']}, onnxruntime {made['onnxruntime']} |")
     else:
-        fp32_cpu = OrtBackend(args.model, RuntimeOptions("fp32", "cpu", spinning=False))
-        expected = {beam: rate(partial(offline.translate_ids, fp32_cpu), sources, 32, beam)[1] for beam in (1, 4)}
+        expected = cpu_fp32(args.model, sources)
     expected["bleu"] = {b: sacrebleu.corpus_bleu(tokenizer.decode(expected[b]), [references]).score for b in (1, 4)}
     if "buckets" in args.parts and "fp16" in args.variants:
         lines += memcpy_lines(args.model, "fp16", args.provider)
@@ -602,18 +607,7 @@ def main(argv: list[str] | None = None) -> int:
         if "fp16" in models:
             lines.append(f"| CUDA graphs (decoder step, fp16) | {capture(models['fp16'], args.provider)} |")
     if "speed" in args.parts:
-        lines += ["", "| case (output tokens/s) | " + " | ".join(engines) + " |", "|---" * (len(engines) + 1) + "|"]
-        for batch in args.batches:
-            for beam in (1, 4):
-                if not in_budget(args, lines, f"speed at batch {batch}, beam {beam}"):
-                    break
-                subset = sources[:BATCH_1_SENTENCES] if batch == 1 else sources
-                rates: dict[str, list[float]] = {name: [] for name in engines}
-                for _ in range(args.repeats):
-                    for name, translate in engines.items():
-                        rates[name].append(rate(translate, subset, batch, beam)[0])
-                cells = " | ".join(f"{statistics.median(values):,.0f}" for values in rates.values())
-                lines.append(f"| batch {batch}, {'greedy' if beam == 1 else f'beam {beam}'} | {cells} |")
+        speed_table(args, engines, sources, lines)
     if "load" in args.parts and args.load_seconds > 0:
         variant = "fp16" if args.provider == "cuda" else "fp32"
         layouts = [()] if args.provider == "cpu" else [(), ("--batch-layout", "buckets")]
