@@ -8,13 +8,20 @@ worktree add /tmp/base COMMIT``, with server flags of its own) serves both defau
 runaway guard off (both change the work); the sides alternate within each repeat, and each repeat starts every
 side's server afresh and runs every cell on it in turn. Per cell: requests/s, sentences/s, p99 latency and the
 server's cores busy (its CPU seconds per second, from its metrics, so the clients' CPU is not counted: they
-share the machine) and the load generator's own (its CPU over the run), medians of ``--repeats``; per side its
-resident memory idle (after the warm-up) and after the cells (once idle IDLE_S). The load generator is
+share the machine), the load generator's own (its CPU over the run) and the whole machine's (over the run's
+middle: the server, the load generator and the kernel's network work together), medians of ``--repeats``; per
+side its resident memory idle (after the warm-up) and after the cells (once idle IDLE_S). The load generator is
 ``translate-loadtest`` of this checkout for every side.
 
+``--servers LABEL=N`` makes a side N server processes on ports of their own (the cell's clients split evenly, one
+load generator each, their requests/s and CPU summed, p99 the larger of theirs, resident memory as the processes'
+proportional share, so the libraries they map in common count once): the ceiling of a design without a shared
+interpreter lock.
+
 ``--engine-alone`` adds the engine without a server: ``translate-file`` on the same sentences with as many in a
-batch as the cell has in flight (clients × sentences per request), beam as the cell's, with its best of 1 worker
-on every core or one worker per core (medians of the repeats): the ceiling the server is held to.
+batch as the cell has in flight (clients × sentences per request), beam and variant as the cell's (the variant of
+this checkout's ``--flags``, else the server's default, ``auto``), with its best of 1 worker on every core or one
+worker per core (medians of the repeats): the ceiling the server is held to.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from itertools import product
 from pathlib import Path
+from typing import NamedTuple
 
 import psutil
 
@@ -43,6 +51,7 @@ from runtime.cpu import describe_cpu  # noqa: E402
 
 CELLS = list(product((1, 16), (4, 32), (1, 4)))  # sentences per request, clients, beam
 IDLE_S = 2.5  # resident memory "after the cells" is read once the server has idled this long
+MACHINE_SKIP_S = 3.0  # the machine's cores busy are read from this far into a run (the generator starts meanwhile)
 
 
 @dataclass
@@ -50,6 +59,7 @@ class Side:
     label: str
     tree: Path
     flags: list[str]
+    servers: int = 1
     cells: dict[tuple, list[dict]] = field(default_factory=dict)
     idle_mib: list[float] = field(default_factory=list)
     after_mib: list[float] = field(default_factory=list)
@@ -61,8 +71,11 @@ def parse_side(text: str) -> Side:
     return Side(label, Path(tree).resolve(), shlex.split(flags))
 
 
-def rss_mib(pid: int) -> float:
-    return psutil.Process(pid).memory_info().rss / 2**20
+def rss_mib(pids: list[int]) -> float:
+    """Resident memory: one process's RSS, several processes' PSS summed (shared pages split among them)."""
+    if len(pids) == 1:
+        return psutil.Process(pids[0]).memory_info().rss / 2**20
+    return sum(psutil.Process(pid).memory_full_info().pss for pid in pids) / 2**20
 
 
 def start(side: Side, port: int) -> subprocess.Popen:
@@ -90,26 +103,45 @@ def start(side: Side, port: int) -> subprocess.Popen:
     raise RuntimeError(f"{side.label}'s server did not start")
 
 
-def load(port: int, profile: str, clients: int, beam: int, seconds: float, tokenizer: Path) -> dict:
-    """One closed-loop run; the server's cores busy over it from its process_cpu_seconds_total (its own CPU,
-    scraped as the run starts and ends)."""
+def machine_busy_between(first: NamedTuple, last: NamedTuple) -> float:
+    """Cores busy on the whole machine between two psutil.cpu_times() readings."""
+    spent = {name: getattr(last, name) - getattr(first, name) for name in first._fields}
+    waiting = spent["idle"] + spent.get("iowait", 0.0)
+    return psutil.cpu_count() * (1 - waiting / max(sum(spent.values()), 1e-9))
+
+
+def load(ports: list[int], profile: str, clients: int, beam: int, seconds: float, tokenizer: Path) -> dict:
+    """One closed-loop run, the clients split evenly over the servers at ``ports`` (a load generator each); a
+    server's cores busy over it from its process_cpu_seconds_total (its own CPU, scraped as the run starts and
+    ends); the machine's over the run's middle (the generators' start-up and end left out)."""
     with tempfile.TemporaryDirectory() as out:
-        command = [sys.executable, "-m", "client.loadtest", "--target", f"127.0.0.1:{port}"]
-        command += ["--metrics", f"http://127.0.0.1:{port + 1}/metrics", "--tokenizer", str(tokenizer)]
-        command += ["--profile", profile, "--concurrency", str(clients), "--beam", str(beam)]
-        command += ["--duration", str(seconds), "--requests", "1000000", "--out", out]
-        subprocess.run(command, cwd=ROOT, check=True, capture_output=True)
-        run = json.loads((Path(out) / "report.json").read_text())["runs"][0]
+        generators = []
+        for i, port in enumerate(ports):
+            command = [sys.executable, "-m", "client.loadtest", "--target", f"127.0.0.1:{port}"]
+            command += ["--metrics", f"http://127.0.0.1:{port + 1}/metrics", "--tokenizer", str(tokenizer)]
+            command += ["--profile", profile, "--concurrency", str(clients // len(ports)), "--beam", str(beam)]
+            command += ["--duration", str(seconds), "--requests", "1000000", "--out", f"{out}/{i}"]
+            generators.append(subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+        time.sleep(MACHINE_SKIP_S)
+        first = psutil.cpu_times()
+        time.sleep(max(1.0, seconds - MACHINE_SKIP_S))
+        machine = machine_busy_between(first, psutil.cpu_times())
+        for generator in generators:
+            _, errors = generator.communicate()
+            if generator.returncode:
+                raise RuntimeError(f"the load generator failed: {errors.decode()[-2000:]}")
+        runs = [json.loads((Path(out) / str(i) / "report.json").read_text())["runs"][0] for i in range(len(ports))]
     return {
-        "rps": run["requests_per_second"],
-        "p99": run["latency"]["p99"],
-        "busy": run["server_cores_busy"]["all"],
-        "client": run["client_cores_busy"],
-        "errors": run["requests"] - run["answered"],
+        "rps": sum(run["requests_per_second"] for run in runs),
+        "p99": max(run["latency"]["p99"] for run in runs),
+        "busy": sum(run["server_cores_busy"]["all"] for run in runs),
+        "client": sum(run["client_cores_busy"] for run in runs),
+        "machine": machine,
+        "errors": sum(run["requests"] - run["answered"] for run in runs),
     }
 
 
-def engine_alone(source: Path, sentences: int, beam: int, repeats: int) -> dict:
+def engine_alone(source: Path, sentences: int, beam: int, variant: str, repeats: int) -> dict:
     """translate-file's sentences/s at a batch of ``sentences``, its best of two thread layouts."""
     cores = len(os.sched_getaffinity(0))
     best = {}
@@ -117,7 +149,8 @@ def engine_alone(source: Path, sentences: int, beam: int, repeats: int) -> dict:
         rates = []
         for _ in range(repeats):
             command = [sys.executable, "-m", "runtime.translate_file", "--model", str(ROOT / "exported" / "default")]
-            command += ["--beam", str(beam), "--batch-size", str(sentences), "--workers", str(workers)]
+            command += ["--variant", variant, "--beam", str(beam), "--batch-size", str(sentences)]
+            command += ["--workers", str(workers)]
             command += ["--intra-op-threads", str(cores), "--max-repeats", "0", "--stats"]
             done = subprocess.run(command, cwd=ROOT, stdin=source.open("rb"), capture_output=True, check=True)
             stats = json.loads(done.stderr.decode().strip().splitlines()[-1])
@@ -127,11 +160,22 @@ def engine_alone(source: Path, sentences: int, beam: int, repeats: int) -> dict:
     return {"sentences_per_second": best[workers], "workers": workers}
 
 
+def variant_of(side: Side) -> str:
+    """The variant a side's server loads: its --variant flag, else the server's default."""
+    for i, flag in enumerate(side.flags):
+        if flag.startswith("--variant="):
+            return flag.split("=", 1)[1]
+        if flag == "--variant" and i + 1 < len(side.flags):
+            return side.flags[i + 1]
+    return "auto"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, required=True, help="the multi30k folder (test_2016_flickr.en.gz)")
     parser.add_argument("--side", action="append", default=[], help="LABEL=DIR[:FLAGS], another server to compare")
     parser.add_argument("--flags", default="", help="server flags of this checkout's side")
+    parser.add_argument("--servers", action="append", default=[], help="LABEL=N: that side runs N server processes")
     parser.add_argument("--label", default="this", help="this checkout's side's label")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=12.0, help="each cell's run")
@@ -141,6 +185,9 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     sides = [Side(args.label, ROOT, shlex.split(args.flags)), *map(parse_side, args.side)]
+    for text in args.servers:
+        label, _, count = text.partition("=")
+        next(side for side in sides if side.label == label).servers = int(count)
     if args.cells:
         CELLS[:] = [tuple(int(n) for n in cell.split("x")) for cell in args.cells.split(",")]
     source = args.data / "test_2016_flickr.en.gz"
@@ -151,29 +198,38 @@ def main() -> int:
     for repeat in range(args.repeats):
         order = sides if repeat % 2 == 0 else sides[::-1]
         for side in order:
-            process = start(side, args.port)
+            ports = [args.port + 10 * i for i in range(side.servers)]
+            processes = [start(side, port) for port in ports]
+            pids = [process.pid for process in processes]
             try:
-                side.idle_mib.append(rss_mib(process.pid))
+                side.idle_mib.append(rss_mib(pids))
                 for sentences, clients, beam in CELLS:
-                    result = load(args.port, profiles[sentences], clients, beam, args.seconds, tokenizer)
+                    result = load(ports, profiles[sentences], clients, beam, args.seconds, tokenizer)
                     result["sps"] = result["rps"] * sentences
                     side.cells.setdefault((sentences, clients, beam), []).append(result)
                     print(side.label, repeat, sentences, clients, beam, result, flush=True)
                 time.sleep(IDLE_S)
-                side.after_mib.append(rss_mib(process.pid))
+                side.after_mib.append(rss_mib(pids))
             finally:
-                process.terminate()
-                process.wait(30)
+                for process in processes:
+                    process.terminate()
+                for process in processes:
+                    process.wait(30)
     alone = {}
     if args.engine_alone:
         for sentences, clients, beam in CELLS:
             key = (sentences * clients, beam)
             if key not in alone:
-                alone[key] = engine_alone(Path(plain.name), sentences * clients, beam, args.repeats)
+                variant = variant_of(sides[0])
+                alone[key] = engine_alone(Path(plain.name), sentences * clients, beam, variant, args.repeats)
                 print("engine alone", key, alone[key], flush=True)
     os.unlink(plain.name)
     args.out.write_text(report(sides, alone, args))
     return 0
+
+
+def servers(side: Side) -> str:
+    return f" ({side.servers} server processes, the clients split evenly)" if side.servers > 1 else ""
 
 
 def report(sides: list[Side], alone: dict, args: argparse.Namespace) -> str:
@@ -185,11 +241,11 @@ def report(sides: list[Side], alone: dict, args: argparse.Namespace) -> str:
         f"machine: {describe_cpu()}; the load generator shares it. Medians of {args.repeats}, "
         f"{args.seconds:.0f} s per cell, sides alternating; cache and runaway guard off.",
         "",
-        "Sides: " + "; ".join(f"**{s.label}**: {s.tree} {shlex.join(s.flags)}".rstrip() for s in sides),
+        "Sides: " + "; ".join(f"**{s.label}**: {s.tree} {shlex.join(s.flags)}".rstrip() + servers(s) for s in sides),
         "",
         "| sentences/request | clients | beam | side | requests/s | sentences/s | p99 s | cores busy | load generator "
-        "cores busy | errors |" + (" sentences/s / engine alone |" if alone else ""),
-        "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if alone else ""),
+        "cores busy | machine cores busy | errors |" + (" sentences/s / engine alone |" if alone else ""),
+        "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if alone else ""),
     ]
     for cell in CELLS:
         sentences, clients, beam = cell
@@ -199,7 +255,8 @@ def report(sides: list[Side], alone: dict, args: argparse.Namespace) -> str:
             row = (
                 f"| {sentences} | {clients} | {beam} | {side.label} | {median(r['rps'] for r in runs):.1f} | "
                 f"{sps:.1f} | {median(r['p99'] for r in runs):.3f} | {median(r['busy'] for r in runs):.2f} | "
-                f"{median(r.get('client', 0.0) for r in runs):.2f} | {sum(r['errors'] for r in runs)} |"
+                f"{median(r.get('client', 0.0) for r in runs):.2f} | {median(r['machine'] for r in runs):.2f} | "
+                f"{sum(r['errors'] for r in runs)} |"
             )
             if alone:
                 engine = alone[(sentences * clients, beam)]
@@ -222,7 +279,7 @@ def report(sides: list[Side], alone: dict, args: argparse.Namespace) -> str:
     for side in sides:
         lines.append(f"| {side.label} | {median(side.idle_mib):.0f} | {median(side.after_mib):.0f} |")
     if alone:
-        lines += ["", "Engine alone (translate-file, the default model):", ""]
+        lines += ["", f"Engine alone (translate-file, the default model, variant {variant_of(sides[0])}):", ""]
         lines += ["| sentences in a batch | beam | sentences/s | workers |", "|---|---|---|---|"]
         for (batch, beam), engine in sorted(alone.items()):
             lines.append(f"| {batch} | {beam} | {engine['sentences_per_second']:.1f} | {engine['workers']} |")
