@@ -19,9 +19,9 @@ proportional share, so the libraries they map in common count once): the ceiling
 interpreter lock.
 
 ``--engine-alone`` adds the engine without a server: ``translate-file`` on the same sentences with as many in a
-batch as the cell has in flight (clients × sentences per request), beam and variant as the cell's (the variant of
-this checkout's ``--flags``, else the server's default, ``auto``), with its best of 1 worker on every core or one
-worker per core (medians of the repeats): the ceiling the server is held to.
+batch as the cell has in flight (clients × sentences per request), beam and variant as the cell's (the variant
+this checkout's server loads with its ``--flags`` and environment), with its best of 1 worker on every core or
+one worker per core (medians of the repeats): the ceiling the server is held to.
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ import urllib.request
 from dataclasses import dataclass, field
 from itertools import product
 from pathlib import Path
-from typing import NamedTuple
 
 import psutil
 
@@ -48,6 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from runtime.cpu import describe_cpu  # noqa: E402
+from server.config import parse_config  # noqa: E402
 
 CELLS = list(product((1, 16), (4, 32), (1, 4)))  # sentences per request, clients, beam
 IDLE_S = 2.5  # resident memory "after the cells" is read once the server has idled this long
@@ -103,13 +103,6 @@ def start(side: Side, port: int) -> subprocess.Popen:
     raise RuntimeError(f"{side.label}'s server did not start")
 
 
-def machine_busy_between(first: NamedTuple, last: NamedTuple) -> float:
-    """Cores busy on the whole machine between two psutil.cpu_times() readings."""
-    spent = {name: getattr(last, name) - getattr(first, name) for name in first._fields}
-    waiting = spent["idle"] + spent.get("iowait", 0.0)
-    return psutil.cpu_count() * (1 - waiting / max(sum(spent.values()), 1e-9))
-
-
 def load(ports: list[int], profile: str, clients: int, beam: int, seconds: float, tokenizer: Path) -> dict:
     """One closed-loop run, the clients split evenly over the servers at ``ports`` (a load generator each); a
     server's cores busy over it from its process_cpu_seconds_total (its own CPU, scraped as the run starts and
@@ -123,9 +116,9 @@ def load(ports: list[int], profile: str, clients: int, beam: int, seconds: float
             command += ["--duration", str(seconds), "--requests", "1000000", "--out", f"{out}/{i}"]
             generators.append(subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
         time.sleep(MACHINE_SKIP_S)
-        first = psutil.cpu_times()
+        psutil.cpu_percent()  # from here: the machine's busy share (all but idle and I/O wait) until the next call
         time.sleep(max(1.0, seconds - MACHINE_SKIP_S))
-        machine = machine_busy_between(first, psutil.cpu_times())
+        machine = psutil.cpu_percent() / 100 * psutil.cpu_count()
         for generator in generators:
             _, errors = generator.communicate()
             if generator.returncode:
@@ -158,16 +151,6 @@ def engine_alone(source: Path, sentences: int, beam: int, variant: str, repeats:
         best[workers] = statistics.median(rates)
     workers = max(best, key=best.__getitem__)
     return {"sentences_per_second": best[workers], "workers": workers}
-
-
-def variant_of(side: Side) -> str:
-    """The variant a side's server loads: its --variant flag, else the server's default."""
-    for i, flag in enumerate(side.flags):
-        if flag.startswith("--variant="):
-            return flag.split("=", 1)[1]
-        if flag == "--variant" and i + 1 < len(side.flags):
-            return side.flags[i + 1]
-    return "auto"
 
 
 def main() -> int:
@@ -215,16 +198,15 @@ def main() -> int:
                     process.terminate()
                 for process in processes:
                     process.wait(30)
-    alone = {}
+    alone, variant = {}, parse_config(sides[0].flags, os.environ).engine.variant  # what this side's server loads
     if args.engine_alone:
         for sentences, clients, beam in CELLS:
             key = (sentences * clients, beam)
             if key not in alone:
-                variant = variant_of(sides[0])
                 alone[key] = engine_alone(Path(plain.name), sentences * clients, beam, variant, args.repeats)
                 print("engine alone", key, alone[key], flush=True)
     os.unlink(plain.name)
-    args.out.write_text(report(sides, alone, args))
+    args.out.write_text(report(sides, alone, variant, args))
     return 0
 
 
@@ -232,7 +214,7 @@ def servers(side: Side) -> str:
     return f" ({side.servers} server processes, the clients split evenly)" if side.servers > 1 else ""
 
 
-def report(sides: list[Side], alone: dict, args: argparse.Namespace) -> str:
+def report(sides: list[Side], alone: dict, variant: str, args: argparse.Namespace) -> str:
     median = statistics.median
     lines = [
         "# Every core busy: the server against the engine alone",
@@ -279,7 +261,7 @@ def report(sides: list[Side], alone: dict, args: argparse.Namespace) -> str:
     for side in sides:
         lines.append(f"| {side.label} | {median(side.idle_mib):.0f} | {median(side.after_mib):.0f} |")
     if alone:
-        lines += ["", f"Engine alone (translate-file, the default model, variant {variant_of(sides[0])}):", ""]
+        lines += ["", f"Engine alone (translate-file, the default model, variant {variant}):", ""]
         lines += ["| sentences in a batch | beam | sentences/s | workers |", "|---|---|---|---|"]
         for (batch, beam), engine in sorted(alone.items()):
             lines.append(f"| {batch} | {beam} | {engine['sentences_per_second']:.1f} | {engine['workers']} |")
