@@ -36,6 +36,12 @@ BATCH_GAP_MS = 0.0
 # --char-limit: LibreTranslate's default is none; this bounds what one request costs before any translation (its
 # parsing, splitting and tokenizing are linear in it) while a long document (about 1,500 sentences) goes whole.
 CHAR_LIMIT = 100_000
+# The front door (server/door.py). --door-requests: a short request holds at least one sentence in the scheduler's
+# queue or batch, so twice --max-queue-size's default bounds what short requests can wait for. --door-long-chars:
+# three documents at --char-limit; on a 2-core AMD EPYC each took ~10 s of both cores at the defaults, so a third
+# waiting one is answered within --http-timeout-s's 60, and the three hold about MEASURED MiB besides the engine.
+DOOR_REQUESTS = 2048
+DOOR_LONG_CHARS = 150_000
 
 
 # The server's defaults for decoding, chosen on 2 cores (AMD EPYC with VNNI; benchmarks/defaults_quality.md and
@@ -79,7 +85,7 @@ class SchedulerSettings:
         "within max_batch_delay_ms, an idle lane stops waiting once no sentence arrived for this long (arrivals "
         "that have stopped gather nothing more); 0: it waits the whole delay",
     )
-    max_queue_size: int = setting(1024, "sentences waiting; more are RESOURCE_EXHAUSTED")
+    max_queue_size: int = setting(1024, "sentences waiting per lane size; more are RESOURCE_EXHAUSTED")
     lane_replicas: int = setting(
         0,
         "continuous: running batches per lane size, each on an inference thread of its own, sharing the model's "
@@ -136,6 +142,16 @@ class ServerConfig:
         help="the scheduler's settings (its fields are flags)", factory=SchedulerSettings
     )
     max_concurrent_rpcs: int = setting(512, "RPCs in flight")
+    door_requests: int = setting(
+        DOOR_REQUESTS,
+        "requests both front ends hold at once, from their headers to their answer (server/door.py); more are "
+        "refused at once (429 with Retry-After, RESOURCE_EXHAUSTED) before their body is read",
+    )
+    door_long_chars: int = setting(
+        DOOR_LONG_CHARS,
+        "characters of long requests (documents: over 2,000 characters) held at once, parsed, queued or decoding; "
+        "more are refused at once, before their body is read (a long request alone always enters)",
+    )
     memory_budget_mib: int = setting(512, "the admission budget: caches and attention scores of admitted sentences")
     batch_limit: int = setting(-1, "texts per request, as LibreTranslate's --batch-limit; -1: no limit")
     char_limit: int = setting(
@@ -220,6 +236,8 @@ class ServerConfig:
             problems.append(f"model: a folder is given twice ({', '.join(map(str, self.model))})")
         for name in (
             "max_concurrent_rpcs",
+            "door_requests",
+            "door_long_chars",
             "memory_budget_mib",
             "max_source_tokens",
             "long_input_tokens",

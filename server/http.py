@@ -57,7 +57,7 @@ from server.access import AccessLog, Exchange
 from server.config import ServerConfig
 from server.detect import Detected
 from server.errors import InvalidRequest, Overloaded, PermissionDenied, ServiceError, http_status_of, status_of
-from server.files import FileStore, read_document
+from server.files import Document, FileStore, read_document
 from server.glossaries import new_glossary
 from server.glossary import Glossary, inline_glossary, parse_entries
 from server.http_middleware import REQUEST_ID, cors, error_response, json_errors, request_ids
@@ -157,8 +157,17 @@ class HttpApi:
         return await self._answer(exchange, lambda: self._translate(request, exchange))
 
     async def _translate(self, request: web.Request, exchange: Exchange) -> web.Response:
-        fields = await request_fields(request)
-        texts, as_list = texts_of(fields)
+        # The body's length bounds its characters: a request the door has no room for is refused unread.
+        with self.translations.door.enter(request.content_length or 0) as held:
+            fields = await request_fields(request)
+            texts, as_list = texts_of(fields)
+            held.resize(sum(map(len, texts)))
+            return await self._translated(request, exchange, fields, texts, as_list)
+
+    async def _translated(
+        self, request: web.Request, exchange: Exchange, fields: dict[str, Any], texts: list[str], as_list: bool
+    ) -> web.Response:
+        """The answer to /translate's ``fields``, whose texts are ``texts`` (``as_list``: q came as a list)."""
         options = self._options(fields)
         caller = await self._admit(request, fields, texts)
         exchange.caller = caller.name
@@ -264,11 +273,26 @@ class HttpApi:
         return await self._answer(exchange, lambda: self._translate_file(request, exchange))
 
     async def _translate_file(self, request: web.Request, exchange: Exchange) -> web.Response:
-        fields = await request_fields(request)
-        upload = fields.get("file")
-        if not isinstance(upload, web.FileField):
-            raise InvalidRequest("Invalid request: missing file parameter (a multipart/form-data upload)")
-        document = read_document(upload.filename or "", upload.file.read())
+        with self.translations.door.enter(request.content_length or 0) as held:  # as /translate's
+            fields = await request_fields(request)
+            upload = fields.get("file")
+            if not isinstance(upload, web.FileField):
+                raise InvalidRequest("Invalid request: missing file parameter (a multipart/form-data upload)")
+            data = upload.file.read()
+            held.resize(len(data))  # a file's bytes bound its texts' characters
+            document = await self.translations.work(len(data), lambda: read_document(upload.filename or "", data))
+            held.resize(sum(map(len, document.texts)))
+            return await self._translated_file(request, exchange, fields, upload, document)
+
+    async def _translated_file(
+        self,
+        request: web.Request,
+        exchange: Exchange,
+        fields: dict[str, Any],
+        upload: web.FileField,
+        document: Document,
+    ) -> web.Response:
+        """The answer to /translate_file's ``fields``, whose ``upload`` was read as ``document``."""
         if len(document.texts) > self.config.max_file_texts:
             raise InvalidRequest(
                 f"{upload.filename!r} has {len(document.texts)} texts (lines, paragraphs or subtitles), over "

@@ -113,6 +113,15 @@ class Metrics:
             "translate_rejected_total", "Requests refused at admission, by reason.", ["reason"], registry=r
         )
         self.queue_depth = Gauge("translate_queue_depth", "Sentences waiting to start decoding.", registry=r)
+        self.door_requests = Gauge(
+            "translate_door_requests",
+            "Requests the front door holds (accepted, not yet answered), by kind: short or long (server/door.py).",
+            ["kind"],
+            registry=r,
+        )
+        self.door_chars = Gauge(
+            "translate_door_chars", "Characters of the requests the front door holds, by kind.", ["kind"], registry=r
+        )
         self.inflight = Gauge("translate_inflight_sequences", "Sentences being decoded.", registry=r)
         self.lane_rows = Gauge(
             "translate_lane_rows",

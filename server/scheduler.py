@@ -106,9 +106,12 @@ class Scheduler:
         with self.lock:
             if not self.accepting:
                 raise ShuttingDown("the server is shutting down; retry on another replica")
-            waiting = self.waiting
-            # A request alone is taken whole however many sentences it has (--char-limit bounds them): it
-            # could never be taken otherwise; the memory budget admits its sentences as they fit.
+            # Each lane size has its own queue bound, as its own lanes: a document's sentences never fill the
+            # queue that single sentences wait in. A request alone in its size's queue is taken whole however
+            # many sentences it has (--char-limit bounds them): it could never be taken otherwise; the memory
+            # budget admits its sentences as they fit.
+            size = self.lanes[segments[0].lane].size_class if segments else 0
+            waiting = sum(len(lane.waiting) for lane in self.lanes_of[job.model] if lane.size_class == size)
             if waiting and waiting + len(segments) > self.settings.max_queue_size:
                 self.metrics.rejected.labels("queue_full").inc()
                 backlog = self.throughput.seconds_for(sum(s.source_tokens for lane in self.lanes for s in lane.waiting))
@@ -120,7 +123,7 @@ class Scheduler:
             job.segments, job.remaining = segments, len(segments)
             for segment in segments:
                 self.lanes[segment.lane].waiting.append(segment)
-            self.metrics.queue_depth.set(waiting + len(segments))
+            self.metrics.queue_depth.set(self.waiting)
             for index in {segment.lane for segment in segments}:
                 self.lanes[index].wake.notify()
 

@@ -17,6 +17,7 @@ from server.access import ATTEMPT_HEADER, PREVIOUS_ATTEMPTS, REQUEST_ID_HEADER, 
 from server.answers import distinct_alternatives
 from server.config import ServerConfig
 from server.detect import Detected
+from server.door import Held
 from server.errors import InvalidRequest, ServiceError, status_of
 from server.glossaries import GlossaryInfo, new_glossary
 from server.glossary import Glossary, inline_glossary
@@ -172,8 +173,17 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
 
     # --- RPCs (each through ``rpc``: its access record, and its errors as status codes) ---------------
 
+    def _door(self, request) -> Held:
+        """The request's place at the front door (server/door.py), or Overloaded before any of its work."""
+        _check_parsed(request)
+        return self.translations.door.enter(sum(map(len, request.texts)))
+
     @rpc("Translate")
     async def Translate(self, request, context, exchange: Exchange):  # noqa: N802 (gRPC's method names)
+        with self._door(request):
+            return await self._translate(request, context, exchange)
+
+    async def _translate(self, request, context, exchange: Exchange) -> translate_pb2.TranslateResponse:
         await self._admit(request, context, exchange)
         options = self._options(request, context, await self._glossary(request, exchange))
         exchange.engine, detected = self._translation_model(request, options)
@@ -190,6 +200,11 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
 
     @rpc("TranslateStream")
     async def TranslateStream(self, request, context, exchange: Exchange):  # noqa: N802
+        with self._door(request):
+            async for segment in self._translate_stream(request, context, exchange):
+                yield segment
+
+    async def _translate_stream(self, request, context, exchange: Exchange):
         await self._admit(request, context, exchange)
         options = self._options(request, context, await self._glossary(request, exchange))
         if options.format != "text":

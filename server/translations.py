@@ -9,9 +9,12 @@ makes each text's answer of its sentences.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from opentelemetry.trace import INVALID_SPAN
 
@@ -22,6 +25,7 @@ from server.access import Exchange
 from server.answers import DecodedSentence, TextTranslation
 from server.cache import TranslationCache
 from server.config import ServerConfig
+from server.door import SHORT, Door, DoorLimits, kind_of
 from server.errors import InvalidRequest, ServiceError
 from server.glossaries import GlossaryStore
 from server.glossary import Glossary
@@ -29,8 +33,10 @@ from server.interface import Engine
 from server.jobs import DecodeOptions, Job, QueuedSentence
 from server.metrics import Metrics, length_bucket
 from server.scheduler import Scheduler
-from server.text import NO_LIMIT, TextLimits, check_texts, segment_texts
+from server.text import NO_LIMIT, SplitSentence, TextLimits, check_texts, segment_texts
 from server.tracing import child_span, record_sentences
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,19 @@ class Translations:
         )
         self.cache = TranslationCache(config.cache_bytes) if config.cache_bytes else None
         self.glossaries = GlossaryStore(config)  # stored glossaries, for every front end
+        self.door = Door(DoorLimits(config.door_requests, config.door_long_chars), metrics)
+        # One thread for long requests' parsing, splitting and putting back: one document's Python at a time
+        # shares the GIL with the event loop and the lanes, and the door bounds how many wait for it.
+        self.documents = ThreadPoolExecutor(1, thread_name_prefix="documents")
+
+    async def work(self, chars: int, work: Callable[[], T]) -> T:
+        """``work()``, for a request of ``chars`` characters: on the event loop where the request is short (a hop
+        to a thread would cost more), else on the documents' thread, so that the loop keeps answering health
+        checks, refusals and short requests while a document is parsed, split or put back together."""
+        if kind_of(chars) == SHORT:
+            return work()
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.documents, contextvars.copy_context().run, work)
 
     def _cached(self, engine: Engine, keys: list[bytes]) -> dict[int, Hypothesis]:
         """The outputs the cache holds, by segment index; counts hits and misses."""
@@ -103,14 +122,18 @@ class Translations:
         on_long = lambda policy: long_inputs.labels(policy).inc()
         limits, decode = limits or self.limits, options.decode
         language = engine.source_language
-        by_text = segment_texts(
-            texts, engine.tokenize, limits, on_long, options.field, options.keep_empty, language, tokenized
-        )
+
+        def split() -> tuple[list[list[SplitSentence]], list[bytes]]:
+            by_text = segment_texts(
+                texts, engine.tokenize, limits, on_long, options.field, options.keep_empty, language, tokenized
+            )
+            return by_text, [TranslationCache.key(engine, spec.ids, decode) for text in by_text for spec in text]
+
+        by_text, keys = await self.work(sum(map(len, texts)), split)
         specs = [spec for text in by_text for spec in text]
         if not specs:
             return
         last = {id(text[-1]) for text in by_text if text}
-        keys = [TranslationCache.key(engine, spec.ids, decode) for spec in specs]
         ready = self._cached(engine, keys)
         order = {id(spec): i for i, spec in enumerate(specs)}
         job = None
@@ -180,9 +203,14 @@ class Translations:
             kept = {t for t, text in enumerate(texts) if formatting.nothing_to_translate(text)}
             if kept:
                 return await self._passing_through(engine, texts, kept, options, exchange)
-        documents = [markup.parse(text, options.format) for text in texts]
-        if options.glossary is not None:
-            applied = options.glossary.apply(documents)
+        glossary = options.glossary
+
+        def parse() -> tuple[list[markup.Document], list[list[str]] | None]:
+            documents = [markup.parse(text, options.format) for text in texts]
+            return documents, (glossary.apply(documents) if glossary is not None else None)
+
+        documents, applied = await self.work(sum(map(len, texts)), parse)
+        if applied is not None:
             self.metrics.glossary_applied.labels(engine.name).observe(sum(map(len, applied)))
             translated = await self._translate_documents(engine, texts, documents, options, exchange)
             return [replace(t, glossary_applied=tuple(a)) for t, a in zip(translated, applied, strict=True)]
@@ -199,22 +227,27 @@ class Translations:
         """The texts' translations from their parsed documents (see translate)."""
         alternatives, min_confidence = options.decode.alternatives, options.min_confidence
         span = exchange.span if exchange else INVALID_SPAN
+        chars = sum(map(len, texts))
         if options.format == "text" and all(d.pieces[0].plain for d in documents if d.pieces):  # nothing to put back
             started = time.monotonic()
             segments = [s async for s in self.segments(engine, texts, options)]
             self.observe(engine, segments, started, exchange)
-            with child_span(span, "detokenize"):
-                variants = answers.variants(segments, alternatives)
-                renders = [answers.plain(engine, texts, variant) for variant in variants]
-                if options.mirror_formatting:
-                    renders = [list(map(formatting.mirror, texts, render)) for render in renders]
-            return [
-                answers.summary([render[t] for render in renders], parts, min_confidence)
-                for t, parts in enumerate(answers.by_text(segments, len(texts)))
-            ]
+
+            def finish() -> list[TextTranslation]:
+                with child_span(span, "detokenize"):
+                    variants = answers.variants(segments, alternatives)
+                    renders = [answers.plain(engine, texts, variant) for variant in variants]
+                    if options.mirror_formatting:
+                        renders = [list(map(formatting.mirror, texts, render)) for render in renders]
+                return [
+                    answers.summary([render[t] for render in renders], parts, min_confidence)
+                    for t, parts in enumerate(answers.by_text(segments, len(texts)))
+                ]
+
+            return await self.work(chars, finish)
         pieces = [(t, piece) for t, document in enumerate(documents) for piece in document.pieces]
         runs = [piece.text for _, piece in pieces]
-        tokenized = engine.tokenize(runs) if runs else []
+        tokenized = await self.work(chars, lambda: engine.tokenize(runs) if runs else [])
         started = time.monotonic()
         limits = replace(self.limits, batch_limit=NO_LIMIT)  # the texts were counted, not their pieces
         pieces_options = replace(options, keep_empty=True)  # a piece may be empty: whitespace between tags
@@ -225,7 +258,7 @@ class Translations:
             parts.setdefault(pieces[segment.spec.text_index][0], []).append(segment)
         with child_span(span, "markup"):
             renders = [
-                await self._render(engine, documents, pieces, variant)
+                await self._render(engine, documents, pieces, variant, chars)
                 for variant in answers.variants(segments, alternatives)
             ]
         return [
@@ -266,34 +299,49 @@ class Translations:
         documents: Sequence[markup.Document],
         pieces: Sequence[tuple[int, markup.Piece]],
         segments: list[DecodedSentence],
+        chars: int,
     ) -> list[str]:
-        """Each document with its pieces' translations (``segments``, by piece) in place of their text."""
+        """Each document with its pieces' translations (``segments``, by piece) in place of their text; the work
+        where ``chars`` (the request's) say (``work``)."""
         by_piece = answers.by_text(segments, len(pieces))
-        placed = await self._place(engine, [piece for _, piece in pieces], by_piece)
-        by_text: dict[int, list[str]] = {}
-        for (t, _), translation in zip(pieces, placed, strict=True):
-            by_text.setdefault(t, []).append(translation)
-        return [document.render(by_text.get(t, [])) for t, document in enumerate(documents)]
+        placed = await self._place(engine, [piece for _, piece in pieces], by_piece, chars)
+
+        def render() -> list[str]:
+            by_text: dict[int, list[str]] = {}
+            for (t, _), translation in zip(pieces, placed, strict=True):
+                by_text.setdefault(t, []).append(translation)
+            return [document.render(by_text.get(t, [])) for t, document in enumerate(documents)]
+
+        return await self.work(chars, render)
 
     async def _place(
-        self, engine: Engine, pieces: list[markup.Piece], by_piece: list[list[DecodedSentence]]
+        self, engine: Engine, pieces: list[markup.Piece], by_piece: list[list[DecodedSentence]], chars: int
     ) -> list[str]:
         """Each piece's translation: its sentences joined as in plain text, or, for a piece with markup or
         atoms, put back around the words the aligner says they belong to."""
-        flat = [s for sentences in by_piece for s in sentences]
-        detokenized = dict(zip(map(id, flat), engine.detokenize([s.output for s in flat]), strict=True))
         marked = [i for i, piece in enumerate(pieces) if not piece.plain and by_piece[i]]
+
+        def joined() -> list[str]:
+            flat = [s for sentences in by_piece for s in sentences]
+            detokenized = dict(zip(map(id, flat), engine.detokenize([s.output for s in flat]), strict=True))
+            return [
+                answers.joined(piece.text, sentences, detokenized)
+                for piece, sentences in zip(pieces, by_piece, strict=True)
+            ]
+
+        results = await self.work(chars, joined)
         pairs = [(s.spec.ids, s.output) for i in marked for s in by_piece[i]]
         try:
             alignments = iter(await asyncio.to_thread(engine.align, pairs) if pairs else [])
         except ModelFolderError as e:
             raise InvalidRequest(f"model {engine.name} cannot keep markup or placeholders: {e}") from e
-        results = [
-            answers.joined(piece.text, sentences, detokenized)
-            for piece, sentences in zip(pieces, by_piece, strict=True)
-        ]
-        for i in marked:
-            results[i] = placement.place(pieces[i], placement.sentences_for(engine, pieces[i], by_piece[i], alignments))
+
+        def place() -> None:
+            for i in marked:
+                sentences = placement.sentences_for(engine, pieces[i], by_piece[i], alignments)
+                results[i] = placement.place(pieces[i], sentences)
+
+        await self.work(chars, place)
         return results
 
     def observe(

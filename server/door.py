@@ -1,0 +1,138 @@
+"""The front door: what both front ends hold at once, bounded before any of a request's work is done.
+
+A request is held from the moment its size is known (an HTTP Content-Length, before the body is read; a gRPC
+message's texts, as gRPC has parsed it) until it is answered: parsed, segmented, queued, decoded and its markup
+put back. Two kinds share the door, as two lanes share the scheduler: short requests (a sentence or a few, up to
+``SHORT_REQUEST_CHARS``), bounded by their number, and long ones (documents), bounded by their characters. Over
+either bound a request is refused at once (``Overloaded``: 429 with Retry-After, RESOURCE_EXHAUSTED), before its
+body is parsed, so a flood of documents is refused in milliseconds instead of queueing unseen behind the parsing
+of those before it, and it never takes the short requests' room. Each kind's backlog is a gauge
+(``translate_door_requests``, ``translate_door_chars``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from server.errors import Overloaded
+from server.metrics import Metrics
+
+# A request of at most this many characters, all its texts together, is short: a few sentences (test_2016_flickr's
+# longest is 200 characters) whose CPU work in the front end is smaller than a hop to a worker thread would cost.
+SHORT_REQUEST_CHARS = 2_000
+SHORT, LONG = "short", "long"
+RETRY_AFTER_S = (1.0, 60.0)  # the bounds of a refusal's Retry-After
+RATE_WINDOW = 16  # long requests whose departures give the door's recent rate, for Retry-After
+
+
+def kind_of(chars: int) -> str:
+    return SHORT if chars <= SHORT_REQUEST_CHARS else LONG
+
+
+@dataclass(frozen=True)
+class DoorLimits:
+    """``requests``: requests of either kind held at once; ``long_chars``: characters of long requests held at
+    once (a long request alone is always let in, however long: ``char_limit`` bounds it)."""
+
+    requests: int
+    long_chars: int
+
+
+class Door:
+    """The requests both front ends hold, by kind; thread-safe (the front ends' event loop and the worker that
+    parses documents both release what they hold)."""
+
+    def __init__(self, limits: DoorLimits, metrics: Metrics) -> None:
+        self.limits, self.metrics = limits, metrics
+        self.lock = threading.Lock()
+        self.requests = {SHORT: 0, LONG: 0}
+        self.chars = {SHORT: 0, LONG: 0}
+        self.departures: deque[tuple[float, int]] = deque(maxlen=RATE_WINDOW)  # (when, characters) of long ones
+        self._show()
+
+    def enter(self, chars: int) -> Held:
+        """A request of at most ``chars`` characters comes in, or is refused (Overloaded) at once."""
+        held = Held(self)
+        held.resize(chars)
+        return held
+
+    def _take(self, kind: str, chars: int, check: bool) -> None:
+        """Under the lock: one more request of ``kind`` and its ``chars``; where ``check``, only if there is room
+        (else Overloaded)."""
+        total = sum(self.requests.values())
+        if check and total >= self.limits.requests:
+            self._refuse(f"{total} requests are being translated, the most this server holds at once")
+        if check and kind == LONG and self.requests[LONG] and self.chars[LONG] + chars > self.limits.long_chars:
+            self._refuse(
+                f"{self.chars[LONG]:,} characters of long texts are being translated and this one has {chars:,}, "
+                f"over the {self.limits.long_chars:,} this server holds at once (door_long_chars); send shorter "
+                "texts"
+            )
+        self.requests[kind] += 1
+        self.chars[kind] += chars
+
+    def _give(self, kind: str, chars: int, left_at: float | None) -> None:
+        """Under the lock: a request of ``kind`` and its ``chars`` out; ``left_at``: when it was answered (None: it
+        is only being resized)."""
+        self.requests[kind] -= 1
+        self.chars[kind] -= chars
+        if kind == LONG and left_at is not None:
+            self.departures.append((left_at, chars))
+
+    def _refuse(self, why: str) -> None:
+        self.metrics.rejected.labels("door").inc()
+        retry = self._retry_after()
+        raise Overloaded(f"the server is busy: {why}; retry in about {retry:.0f} s", retry_after_s=retry)
+
+    def _retry_after(self) -> float:
+        """How long the long requests held take to leave at the rate the last ones left, within RETRY_AFTER_S."""
+        low, high = RETRY_AFTER_S
+        if len(self.departures) < 2:
+            return low
+        (first, _), (last, _) = self.departures[0], self.departures[-1]
+        rate = sum(chars for _, chars in list(self.departures)[1:]) / max(last - first, 1e-3)
+        return min(high, max(low, self.chars[LONG] / max(rate, 1.0)))
+
+    def _show(self) -> None:
+        for kind in (SHORT, LONG):
+            self.metrics.door_requests.labels(kind).set(self.requests[kind])
+            self.metrics.door_chars.labels(kind).set(self.chars[kind])
+
+
+class Held:
+    """One request's place at the door, given back once (``leave``, or the end of a ``with`` block)."""
+
+    def __init__(self, door: Door) -> None:
+        self.door, self.kind, self.chars, self.inside = door, SHORT, 0, False
+
+    def resize(self, chars: int) -> None:
+        """The request's size once known (its texts' characters, after a Content-Length bound it): the request
+        changes kind where it crosses SHORT_REQUEST_CHARS; growing may be refused (Overloaded), shrinking never."""
+        door = self.door
+        with door.lock:
+            grows = not self.inside or chars > self.chars
+            if self.inside:
+                door._give(self.kind, self.chars, None)
+                self.inside = False
+            try:
+                door._take(kind_of(chars), chars, check=grows)
+                self.kind, self.chars, self.inside = kind_of(chars), chars, True
+            finally:
+                door._show()
+
+    def leave(self) -> None:
+        door = self.door
+        with door.lock:
+            if self.inside:
+                door._give(self.kind, self.chars, time.monotonic())
+                self.inside = False
+                door._show()
+
+    def __enter__(self) -> Held:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.leave()
