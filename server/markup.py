@@ -114,8 +114,10 @@ class Piece:
             elif self.text[-1:].isspace() and CLOSING_PUNCTUATION.match(text[0]):
                 self.text = self.text.rstrip()
                 del self.paths[len(self.text) :]
-                for atom in self.atoms:
-                    atom.offset = min(atom.offset, len(self.text))
+                for atom in reversed(self.atoms):  # in order of offset: only the last ones were past the space
+                    if atom.offset <= len(self.text):
+                        break
+                    atom.offset = len(self.text)
         self.text += text
         self.paths += [tuple(self._open)] * len(text)
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 import re
 import time
 from collections import Counter
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,7 +16,8 @@ from hypothesis import strategies as st
 from server.errors import InvalidRequest
 from server.html_tree import MarkupError
 from server.markup import WORD, Piece, parse
-from server.placement import AlignedSentence, place, source_words, unit_spans
+from server.placement import AlignedSentence, place, sentences_for, source_words, unit_spans
+from server.text import SplitSentence
 
 # Strings that must come back byte-identical in both formats.
 PROTECTED = [
@@ -281,6 +284,34 @@ def test_sentences_keep_their_separators_and_the_piece_its_outer_whitespace():
     first = AlignedSentence(piece.text.index("One"), ["Ein", "Hund", "."], [False, True, False], [0, 1, 2], "\n\n")
     second = AlignedSentence(piece.text.index("Two"), ["Zwei", "Katzen", "."], [False, True, False], [0, 1, 2], "  ")
     assert place(piece, [first, second]) == "\n  Ein <b>Hund</b>.\n\nZwei Katzen.  "
+
+
+class PieceEngine:
+    """An engine's tokenizer side over a fixed list of pieces (an id is its piece's index)."""
+
+    def __init__(self, pieces: list[str]) -> None:
+        self.pieces = pieces
+
+    def source_pieces(self, ids: list[int]) -> list[str]:
+        return [self.pieces[i] for i in ids]
+
+    target_pieces = source_pieces
+
+    def detokenize(self, rows: list[list[int]]) -> list[str]:
+        return ["".join(self.source_pieces(row)).replace("▁", " ").strip() for row in rows]
+
+
+def test_chunks_of_a_sentence_cut_inside_a_word_are_numbered_as_one_sentence():
+    """A sentence over the token bound with nowhere to cut is cut at a token, inside a word (text._chunks): the
+    chunk after the cut continues that word, and its words are numbered from the sentence's start."""
+    engine = PieceEngine(["▁Ein", "fach", "▁gut", "."])
+    (piece,) = parse("Einfach gut. {x}", "text").pieces
+    chunks = [SplitSentence(0, 0, "Einfach gut.", [0]), SplitSentence(0, 1, "Einfach gut.", [1, 2, 3], chunk=1)]
+    decoded = [SimpleNamespace(spec=chunk, output=chunk.ids) for chunk in chunks]
+    alignments = iter([np.eye(1, dtype=np.float32), np.eye(3, dtype=np.float32)])
+    (sentence,) = sentences_for(engine, piece, decoded, alignments)
+    assert sentence.units == ["Ein", "fach", "gut", "."]
+    assert sentence.aligned == [0, 0, 1, 2]  # "fach" ends the first word
 
 
 # --- random markup ---------------------------------------------------------------------------------
