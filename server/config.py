@@ -36,10 +36,20 @@ BATCH_GAP_MS = 0.0
 # --char-limit: LibreTranslate's default is none; this bounds what one request costs before any translation (its
 # parsing, splitting and tokenizing are linear in it) while a long document (about 1,500 sentences) goes whole.
 CHAR_LIMIT = 100_000
+# --max-queue-wait-s: short requests (the first lane) wait at most about a second before they start, so that under
+# any overload the single sentences answered come back within 2 s, and the rest are refused at once instead of
+# waiting; longer lanes hold documents, whose own sentences wait their turn for seconds (a 1,500-sentence document
+# took 5 s alone on a 2-core AMD EPYC), and 16-sentence requests under 32 closed-loop clients at beam 4 (p99 2.6 s,
+# benchmarks/every_core.md), which no bound should refuse.
+MAX_QUEUE_WAIT_S = (1.0, 30.0)
 # The front door (server/door.py). --door-requests: a short request holds at least one sentence in the scheduler's
 # queue or batch, so twice --max-queue-size's default bounds what short requests can wait for. --door-long-chars:
-# three documents at --char-limit; on a 2-core AMD EPYC each took ~10 s of both cores at the defaults, so a third
-# waiting one is answered within --http-timeout-s's 60, and the three hold about MEASURED MiB besides the engine.
+# one document at --char-limit with shorter long ones beside it. Memory does not bind it: a 99,465-character HTML
+# document parsed and split holds 2.6 MiB (tracemalloc, 28 bytes a character), its decoding is the memory budget's;
+# time does: documents held together finish one after another, and each must within --http-timeout-s.
+# --max-loop-lag-ms: /health must answer within 100 ms while the loop sheds load; under 32 closed-loop clients the
+# smoothed lag stays under 10 ms on a 2-core AMD EPYC.
+MAX_LOOP_LAG_MS = 40.0
 DOOR_REQUESTS = 2048
 DOOR_LONG_CHARS = 150_000
 
@@ -86,6 +96,12 @@ class SchedulerSettings:
         "that have stopped gather nothing more); 0: it waits the whole delay",
     )
     max_queue_size: int = setting(1024, "sentences waiting per lane size; more are RESOURCE_EXHAUSTED")
+    max_queue_wait_s: tuple[float, ...] = setting(
+        MAX_QUEUE_WAIT_S,
+        "per lane size, shortest first (the last for the rest): a request is RESOURCE_EXHAUSTED at once while the "
+        "oldest sentence waiting in its lane size has waited longer than this (the queue is not keeping up); 0: no "
+        "bound",
+    )
     lane_replicas: int = setting(
         0,
         "continuous: running batches per lane size, each on an inference thread of its own, sharing the model's "
@@ -98,6 +114,8 @@ class SchedulerSettings:
         for name in ("max_batch_size", "max_batch_tokens", "max_queue_size"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}={getattr(self, name)} must be at least 1")
+        if not self.max_queue_wait_s or any(seconds < 0 for seconds in self.max_queue_wait_s):
+            problems.append("max_queue_wait_s: give one bound of 0 s or more per lane size")
         if self.batch_gap_ms < 0 or self.max_batch_delay_ms < 0:
             problems.append("max_batch_delay_ms and batch_gap_ms must be 0 or more")
         if self.lane_replicas < 0:
@@ -146,6 +164,11 @@ class ServerConfig:
         DOOR_REQUESTS,
         "requests both front ends hold at once, from their headers to their answer (server/door.py); more are "
         "refused at once (429 with Retry-After, RESOURCE_EXHAUSTED) before their body is read",
+    )
+    max_loop_lag_ms: float = setting(
+        MAX_LOOP_LAG_MS,
+        "the event loop's smoothed lag over which a share of new requests is refused at once (none at it, all at "
+        "twice it), so that a loop that cannot keep up drains instead of stalling; 0: never",
     )
     door_long_chars: int = setting(
         DOOR_LONG_CHARS,
@@ -254,6 +277,8 @@ class ServerConfig:
         for name in ("keepalive_time_s", "keepalive_timeout_s", "min_client_ping_interval_s"):
             if getattr(self, name) <= 0:
                 problems.append(f"{name}={getattr(self, name)} must be positive")
+        if self.max_loop_lag_ms < 0:
+            problems.append(f"max_loop_lag_ms={self.max_loop_lag_ms} must be 0 (never shed) or more")
         if self.http_timeout_s <= 0:
             problems.append(f"http_timeout_s={self.http_timeout_s} must be positive")
         if not 0.0 <= self.access_log_sample <= 1.0:

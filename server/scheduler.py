@@ -111,14 +111,18 @@ class Scheduler:
             # many sentences it has (--char-limit bounds them): it could never be taken otherwise; the memory
             # budget admits its sentences as they fit.
             size = self.lanes[segments[0].lane].size_class if segments else 0
-            waiting = sum(len(lane.waiting) for lane in self.lanes_of[job.model] if lane.size_class == size)
+            queue = [lane.waiting for lane in self.lanes_of[job.model] if lane.size_class == size]
+            waiting = sum(map(len, queue))
             if waiting and waiting + len(segments) > self.settings.max_queue_size:
-                self.metrics.rejected.labels("queue_full").inc()
-                backlog = self.throughput.seconds_for(sum(s.source_tokens for lane in self.lanes for s in lane.waiting))
-                raise Overloaded(
-                    f"the queue is full ({waiting} of {self.settings.max_queue_size} sentences waiting); "
-                    f"retry in about {backlog:.1f} s",
-                    retry_after_s=backlog,
+                self._refuse(
+                    "queue_full", f"the queue is full ({waiting} of {self.settings.max_queue_size} sentences waiting)"
+                )
+            bounds = self.settings.max_queue_wait_s
+            bound = bounds[min(size, len(bounds) - 1)]
+            waited = time.monotonic() - min((sentences[0].enqueued_at for sentences in queue if sentences), default=0.0)
+            if waiting and bound and waited > bound:  # each lane's queue is in arrival order: its first is its oldest
+                self._refuse(
+                    "queue_wait", f"the queue is not keeping up (its oldest sentence has waited {waited:.1f} s)"
                 )
             job.segments, job.remaining = segments, len(segments)
             for segment in segments:
@@ -126,6 +130,12 @@ class Scheduler:
             self.metrics.queue_depth.set(self.waiting)
             for index in {segment.lane for segment in segments}:
                 self.lanes[index].wake.notify()
+
+    def _refuse(self, reason: str, why: str) -> None:
+        """Overloaded for ``why``, counted under ``reason``, with the time the queues take to work off."""
+        self.metrics.rejected.labels(reason).inc()
+        backlog = self.throughput.seconds_for(sum(s.source_tokens for lane in self.lanes for s in lane.waiting))
+        raise Overloaded(f"{why}; retry in about {backlog:.1f} s", retry_after_s=backlog)
 
     def cancel(self, job: Job) -> None:
         """The caller went away: the job's segments leave the queue or batch at the next step."""

@@ -15,6 +15,7 @@ import pytest
 from runtime.backend import OrtBackend
 from runtime.offline import translate
 from runtime.options import RuntimeOptions
+from server.errors import Overloaded
 from server.jobs import Job, QueuedSentence
 from server.metrics import Metrics
 from server.policies import (
@@ -549,3 +550,22 @@ def test_replicas_sharing_the_models_sessions_translate_as_one_lane_does(tiny_ex
         server.close()
     reference = translate(OrtBackend(tiny_export, RuntimeOptions(provider="cpu")), sentences, max_output_tokens=24)
     assert results == reference
+
+
+def test_a_request_is_refused_while_its_lane_sizes_oldest_sentence_has_waited_over_the_bound():
+    config = server_config(
+        Path("unused"), scheduler="continuous", lanes=(16,), lane_replicas=1, max_queue_wait_s=(0.5, 0.0)
+    )
+    engine, scheduler = _unstarted(config)
+    scheduler.submit(fake_job(engine, ["A dog runs."]))
+    scheduler.submit(fake_job(engine, ["A cat sleeps."]))  # the oldest has waited under the bound
+    scheduler.lanes[0].waiting[0].enqueued_at -= 0.6
+    with pytest.raises(Overloaded, match=r"not keeping up \(its oldest sentence has waited 0\.6 s\); retry in"):
+        scheduler.submit(fake_job(engine, ["A bird sings."]))
+    assert scheduler.metrics.registry.get_sample_value("translate_rejected_total", {"reason": "queue_wait"}) == 1
+    document = fake_job(engine, own_sentences(5))
+    scheduler.submit(document)  # a longer lane's queue is its own, and 0 bounds nothing
+    scheduler.lanes[1].waiting[0].enqueued_at -= 1000
+    scheduler.submit(fake_job(engine, own_sentences(5)))
+    scheduler.lanes[0].waiting.clear()
+    scheduler.submit(fake_job(engine, ["A bird sings."]))  # nothing waits: taken whatever the bound
