@@ -8,10 +8,18 @@ either bound a request is refused at once (``Overloaded``: 429 with Retry-After,
 body is parsed, so a flood of documents is refused in milliseconds instead of queueing unseen behind the parsing
 of those before it, and it never takes the short requests' room. Each kind's backlog is a gauge
 (``translate_door_requests``, ``translate_door_chars``).
+
+The event loop that answers both front ends is a resource of its own: when requests arrive faster than it can
+answer them, they wait in its ready queue, unseen by any count above. So the door also watches the loop's lag (how
+late a timer fires, smoothed) and refuses a share of new requests while it is over ``max_loop_lag_s``: none at the
+bound, all at twice it, as toobusy-js sheds a Node server's load. A refusal costs the loop about a tenth of an
+answer, so the backlog drains and health checks, metrics and the requests let in keep being answered.
 """
 
 from __future__ import annotations
 
+import asyncio
+import random
 import threading
 import time
 from collections import deque
@@ -26,6 +34,8 @@ SHORT_REQUEST_CHARS = 2_000
 SHORT, LONG = "short", "long"
 RETRY_AFTER_S = (1.0, 60.0)  # the bounds of a refusal's Retry-After
 RATE_WINDOW = 16  # long requests whose departures give the door's recent rate, for Retry-After
+LAG_INTERVAL_S = 0.02  # how often the loop's lag is sampled
+LAG_SMOOTHING = 1 / 3  # each sample's weight in the smoothed lag (toobusy-js' default)
 
 
 def kind_of(chars: int) -> str:
@@ -39,6 +49,7 @@ class DoorLimits:
 
     requests: int
     long_chars: int
+    max_loop_lag_s: float = 0.0  # the event loop's smoothed lag over which requests are shed (0: never)
 
 
 class Door:
@@ -51,7 +62,19 @@ class Door:
         self.requests = {SHORT: 0, LONG: 0}
         self.chars = {SHORT: 0, LONG: 0}
         self.departures: deque[tuple[float, int]] = deque(maxlen=RATE_WINDOW)  # (when, characters) of long ones
-        self._show()
+        self.loop_lag_s = 0.0  # the event loop's smoothed lag (watch_loop)
+        self.shed = random.Random(0).random  # which requests a lagging loop refuses
+        self._show(SHORT, LONG)
+
+    async def watch_loop(self) -> None:
+        """Sample the running event loop's lag every LAG_INTERVAL_S, for ever (cancel it to stop)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            await asyncio.sleep(LAG_INTERVAL_S)
+            late = max(0.0, loop.time() - started - LAG_INTERVAL_S)
+            self.loop_lag_s += LAG_SMOOTHING * (late - self.loop_lag_s)
+            self.metrics.event_loop_lag.set(self.loop_lag_s)
 
     def enter(self, chars: int) -> Held:
         """A request of at most ``chars`` characters comes in, or is refused (Overloaded) at once."""
@@ -62,6 +85,9 @@ class Door:
     def _take(self, kind: str, chars: int, check: bool) -> None:
         """Under the lock: one more request of ``kind`` and its ``chars``; where ``check``, only if there is room
         (else Overloaded)."""
+        bound = self.limits.max_loop_lag_s
+        if check and bound and self.shed() < self.loop_lag_s / bound - 1.0:
+            self._refuse(f"its event loop is {self.loop_lag_s * 1000:.0f} ms behind (max_loop_lag_ms)")
         total = sum(self.requests.values())
         if check and total >= self.limits.requests:
             self._refuse(f"{total} requests are being translated, the most this server holds at once")
@@ -96,8 +122,8 @@ class Door:
         rate = sum(chars for _, chars in list(self.departures)[1:]) / max(last - first, 1e-3)
         return min(high, max(low, self.chars[LONG] / max(rate, 1.0)))
 
-    def _show(self) -> None:
-        for kind in (SHORT, LONG):
+    def _show(self, *kinds: str) -> None:
+        for kind in kinds:
             self.metrics.door_requests.labels(kind).set(self.requests[kind])
             self.metrics.door_chars.labels(kind).set(self.chars[kind])
 
@@ -113,7 +139,7 @@ class Held:
         changes kind where it crosses SHORT_REQUEST_CHARS; growing may be refused (Overloaded), shrinking never."""
         door = self.door
         with door.lock:
-            grows = not self.inside or chars > self.chars
+            grows, before = not self.inside or chars > self.chars, self.kind
             if self.inside:
                 door._give(self.kind, self.chars, None)
                 self.inside = False
@@ -121,7 +147,7 @@ class Held:
                 door._take(kind_of(chars), chars, check=grows)
                 self.kind, self.chars, self.inside = kind_of(chars), chars, True
             finally:
-                door._show()
+                door._show(*{before, kind_of(chars)})
 
     def leave(self) -> None:
         door = self.door
@@ -129,7 +155,7 @@ class Held:
             if self.inside:
                 door._give(self.kind, self.chars, time.monotonic())
                 self.inside = False
-                door._show()
+                door._show(self.kind)
 
     def __enter__(self) -> Held:
         return self

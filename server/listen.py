@@ -22,7 +22,10 @@ from prometheus_client.exposition import ThreadingWSGIServer
 log = logging.getLogger(__name__)
 
 WILDCARDS = {"", "::", "*"}  # after brackets are stripped: every address of both families
-BACKLOG = 128
+# Connections the kernel queues for a listener before the server accepts them: past it, a new connection's SYN is
+# dropped and its client retries in 1, 3, 7 s..., which a flood turned into health checks waiting 20 s. 4096 is
+# Linux's default net.core.somaxconn (it caps this) and holds a few seconds of a flood while the loop refuses it.
+BACKLOG = 4096
 # The family is missing on this host (an IPv6-disabled kernel or an IPv4-less pod): that family is skipped.
 FAMILY_MISSING = {errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL, errno.EPROTONOSUPPORT}
 

@@ -119,6 +119,11 @@ class Metrics:
             ["kind"],
             registry=r,
         )
+        self.event_loop_lag = Gauge(
+            "translate_event_loop_lag_seconds",
+            "How late the front ends' event loop runs a timer, smoothed: over --max-loop-lag-ms, requests are shed.",
+            registry=r,
+        )
         self.door_chars = Gauge(
             "translate_door_chars", "Characters of the requests the front door holds, by kind.", ["kind"], registry=r
         )

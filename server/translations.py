@@ -75,7 +75,8 @@ class Translations:
         )
         self.cache = TranslationCache(config.cache_bytes) if config.cache_bytes else None
         self.glossaries = GlossaryStore(config)  # stored glossaries, for every front end
-        self.door = Door(DoorLimits(config.door_requests, config.door_long_chars), metrics)
+        limits = DoorLimits(config.door_requests, config.door_long_chars, config.max_loop_lag_ms / 1000)
+        self.door = Door(limits, metrics)
         # One thread for long requests' parsing, splitting and putting back: one document's Python at a time
         # shares the GIL with the event loop and the lanes, and the door bounds how many wait for it.
         self.documents = ThreadPoolExecutor(1, thread_name_prefix="documents")

@@ -108,6 +108,9 @@ def server_config(model: Path | tuple[Path, ...], **overrides) -> ServerConfig:
         warmup=False,
         grace_seconds=5.0,
         cache_mib=0,  # the engine answers every sentence (tests/server/test_cache.py turns the cache on)
+        # An in-process server's event loop shares the interpreter with the test's own threads: its lag is theirs
+        # too, so it sheds nothing (tests/server/test_door.py tests the shedding).
+        max_loop_lag_ms=0.0,
     )
     return flags.replace(base, **overrides)
 

@@ -4,6 +4,7 @@ loop while a short one's stays on it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
@@ -142,3 +143,40 @@ def test_a_long_requests_parsing_runs_off_the_event_loop_and_a_short_ones_on_it(
         == 200
     )
     assert threads[0].startswith("documents") and threads[1] == loop
+
+
+def test_a_lagging_event_loop_sheds_a_share_of_requests_growing_to_all_at_twice_the_bound():
+    door = Door(DoorLimits(requests=100_000, long_chars=10_000, max_loop_lag_s=0.04), Metrics())
+    door.loop_lag_s = 0.039
+    door.enter(10).leave()
+    door.loop_lag_s = 0.06  # half of the requests refused
+    refused = 0
+    for _ in range(1000):
+        try:
+            door.enter(10).leave()
+        except Overloaded as error:
+            refused += 1
+            assert "event loop is 60 ms behind (max_loop_lag_ms)" in str(error)
+    assert 400 < refused < 600
+    door.loop_lag_s = 0.08
+    with pytest.raises(Overloaded):
+        door.enter(10)
+
+
+def test_the_loop_watch_sees_a_blocked_loop_and_forgets_it():
+    metrics = Metrics()
+    door = Door(DoorLimits(requests=10, long_chars=10_000, max_loop_lag_s=0.04), metrics)
+
+    async def block_then_idle() -> tuple[float, float]:
+        watch = asyncio.create_task(door.watch_loop())
+        await asyncio.sleep(0.05)
+        time.sleep(0.3)  # the loop is stuck; the watch's timer, overdue, runs first after it
+        await asyncio.sleep(0.001)
+        after_block = door.loop_lag_s
+        await asyncio.sleep(0.5)
+        watch.cancel()
+        return after_block, door.loop_lag_s
+
+    after_block, after_idle = asyncio.run(block_then_idle())
+    assert after_block > 0.08  # a third of 0.3 s late: everything is shed
+    assert after_idle < 0.01 and metrics.registry.get_sample_value("translate_event_loop_lag_seconds") < 0.01

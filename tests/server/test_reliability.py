@@ -126,7 +126,7 @@ def test_overload_refuses_fast_and_answers_every_request(tiny_export: Path):
             assert peak["process_resident_memory_bytes"] <= baseline + (budget_mib + 64) * MIB
             assert call(stub, sentence)[0] == grpc.StatusCode.OK
 
-            # While long work fills the batch and the queue, a new request is refused at once,
+            # While long work fills the batch and its queue, a new request of its size is refused at once,
             # without waiting for any decoding.
             busy = translate_pb2.TranslateRequest(
                 texts=["walking " * 60 + "."] * 8, options=translate_pb2.TranslateOptions(beam_size=8)
@@ -138,8 +138,9 @@ def test_overload_refuses_fast_and_answers_every_request(tiny_export: Path):
                 deadline = time.monotonic() + 30
                 while sampler.read().get("translate_queue_depth", 0) < 8 and time.monotonic() < deadline:
                     time.sleep(0.01)
-                probes = [call(stub, sentence) for _ in range(10)]
+                probes = asyncio.run(flood(f"127.0.0.1:{port}", list(busy.texts), 10))  # the busy ones' size
                 saturated = all(not f.done() for f in running)
+                beside = call(stub, sentence)  # short work has a queue of its own
                 # When both busy requests reach the queue before the batch takes the first, the queue (8
                 # sentences) refuses the second like any other request: that round does not saturate either.
                 codes = [f.code() for f in running]
@@ -151,6 +152,7 @@ def test_overload_refuses_fast_and_answers_every_request(tiny_export: Path):
             assert saturated, "the probes must run while the server is saturated (five rounds)"
             assert [code for code, _, _ in probes] == [grpc.StatusCode.RESOURCE_EXHAUSTED] * 10
             assert sorted(t for _, t, _ in probes)[5] < 0.1, probes
+            assert beside[0] == grpc.StatusCode.OK
     finally:
         process.terminate()
         process.wait(30)
