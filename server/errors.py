@@ -7,7 +7,8 @@
 | NotFound         | NOT_FOUND          | 404  | a stored glossary the caller does not have (server/glossaries.py) |
 | Unauthenticated  | UNAUTHENTICATED    | 403  | no API key where the keys file admits no anonymous callers    |
 | PermissionDenied | PERMISSION_DENIED  | 403  | an API key the keys file does not hold (server/keys.py)       |
-| Overloaded       | RESOURCE_EXHAUSTED | 429  | queue full, or the request needs more memory than the budget  |
+| Overloaded       | RESOURCE_EXHAUSTED | 429  | front door or queue full or behind (server/door.py), or the   |
+|                  |                    |      | request needs more memory than the budget                     |
 |                  |                    |      | or a key over its requests per minute (HTTP adds Retry-After) |
 | ShuttingDown     | UNAVAILABLE        | 503  | the server is draining (SIGTERM)                              |
 | Unavailable      | UNAVAILABLE        | 503  | a store the request needs is out of reach (Redis, /suggest)   |

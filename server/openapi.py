@@ -18,8 +18,8 @@ ERRORS = {
     "400": "The request is invalid; the message names the field and the limit, or the pairs served",
     "403": "No api_key where the server refuses anonymous callers, or a key it does not hold",
     "413": "The body is over max_message_bytes",
-    "429": "The queue is full, the key is over its requests per minute, or a text needs more memory than the "
-    "budget; Retry-After says when to try again",
+    "429": "The server is busy (its front door or queue is full, or not keeping up), the key is over its requests "
+    "per minute, or a text needs more memory than the budget; Retry-After says when to try again",
     "500": "Inference failed on the batch holding the request; the server keeps serving",
     "503": "The server is draining (SIGTERM)",
     "504": "http_timeout_s passed while the request was queued or decoding",
