@@ -15,7 +15,7 @@ arrivals at --times that rate for --seconds, and --drain-seconds for the answers
 answered (HTTP 200, gRPC OK), refused (HTTP 429 or 503, gRPC RESOURCE_EXHAUSTED, or UNAVAILABLE from the
 server), failed (connection refused or reset, server disconnected, client timeout, any other status) or lost
 (still unanswered after the drain). Beside the load: the server's resident memory (/proc, every 0.5 s) against
-the Kubernetes deployment's memory limit, GET /health every 0.25 s from a thread of its own (the event loop's
+the Kubernetes deployment's memory limit, GET /health every 0.25 s from a process of its own (the event loop's
 lag as an operator's probe sees it), and the server's translate_door* and translate_rejected* metrics and
 translate_requests_total by code, before the flood and after the drain.
 
@@ -28,11 +28,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import html
 import itertools
 import json
 import random
 import shlex
+import subprocess
 import sys
 import threading
 import time
@@ -298,21 +300,47 @@ class Sampler(threading.Thread):
         self.join(HEALTH_TIMEOUT_S + 5)
 
 
-def health_probe(port: int) -> Callable[[], tuple[float, str]]:
-    """(seconds, status) of one GET /health on a new connection, as a kubelet's probe makes it."""
-    url = f"http://127.0.0.1:{port}/health"
+# The /health prober, a process of its own as a kubelet is: a thread of the load generator would share its GIL, and
+# count the generator's own pauses (it sent up to 0.5 s late under a flood) as the server's.
+PROBE = """
+import json, sys, time, urllib.request
+url, every, timeout = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+due = time.perf_counter()
+while True:
+    start = time.perf_counter()
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            response.read()
+            status = str(response.status)
+    except Exception as error:  # an HTTP error, refused, reset or timed out: all are misses
+        status = type(error).__name__
+    print(json.dumps([start, time.perf_counter() - start, status]), flush=True)
+    due += every
+    time.sleep(max(0.0, due - time.perf_counter()))
+"""
 
-    def probe() -> tuple[float, str]:
-        start = time.perf_counter()
-        try:
-            with urllib.request.urlopen(url, timeout=HEALTH_TIMEOUT_S) as response:
-                response.read()
-                status = str(response.status)
-        except Exception as error:  # noqa: BLE001 (an HTTP error, refused, reset or timed out: all are misses)
-            status = type(error).__name__
-        return time.perf_counter() - start, status
 
-    return probe
+class HealthProbe(threading.Thread):
+    """GET /health on a new connection every HEALTH_EVERY_S from a process of its own, as a kubelet's probe; its
+    series as a Sampler's: (seconds since started, (seconds it took, status))."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(daemon=True)
+        self.series: list[tuple[float, object]] = []
+        self.started = time.perf_counter()  # CLOCK_MONOTONIC: the prober's clock too
+        url = f"http://127.0.0.1:{port}/health"
+        command = [sys.executable, "-c", PROBE, url, str(HEALTH_EVERY_S), str(HEALTH_TIMEOUT_S)]
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+
+    def run(self) -> None:
+        for line in self.process.stdout:
+            at, seconds, status = json.loads(line)
+            self.series.append((at - self.started, (seconds, status)))
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(30)
+        self.join(5)
 
 
 def server_metrics(port: int) -> dict[str, float]:
@@ -425,7 +453,7 @@ def run_front_door(door_class, args, flags: list[str]) -> FrontDoorRun:
     try:
         idle = resident_bytes(process.pid)
         memory = Sampler(lambda: resident_bytes(process.pid), RSS_EVERY_S)
-        health = Sampler(health_probe(http_port), HEALTH_EVERY_S)
+        health = HealthProbe(http_port)
         gauges = Sampler(lambda: server_metrics(metrics_port), METRICS_EVERY_S)
         for sampler in (memory, health, gauges):
             sampler.start()
@@ -472,6 +500,7 @@ async def flood(door, traffic: Traffic, args, metrics_port: int) -> dict:
         times = schedule(rate, args.seconds, args.seed)
         numbered = (traffic.request(n) for n in range(len(times)))
         requests = [(kind, door.prepare(text, markup)) for kind, text, markup in numbered]
+        gc.freeze()  # the prepared requests are never garbage: collections that walk them paused the generator
         print(
             f"{door.name}: capacity {capacity:.2f} req/s; flood of {len(times)} requests at {rate:.2f} req/s for "
             f"{args.seconds:.0f} s, then up to {args.drain_seconds:.0f} s to drain ...",
@@ -598,7 +627,7 @@ def report(runs: list[FrontDoorRun], args, argv: Sequence[str], limit: int) -> l
         )
     lines += [
         "",
-        f"## /health (GET every {HEALTH_EVERY_S} s, a new connection each, from a thread of its own)",
+        f"## /health (GET every {HEALTH_EVERY_S} s, a new connection each, from a process of its own)",
         "",
         "| front door | probes | p50 ms | p99 ms | max ms | over 100 ms | not 200 | series: seconds, largest ms |",
         "|---|---|---|---|---|---|---|---|",

@@ -173,14 +173,28 @@ def test_the_loop_watch_sees_a_blocked_loop_and_forgets_it():
 
     async def block_then_idle() -> tuple[float, float]:
         watch = asyncio.create_task(door.watch_loop())
-        await asyncio.sleep(0.05)
-        time.sleep(0.3)  # the loop is stuck; the watch's timer, overdue, runs first after it
+        await asyncio.sleep(0.15)
+        time.sleep(0.4)  # the loop is stuck; the watch's timer, overdue, runs first after it
         await asyncio.sleep(0.001)
         after_block = door.loop_lag_s
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(1.2)
         watch.cancel()
         return after_block, door.loop_lag_s
 
     after_block, after_idle = asyncio.run(block_then_idle())
-    assert after_block > 0.08  # a third of 0.3 s late: everything is shed
+    assert after_block > 0.08  # a third of 0.35 s late: everything is shed
     assert after_idle < 0.01 and metrics.registry.get_sample_value("translate_event_loop_lag_seconds") < 0.01
+
+
+def test_a_body_sent_without_its_length_is_checked_right_after_it_is_read(server: RunningServer):
+    held = server.server.translations.door.enter(LONG_CHARS)
+    try:
+        body = json.dumps({"q": document(3 * SHORT_REQUEST_CHARS), "source": "en", "target": "de"}).encode()
+        with socket.create_connection(("127.0.0.1", server.server.http_port), timeout=10) as connection:
+            headers = "POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            chunk = f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+            connection.sendall(f"{headers}Transfer-Encoding: chunked\r\n\r\n".encode() + chunk)
+            answer = connection.recv(65536).decode()
+        assert answer.startswith("HTTP/1.1 429") and "door_long_chars" in answer
+    finally:
+        held.leave()
