@@ -47,8 +47,8 @@ MAX_QUEUE_WAIT_S = (1.0, 30.0)
 # one document at --char-limit with shorter long ones beside it. Memory does not bind it: a 99,465-character HTML
 # document parsed and split holds 2.6 MiB (tracemalloc, 28 bytes a character), its decoding is the memory budget's;
 # time does: documents held together finish one after another, and each must within --http-timeout-s.
-# --max-loop-lag-ms: /health must answer within 100 ms while the loop sheds load; under 32 closed-loop clients the
-# smoothed lag stays under 10 ms on a 2-core AMD EPYC.
+# --max-loop-lag-ms: /health must answer within 100 ms while the loop sheds load (32 closed-loop HTTP clients ran
+# the loop up to 58 ms late on a 2-core AMD EPYC: server/door.py's SHED_FLOOR keeps such a loop from shedding).
 MAX_LOOP_LAG_MS = 40.0
 DOOR_REQUESTS = 2048
 DOOR_LONG_CHARS = 150_000

@@ -13,8 +13,8 @@ The event loop that answers both front ends is a resource of its own: when reque
 answer them, they wait in its ready queue, unseen by any count above. So the door also watches the loop's lag (how
 late a timer fires, smoothed) and, while it holds SHED_FLOOR requests or more, refuses a share of new requests
 while the lag is over ``max_loop_lag_s``: none at the bound, all at twice it, as toobusy-js sheds a Node server's
-load. A refusal costs the loop about a tenth of an
-answer, so the backlog drains and health checks, metrics and the requests let in keep being answered.
+load. A refusal costs the loop about a tenth of an answer, so the backlog drains and health checks, metrics and the
+requests let in keep being answered.
 """
 
 from __future__ import annotations

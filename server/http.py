@@ -279,7 +279,7 @@ class HttpApi:
             if not isinstance(upload, web.FileField):
                 raise InvalidRequest("Invalid request: missing file parameter (a multipart/form-data upload)")
             data = upload.file.read()
-            held.resize(len(data))  # a file's bytes bound its texts' characters
+            held.resize(len(data))  # its bytes first, its texts once read (a zipped format's may be more)
             document = await self.translations.work(len(data), lambda: read_document(upload.filename or "", data))
             held.resize(sum(map(len, document.texts)))
             return await self._translated_file(request, exchange, fields, upload, document)

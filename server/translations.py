@@ -321,29 +321,26 @@ class Translations:
         """Each piece's translation: its sentences joined as in plain text, or, for a piece with markup or
         atoms, put back around the words the aligner says they belong to."""
         marked = [i for i, piece in enumerate(pieces) if not piece.plain and by_piece[i]]
-
-        def joined() -> list[str]:
-            flat = [s for sentences in by_piece for s in sentences]
-            detokenized = dict(zip(map(id, flat), engine.detokenize([s.output for s in flat]), strict=True))
-            return [
-                answers.joined(piece.text, sentences, detokenized)
-                for piece, sentences in zip(pieces, by_piece, strict=True)
-            ]
-
-        results = await self.work(chars, joined)
         pairs = [(s.spec.ids, s.output) for i in marked for s in by_piece[i]]
         try:
             alignments = iter(await asyncio.to_thread(engine.align, pairs) if pairs else [])
         except ModelFolderError as e:
             raise InvalidRequest(f"model {engine.name} cannot keep markup or placeholders: {e}") from e
 
-        def place() -> None:
+        def place() -> list[str]:
+            flat = [s for sentences in by_piece for s in sentences]
+            detokenized = dict(zip(map(id, flat), engine.detokenize([s.output for s in flat]), strict=True))
+            results = [
+                answers.joined(piece.text, sentences, detokenized)
+                for piece, sentences in zip(pieces, by_piece, strict=True)
+            ]
             for i in marked:
-                sentences = placement.sentences_for(engine, pieces[i], by_piece[i], alignments)
-                results[i] = placement.place(pieces[i], sentences)
+                results[i] = placement.place(
+                    pieces[i], placement.sentences_for(engine, pieces[i], by_piece[i], alignments)
+                )
+            return results
 
-        await self.work(chars, place)
-        return results
+        return await self.work(chars, place)
 
     def observe(
         self, engine: Engine, segments: list[DecodedSentence], started: float, exchange: Exchange | None = None
