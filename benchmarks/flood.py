@@ -670,18 +670,31 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--seconds", type=float, default=600.0, help="the flood's length")
     parser.add_argument("--capacity-seconds", type=float, default=30.0, help="the capacity run's length")
+    args = parsed(parser, argv, QUICK, client_timeout_s=600.0, start_timeout_s=120.0)
+    args.api = args.api or ["http", "grpc"]
+    return args
+
+
+def parsed(
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None,
+    quick: dict[str, float],
+    client_timeout_s: float,
+    start_timeout_s: float,
+) -> argparse.Namespace:
+    """``argv`` parsed by ``parser`` with the flags every flood takes added: the drain, the documents' size, each
+    call's timeout, the servers' flags and start, the seed, and --quick (``quick``'s values unless given)."""
     parser.add_argument("--drain-seconds", type=float, default=120.0, help="how long answers may come after it")
     parser.add_argument("--document-chars", type=int, default=99_000, help="a document's size, at most")
-    parser.add_argument("--client-timeout", type=float, default=600.0, help="each request's timeout in seconds")
-    parser.add_argument("--server-flag", action="append", default=[], help="a flag for the server (repeat)")
-    parser.add_argument("--start-timeout", type=float, default=120.0, help="seconds the server may take to serve")
+    parser.add_argument("--client-timeout", type=float, default=client_timeout_s, help="each call's timeout, s")
+    parser.add_argument("--server-flag", action="append", default=[], help="a flag for each server (repeat)")
+    parser.add_argument("--start-timeout", type=float, default=start_timeout_s, help="seconds a server may take")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quick", action="store_true", help=f"for the suite: {QUICK}, unless given")
+    parser.add_argument("--quick", action="store_true", help=f"for the suite: {quick}, unless given")
     args = parser.parse_args(argv)
     if args.quick:
-        parser.set_defaults(**QUICK)
+        parser.set_defaults(**quick)
         args = parser.parse_args(argv)
-    args.api = args.api or ["http", "grpc"]
     return args
 
 

@@ -49,6 +49,7 @@ from flood import (  # noqa: E402
     Record,
     Traffic,
     _latencies,
+    parsed,
     server_metrics,
     serving_defaults,
     settle,
@@ -398,18 +399,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--rate", type=float, default=30.0, help="requests per second (Poisson arrivals)")
     parser.add_argument("--warm-seconds", type=float, default=15.0, help="the flood before the first restart")
     parser.add_argument("--settle-seconds", type=float, default=10.0, help="the flood after each restart")
-    parser.add_argument("--drain-seconds", type=float, default=120.0, help="how long answers may come after it")
-    parser.add_argument("--document-chars", type=int, default=99_000, help="a document's size, at most")
-    parser.add_argument("--client-timeout", type=float, default=CALL_DEADLINE_S, help="each call's deadline, s")
-    parser.add_argument("--server-flag", action="append", default=[], help="a flag for both replicas (repeat)")
-    parser.add_argument("--start-timeout", type=float, default=300.0, help="seconds a replica may take to serve")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quick", action="store_true", help=f"for the suite: {QUICK}, unless given")
-    args = parser.parse_args(argv)
-    if args.quick:
-        parser.set_defaults(**QUICK)
-        args = parser.parse_args(argv)
-    return args
+    return parsed(parser, argv, QUICK, client_timeout_s=CALL_DEADLINE_S, start_timeout_s=300.0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

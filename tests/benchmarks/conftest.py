@@ -7,6 +7,11 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
+from common.corpus import MULTI30K
+from server.config import DEFAULT_MODELS
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -17,3 +22,11 @@ def load_benchmark(name: str) -> ModuleType:
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def need_corpus_and_models() -> None:
+    """Skip, saying why, where the Multi30k corpus or the exported default models a flood sends from are missing."""
+    if not (MULTI30K / "train.en.gz").exists() or not (MULTI30K / "test_2016_flickr.en.gz").exists():
+        pytest.skip(f"Multi30k corpus not found at {MULTI30K} (common/corpus.py's MULTI30K: place it there)")
+    if not all((model / "manifest.json").exists() for model in DEFAULT_MODELS):
+        pytest.skip("the default models are not exported (make export)")

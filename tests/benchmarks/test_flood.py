@@ -6,18 +6,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
-
-from common.corpus import MULTI30K
-from server.config import DEFAULT_MODELS
-from tests.benchmarks.conftest import load_benchmark
+from tests.benchmarks.conftest import load_benchmark, need_corpus_and_models
 
 
 def test_a_tiny_flood_reports_each_front_door_and_classifies_every_request(tmp_path: Path):
-    if not (MULTI30K / "train.en.gz").exists() or not (MULTI30K / "test_2016_flickr.en.gz").exists():
-        pytest.skip(f"Multi30k corpus not found at {MULTI30K} (common/corpus.py's MULTI30K: place it there)")
-    if not all((model / "manifest.json").exists() for model in DEFAULT_MODELS):
-        pytest.skip("the default models are not exported (make export)")
+    need_corpus_and_models()
     out = tmp_path / "flood.md"
     tiny = ["--capacity-seconds", "2", "--seconds", "3", "--document-chars", "5000", "--drain-seconds", "15"]
     load_benchmark("flood").main(["--quick", *tiny, "--times", "2", "--out", str(out)])

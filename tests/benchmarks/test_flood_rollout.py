@@ -7,20 +7,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
-
-from common.corpus import MULTI30K
-from server.config import DEFAULT_MODELS
-from tests.benchmarks.conftest import load_benchmark
+from tests.benchmarks.conftest import load_benchmark, need_corpus_and_models
 
 PHASES = ["before", "replica 1 restarting", "between", "replica 2 restarting", "after"]
 
 
 def test_a_quick_rolling_restart_reports_each_phase_and_classifies_every_request(tmp_path: Path):
-    if not (MULTI30K / "train.en.gz").exists() or not (MULTI30K / "test_2016_flickr.en.gz").exists():
-        pytest.skip(f"Multi30k corpus not found at {MULTI30K} (common/corpus.py's MULTI30K: place it there)")
-    if not all((model / "manifest.json").exists() for model in DEFAULT_MODELS):
-        pytest.skip("the default models are not exported (make export)")
+    need_corpus_and_models()
     out = tmp_path / "rollout.md"
     load_benchmark("flood_rollout").main(["--quick", "--out", str(out)])
     report = out.read_text()
