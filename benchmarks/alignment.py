@@ -27,7 +27,7 @@ from model.checkpoint import load_checkpoint
 from runtime import offline
 from runtime.backend import OrtBackend
 from runtime.cpu import describe_cpu
-from runtime.options import RuntimeOptions
+from runtime.options import EngineSettings, RuntimeOptions
 from server.placement import align_units, source_words, unit_spans
 
 # English word -> the starts of its German translations (lower case).
@@ -126,7 +126,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    model = OrtBackend(args.model, RuntimeOptions(intra_op_threads=2))
+    model = OrtBackend(args.model, RuntimeOptions(settings=EngineSettings(intra_op_threads=2)))
     tokenizer = model.tokenizer
     sources = read_lines(corpus_path(args.data, args.split, "en"))[: args.sentences]
     ids = tokenizer.encode_source(sources)

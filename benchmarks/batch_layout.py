@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from runtime.backend import OrtBackend  # noqa: E402
 from runtime.cpu import describe_cpu  # noqa: E402
-from runtime.options import RuntimeOptions  # noqa: E402
+from runtime.options import EngineSettings, RuntimeOptions  # noqa: E402
 from runtime.search import default_max_output  # noqa: E402
 
 LAYOUTS = ("compact", "buckets")
@@ -71,7 +71,10 @@ def sides(model: str, variant: str, option: str, values) -> dict:
     folder = ROOT / "exported" / model
     return {
         value: OrtBackend(
-            folder, RuntimeOptions(provider="cpu", variant=variant, intra_op_threads=1, **{option: value})
+            folder,
+            RuntimeOptions(
+                settings=EngineSettings(provider="cpu", variant=variant, intra_op_threads=1), **{option: value}
+            ),
         )
         for value in values
     }

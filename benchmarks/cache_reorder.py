@@ -35,7 +35,7 @@ from runtime.binding import bind_step
 from runtime.caches import KVCache
 from runtime.contract import layer_names
 from runtime.cpu import describe_cpu
-from runtime.options import RuntimeOptions
+from runtime.options import EngineSettings, RuntimeOptions
 from runtime.providers import NO_FUSIONS
 
 CASES = [(4, 16), (4, 1000), (128, 16), (128, 1000)]  # (rows, cached tokens per row)
@@ -97,7 +97,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args()
-    model = OrtBackend(args.model, RuntimeOptions(args.variant, "cpu", intra_op_threads=2))
+    model = OrtBackend(
+        args.model, RuntimeOptions(settings=EngineSettings(variant=args.variant, provider="cpu", intra_op_threads=2))
+    )
     decoder_path = args.model / model.manifest["variants"][args.variant]["decoder"]
     host_step, graph_step = session(str(decoder_path)), session(gathering_step(decoder_path))
     print(f"command: python benchmarks/cache_reorder.py {shlex.join(sys.argv[1:])}")

@@ -21,7 +21,7 @@ import sacrebleu
 from common.corpus import MULTI30K, corpus_path, read_lines
 from runtime import offline
 from runtime.backend import OrtBackend
-from runtime.options import RuntimeOptions
+from runtime.options import EngineSettings, RuntimeOptions
 from runtime.search import RepetitionGuard
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,7 +38,7 @@ def main() -> int:
     parser.add_argument("--split", default="test_2016_flickr")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "confidence.md")
     args = parser.parse_args()
-    model = OrtBackend(args.model, RuntimeOptions(provider="cpu"))
+    model = OrtBackend(args.model, RuntimeOptions(settings=EngineSettings(provider="cpu")))
     manifest = json.loads((args.model / "manifest.json").read_text())
     source, target = manifest["source_language"], manifest["target_language"]
     sources = read_lines(corpus_path(args.data, args.split, source))

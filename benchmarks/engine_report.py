@@ -27,7 +27,7 @@ from runtime import offline
 from runtime.backend import OrtBackend
 from runtime.cpu import describe_cpu
 from runtime.engine import Engine
-from runtime.options import RuntimeOptions
+from runtime.options import EngineSettings, RuntimeOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,7 +65,9 @@ def timing_rows(model_dir: Path, repeats: int) -> list[dict]:
     from model.checkpoint import load_checkpoint
 
     torch_model, _ = load_checkpoint()
-    ort_model = OrtBackend(model_dir, RuntimeOptions(provider="cpu", spinning=False, small_batch_threads=1))
+    ort_model = OrtBackend(
+        model_dir, RuntimeOptions(settings=EngineSettings(provider="cpu"), spinning=False, small_batch_threads=1)
+    )
     c = ort_model.config
     rows = []
     for length in LENGTHS:
@@ -99,7 +101,9 @@ def timing_rows(model_dir: Path, repeats: int) -> list[dict]:
 def batch_sweep(model_dir: Path, data: Path, repeats: int) -> list[dict]:
     from common.corpus import corpus_path, read_lines
 
-    ort_model = OrtBackend(model_dir, RuntimeOptions(provider="cpu", spinning=False, small_batch_threads=1))
+    ort_model = OrtBackend(
+        model_dir, RuntimeOptions(settings=EngineSettings(provider="cpu"), spinning=False, small_batch_threads=1)
+    )
     texts = read_lines(corpus_path(data, "test_2016_flickr", "en"))[:SWEEP_SENTENCES]
     ids = ort_model.tokenizer.encode_source(texts)
     result = []
@@ -131,7 +135,7 @@ def measure_memory(model_dir: Path, length: int, beam: int) -> None:
 
     from runtime.search import Decoding
 
-    engine = Engine(model_dir, RuntimeOptions(provider="cpu"))
+    engine = Engine(model_dir, RuntimeOptions(settings=EngineSettings(provider="cpu")))
     engine.warmup(lengths=(8,), beams=(beam,))
     process = psutil.Process()
     baseline, peak, running = process.memory_info().rss, [0], [True]

@@ -22,6 +22,7 @@ from common.corpus import MULTI30K, corpus_path, read_lines
 from runtime import offline
 from runtime.backend import OrtBackend
 from runtime.cpu import describe_cpu
+from runtime.options import EngineSettings
 from runtime.translate_file import runtime_options
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,7 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sentences", type=int, help="at most this many per case")
     parser.add_argument("--data", type=Path, default=MULTI30K)
     args = parser.parse_args(argv)
-    options = runtime_options(args.variant, threads=args.threads)  # translate-file's, as export.benchmark's
+    options = runtime_options(
+        EngineSettings(variant=args.variant, provider="cpu", intra_op_threads=args.threads)
+    )  # translate-file's, as export.benchmark's
     models = {"base": OrtBackend(args.base, options), "this": OrtBackend(args.model, options)}
     texts = read_lines(corpus_path(args.data, "test_2016_flickr", "en"))
     print(f"command: python {' '.join(sys.argv)}")

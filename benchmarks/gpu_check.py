@@ -53,7 +53,7 @@ from runtime.binding import bind_step, run_in_place
 from runtime.contract import CANDIDATE_OUTPUTS, STEP_OUTPUTS
 from runtime.cpu import describe_cpu
 from runtime.manifest import read_manifest
-from runtime.options import RuntimeOptions
+from runtime.options import EngineSettings, RuntimeOptions
 from runtime.providers import NO_FUSIONS, PROVIDERS
 from runtime.search import Decoding, default_max_output
 from runtime.tokenizer import Tokenizer
@@ -186,7 +186,15 @@ def divergence(model_dir: Path, variant: str, provider: str, sentences: list[str
     """Each graph's every node output on ``provider`` against the CPU provider on the same feeds (the encoder
     over a few test sentences; the decoder step three steps into their beam-2 search, fed as the host decodes
     it): the nodes that differ by more than a relative tolerance, the first few named, in graph order."""
-    host = OrtBackend(model_dir, RuntimeOptions(variant, "cpu", io_binding=False, device_cache=False, spinning=False))
+    host = OrtBackend(
+        model_dir,
+        RuntimeOptions(
+            settings=EngineSettings(variant=variant, provider="cpu"),
+            io_binding=False,
+            device_cache=False,
+            spinning=False,
+        ),
+    )
     c = host.config
     sources = host.tokenizer.encode_source(sentences[:4])
     src_tokens, src_mask = pad_sources(sources, c.pad_id, c.eos_id)
@@ -380,7 +388,9 @@ def bucket_engines(model_dir: Path, variant: str, provider: str) -> tuple[dict[s
         extra.pop("fusions", None)
         kept, providers.NO_FUSIONS = providers.NO_FUSIONS, [] if fusions else providers.NO_FUSIONS
         try:
-            engines[name] = OrtBackend(model_dir, RuntimeOptions(variant, provider, **extra))
+            engines[name] = OrtBackend(
+                model_dir, RuntimeOptions(settings=EngineSettings(variant=variant, provider=provider), **extra)
+            )
         except Exception as error:  # noqa: BLE001 (the error is the finding)
             lines.append(f"| {variant} {name} | not loaded: {type(error).__name__}: {str(error)[:300]} |")
         finally:
@@ -473,7 +483,9 @@ def in_budget(args: argparse.Namespace, lines: Report, what: str) -> bool:
 
 def cpu_fp32(model_dir: Path, sources: list[list[int]]) -> dict[int, list[list[int]]]:
     """CPU fp32's outputs at batch 32, greedy (1) and beam 4: what every other engine is compared with."""
-    model = OrtBackend(model_dir, RuntimeOptions("fp32", "cpu", spinning=False))
+    model = OrtBackend(
+        model_dir, RuntimeOptions(settings=EngineSettings(variant="fp32", provider="cpu"), spinning=False)
+    )
     return {beam: rate(partial(offline.translate_ids, model), sources, 32, beam)[1] for beam in (1, 4)}
 
 
@@ -545,7 +557,9 @@ def main(argv: list[str] | None = None) -> int:
         "| check | result |",
         "|---|---|",
     ]
-    fp16_cpu = OrtBackend(args.model, RuntimeOptions("fp16", "cpu", spinning=False))
+    fp16_cpu = OrtBackend(
+        args.model, RuntimeOptions(settings=EngineSettings(variant="fp16", provider="cpu"), spinning=False)
+    )
     if args.reference:  # CPU fp32's outputs, made on another machine
         made = json.loads(args.reference.read_text())
         assert made["sentences"] >= len(sources), "the reference has fewer sentences than asked for"
@@ -564,15 +578,25 @@ def main(argv: list[str] | None = None) -> int:
     # fp32 keeps its cache on the host on CUDA (runtime.device_cache.device_cache_for); fp16 is timed both ways.
     models = {}
     if "fp32" in args.variants:
-        models["fp32"] = OrtBackend(args.model, RuntimeOptions("fp32", args.provider, **options))
+        models["fp32"] = OrtBackend(
+            args.model, RuntimeOptions(settings=EngineSettings(variant="fp32", provider=args.provider), **options)
+        )
     if "fp16" in args.variants:
-        models["fp16"] = OrtBackend(args.model, RuntimeOptions("fp16", args.provider, device_cache=True, **options))
+        models["fp16"] = OrtBackend(
+            args.model,
+            RuntimeOptions(
+                settings=EngineSettings(variant="fp16", provider=args.provider), device_cache=True, **options
+            ),
+        )
         models["fp16, cache on host"] = OrtBackend(
-            args.model, RuntimeOptions("fp16", args.provider, device_cache=False)
+            args.model,
+            RuntimeOptions(settings=EngineSettings(variant="fp16", provider=args.provider), device_cache=False),
         )
     on_cpu = {"fp16": fp16_cpu}
     if "fp32" in args.variants:
-        on_cpu["fp32"] = OrtBackend(args.model, RuntimeOptions("fp32", "cpu", spinning=False))
+        on_cpu["fp32"] = OrtBackend(
+            args.model, RuntimeOptions(settings=EngineSettings(variant="fp32", provider="cpu"), spinning=False)
+        )
     engines: dict[str, Translate] = {
         f"ours {name}": (lambda chunk, beam, model=model: offline.translate_ids(model, chunk, beam))
         for name, model in models.items()

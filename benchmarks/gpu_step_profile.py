@@ -16,7 +16,7 @@ from pathlib import Path
 
 from runtime import providers
 from runtime.backend import OrtBackend
-from runtime.options import RuntimeOptions
+from runtime.options import EngineSettings, RuntimeOptions
 from runtime.search import Decoding
 
 
@@ -34,9 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fusions", action="store_true", help="ONNX Runtime's fusions on (the engine turns some off)")
     args = parser.parse_args(argv)
     options = RuntimeOptions(
-        args.variant,
-        args.provider,
-        batch_layout="buckets",
+        settings=EngineSettings(variant=args.variant, provider=args.provider, batch_layout="buckets"),
         io_binding=True,
         cuda_graphs=args.graphs,
         steps_per_run=args.steps_per_run,

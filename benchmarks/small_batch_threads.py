@@ -21,7 +21,7 @@ from common.corpus import MULTI30K, corpus_path, read_lines
 from runtime import offline
 from runtime.backend import OrtBackend
 from runtime.cpu import describe_cpu
-from runtime.options import RuntimeOptions
+from runtime.options import EngineSettings, RuntimeOptions
 from server.config import DEFAULT_MODEL_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,7 +56,14 @@ def main() -> int:
     ]
     for variant in ("fp32", "int8"):
         models = {
-            small: OrtBackend(args.model, RuntimeOptions(variant, "cpu", 2, spinning=True, small_batch_threads=small))
+            small: OrtBackend(
+                args.model,
+                RuntimeOptions(
+                    settings=EngineSettings(variant=variant, provider="cpu", batch_layout=2),
+                    spinning=True,
+                    small_batch_threads=small,
+                ),
+            )
             for small in (1, 2)
         }
         texts = read_lines(corpus_path(args.data, "test_2016_flickr", "en"))[: args.sentences]

@@ -23,6 +23,7 @@ from common.corpus import MULTI30K, corpus_path, read_lines
 from runtime import offline
 from runtime.backend import OrtBackend
 from runtime.cpu import describe_cpu
+from runtime.options import EngineSettings
 from runtime.translate_file import runtime_options
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,7 +39,7 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=1, help="sentences decoded together")
     parser.add_argument("--beam", type=int, default=1)
     args = parser.parse_args()
-    options = runtime_options(args.variant, threads=2)
+    options = runtime_options(EngineSettings(variant=args.variant, provider="cpu", intra_op_threads=2))
     model = OrtBackend(args.model, options)
     sources = model.tokenizer.encode_source(read_lines(corpus_path(args.data, "test_2016_flickr", "en")))
     sources = sources[: args.sentences]

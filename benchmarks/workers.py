@@ -20,6 +20,7 @@ from runtime import offline
 from runtime.backend import OrtBackend
 from runtime.cpu import describe_cpu
 from runtime.offline import translate_in_batches
+from runtime.options import EngineSettings
 from runtime.translate_file import runtime_options
 from server.config import DEFAULT_MODEL_DIR
 
@@ -64,7 +65,9 @@ def main(argv=None) -> None:
     ]
     for variant in ("fp32", "int8"):
         models = {  # the settings translate-file uses
-            threads: OrtBackend(args.model, runtime_options(variant, threads=threads))
+            threads: OrtBackend(
+                args.model, runtime_options(EngineSettings(variant=variant, provider="cpu", intra_op_threads=threads))
+            )
             for threads in {threads for threads, _ in settings.values()}
         }
         for beam in (1, 4):

@@ -57,6 +57,20 @@ def choice_problems(config: Any) -> list[str]:
     return problems
 
 
+def type_problems(config: Any) -> list[str]:
+    """``name=value: use a bool`` for every field of a plain type (``bool``, ``int``, ``float``, ``str``, ``Path``
+    or a config dataclass, optionally ``| None``) holding a value of another type; a bool is no integer here."""
+    problems = []
+    for name, kind in typing.get_type_hints(type(config)).items():
+        value, plain = getattr(config, name, None), _optional(kind) or kind
+        if not isinstance(plain, type) or (value is None and _optional(kind)):
+            continue  # Literal (choice_problems), tuples, unions
+        fits = isinstance(value, plain) and not (plain in (int, float) and isinstance(value, bool))
+        if not (fits or (plain is float and isinstance(value, int) and not isinstance(value, bool))):
+            problems.append(f"{name}={value!r}: use {'an' if plain is int else 'a'} {plain.__name__}")
+    return problems
+
+
 def _either(values: Sequence) -> str:
     values = [str(v) for v in values]
     return values[0] if len(values) == 1 else ", ".join(values[:-1]) + " or " + values[-1]

@@ -36,7 +36,7 @@ from runtime import offline
 from runtime.backend import OrtBackend
 from runtime.cpu import describe_cpu
 from runtime.manifest import sha256
-from runtime.options import RuntimeOptions
+from runtime.options import EngineSettings, RuntimeOptions
 from runtime.search import default_max_output
 from runtime.translate_file import runtime_options
 
@@ -143,7 +143,7 @@ def prepare(args, work: Path) -> tuple[Path, Path, Callable[[int], int], Callabl
     piece = {i: p for p, i in vocab.items()}
     if args.base_sized:  # imported: our ids are the Marian ids
         return ours, converted, lambda i: piece[i], lambda p: vocab[p]
-    config = OrtBackend(ours, RuntimeOptions("fp32", "cpu")).config
+    config = OrtBackend(ours, RuntimeOptions(settings=EngineSettings(variant="fp32", provider="cpu"))).config
     order = opus_mt_order(config).numpy()  # Marian id -> our id
     to_theirs = np.argsort(order)
     return ours, converted, lambda i: piece[int(to_theirs[i])], lambda p: int(order[vocab[p]])
@@ -161,7 +161,12 @@ def run_benchmark(args) -> int:
     ours_dir, converted, to_piece, to_id = prepare(args, work)
     cap = args.cap or (40 if args.base_sized else 256)
     threads = 1 if args.workers > 1 else args.threads
-    ours = {variant: OrtBackend(ours_dir, runtime_options(variant, threads=threads)) for variant in ("fp32", "int8")}
+    ours = {
+        variant: OrtBackend(
+            ours_dir, runtime_options(EngineSettings(variant=variant, provider="cpu", intra_op_threads=threads))
+        )
+        for variant in ("fp32", "int8")
+    }
     texts = read_lines(corpus_path(args.data, "test_2016_flickr", "en"))
     tokenizer = ours["fp32"].tokenizer
 

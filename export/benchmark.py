@@ -24,6 +24,7 @@ from model.checkpoint import DEFAULT_CHECKPOINT, length_penalty, load_checkpoint
 from model.translate import TorchTranslator
 from runtime.backend import OrtBackend
 from runtime.cpu import describe_cpu
+from runtime.options import EngineSettings
 from runtime.translate_file import runtime_options
 
 Translate = Callable[[list[list[int]], int], list[list[int]]]
@@ -90,7 +91,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     texts = read_lines(corpus_path(args.data, "test_2016_flickr", "en"))[: args.sentences]
     sources = tokenizer.encode_source(texts)
     torch_translator = TorchTranslator(model, tokenizer, length_penalty=length_penalty(args.checkpoint))
-    fp32, int8 = (OrtBackend(args.model, runtime_options(v)) for v in ("fp32", "int8"))  # translate-file's settings
+    fp32, int8 = (
+        OrtBackend(args.model, runtime_options(EngineSettings(variant=v, provider="cpu"))) for v in ("fp32", "int8")
+    )  # translate-file's settings
     variants: dict[str, Translate] = {
         "PyTorch, no cache": lambda s, b: torch_translator.translate_ids(s, b, use_cache=False),
         "PyTorch, KV cache": lambda s, b: torch_translator.translate_ids(s, b),

@@ -42,7 +42,7 @@ from model.translate import TorchTranslator
 from runtime import offline
 from runtime.backend import OrtBackend
 from runtime.manifest import sha256, write_manifest
-from runtime.options import RuntimeOptions
+from runtime.options import EngineSettings, RuntimeOptions
 from runtime.providers import NO_FUSIONS, PROVIDERS, resolve_provider
 
 CHECK_SENTENCES = Path(__file__).resolve().parent / "sentences.en"
@@ -194,7 +194,9 @@ def export(cfg: ExportConfig) -> Path:
         manifest = describe(cfg, model, folder, files, aligner, tokenizer_files, tokenizer.special_ids)
         write_manifest(folder, manifest)  # hashes first, so the quality pass loads a verified folder
         for variant in variants:
-            runtime = OrtBackend(folder, RuntimeOptions(variant=variant.name, provider=variant.device))
+            runtime = OrtBackend(
+                folder, RuntimeOptions(settings=EngineSettings(variant=variant.name, provider=variant.device))
+            )
             files[variant.name]["quality"] = evaluate(runtime, cfg, check)
         write_manifest(folder, manifest)
     return cfg.out

@@ -68,8 +68,8 @@ class OrtBackend:
         self.folder = Path(folder)
         self.manifest = read_manifest(self.folder, verify=options.verify_files)
         variants = self.manifest["variants"]
-        self.provider = resolve_provider(options.provider)
-        self.variant = chosen_variant(self.folder, options.variant, variants, self.provider)
+        self.provider = resolve_provider(options.settings.provider)
+        self.variant = chosen_variant(self.folder, options.settings.variant, variants, self.provider)
         self.config = ModelConfig.from_dict(self.manifest["model_config"])
         self.length_penalty = float(self.manifest.get("decoding", {}).get("length_penalty", LENGTH_PENALTY))
         try:  # a file name (older manifests) or {"kind", "files"}
@@ -78,19 +78,19 @@ class OrtBackend:
             raise ModelFolderError(str(e)) from e
         self.device = "cuda" if self.provider == "cuda" else "cpu"
         try:
-            self.encoder, self.decoder = self._sessions(options, options.intra_op_threads)
+            self.encoder, self.decoder = self._sessions(options, options.settings.intra_op_threads)
         except ProviderUnavailable as error:
-            if options.provider != "auto":
+            if options.settings.provider != "auto":
                 raise
             log.warning("provider auto: %s; using the CPU", error)
             self.provider = self.device = "cpu"
-            self.variant = chosen_variant(self.folder, options.variant, variants, self.provider)
-            self.encoder, self.decoder = self._sessions(options, options.intra_op_threads)
+            self.variant = chosen_variant(self.folder, options.settings.variant, variants, self.provider)
+            self.encoder, self.decoder = self._sessions(options, options.settings.intra_op_threads)
         if self.variant == "int8" and not variants["int8"].get("quantization", {}).get("reduce_range"):
             self._warn_if_int8_saturates()  # on the provider the sessions took
         self.small_encoder, self.small_decoder = self.encoder, self.decoder
         small = options.small_batch_threads
-        if self.provider == "cpu" and small is not None and small != options.intra_op_threads:
+        if self.provider == "cpu" and small is not None and small != options.settings.intra_op_threads:
             self.small_encoder, self.small_decoder = self._sessions(options, small)
         missing = sorted(STEP_INPUTS - {i.name for i in self.decoder.get_inputs()})
         if missing:
@@ -108,7 +108,7 @@ class OrtBackend:
             CacheOps(PROVIDERS[self.provider], self.device, self.cache_dtype) if self.device_cache else None
         )
         self.cache_pool: CachePool | None = CachePool() if options.reuse_cache_buffers else None
-        self.batch_layout = options.batch_layout
+        self.batch_layout = options.settings.batch_layout
         self.step_bindings = StepBindings(self.decoder, self.device)
         small_steps = self.small_decoder is not self.decoder
         self.small_step_bindings = StepBindings(self.small_decoder, self.device) if small_steps else self.step_bindings
@@ -147,7 +147,9 @@ class OrtBackend:
 
         k = options.steps_per_run
         model = k_step_graph(graph, k).SerializeToString()
-        session = open_session(model, self.provider, options.intra_op_threads, options.spinning, options.memory_arena)
+        session = open_session(
+            model, self.provider, options.settings.intra_op_threads, options.spinning, options.memory_arena
+        )
         return StepBindings(session, self.device, partial(bind_k_steps, k=k))
 
     def _device_buckets(self, options: RuntimeOptions) -> None:
@@ -166,7 +168,7 @@ class OrtBackend:
 
         def opened(model: Any) -> ort.InferenceSession:
             extra = {"enable_cuda_graph": "1"} if graphs and self.provider == "cuda" else None
-            threads, arena = options.intra_op_threads, options.memory_arena
+            threads, arena = options.settings.intra_op_threads, options.memory_arena
             return open_session(model.SerializeToString(), self.provider, threads, options.spinning, arena, extra)
 
         if graphs:

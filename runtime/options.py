@@ -1,19 +1,20 @@
 """How an engine runs: the settings a user chooses (``EngineSettings``: flags of the server and of
-translate-file, nested in their configs) and the options the code chooses besides (``RuntimeOptions``)."""
+translate-file, nested in their configs) and the options the code chooses besides (``RuntimeOptions``, which
+holds the settings). Both are keyword-only and checked when built: a value of the wrong type or an impossible
+combination is refused with one ValueError naming every problem."""
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
-from common.flags import setting
+from common.flags import choice_problems, setting, type_problems
 from runtime.manifest import Provider, VariantChoice
 
 BatchLayout = Literal["compact", "buckets"]  # runtime/buckets.py
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EngineSettings:
     """The engine's settings, as the server and translate-file take them (``--variant``, ``--provider``,
     ``--batch-layout``, ``--intra-op-threads``)."""
@@ -36,10 +37,18 @@ class EngineSettings:
         "batches of a lane size (static: one batch has them all), translate-file among its workers",
     )
 
+    def __post_init__(self) -> None:
+        problems = choice_problems(self) + type_problems(self)
+        if isinstance(self.intra_op_threads, int) and self.intra_op_threads < 0:
+            problems.append(f"intra_op_threads={self.intra_op_threads}: use 0 (one per usable core) or more")
+        _refuse("invalid engine settings", problems)
 
-@dataclass(frozen=True)
-class RuntimeOptions(EngineSettings):
-    """The settings, and what each entry point chooses besides."""
+
+@dataclass(frozen=True, kw_only=True)
+class RuntimeOptions:
+    """The user's settings, and what each entry point chooses besides."""
+
+    settings: EngineSettings = field(default_factory=EngineSettings)
 
     # Intra-op threads spin between a run's tasks instead of sleeping, and stop when the run returns
     # (session.force_spinning_stop), so they never steal a core from the numpy work between decoder steps or
@@ -71,9 +80,21 @@ class RuntimeOptions(EngineSettings):
     # it off: its batches live on, and an idle cache would be memory its budget does not count.
     reuse_cache_buffers: bool = False
 
-    @classmethod
-    def of(cls, settings: EngineSettings, **options) -> RuntimeOptions:
-        """The user's settings with these options besides."""
-        return cls(
-            **{field.name: getattr(settings, field.name) for field in dataclasses.fields(EngineSettings)}, **options
-        )
+    def __post_init__(self) -> None:
+        problems = type_problems(self)
+        if isinstance(self.steps_per_run, int) and self.steps_per_run < 1:
+            problems.append(f"steps_per_run={self.steps_per_run}: use 1 or more")
+        if isinstance(self.small_batch_threads, int) and self.small_batch_threads < 1:
+            problems.append(
+                f"small_batch_threads={self.small_batch_threads}: use None (the same sessions) or 1 or more"
+            )
+        if self.device_cache and self.io_binding is False:
+            problems.append("device_cache=True keeps the cache on the step's device, which needs io_binding")
+        if self.cuda_graphs and self.settings.batch_layout != "buckets":
+            problems.append("cuda_graphs=True captures each bucket's step: it needs batch_layout 'buckets'")
+        _refuse("invalid runtime options", problems)
+
+
+def _refuse(what: str, problems: list[str]) -> None:
+    if problems:
+        raise ValueError(f"{what}: " + "; ".join(problems))

@@ -10,6 +10,7 @@ tokens per second.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -21,7 +22,7 @@ from pathlib import Path
 from common import flags
 from common.flags import setting
 from runtime.backend import OrtBackend
-from runtime.manifest import ModelFolderError, Variant
+from runtime.manifest import ModelFolderError
 from runtime.offline import translate_ids, translate_in_batches
 from runtime.options import EngineSettings, RuntimeOptions
 from runtime.providers import resolve_provider
@@ -33,12 +34,12 @@ from runtime.search import MAX_REPEATS, RepetitionGuard
 SMALL_BATCH_THREADS = None
 
 
-def runtime_options(variant: Variant = "fp32", provider: str = "cpu", threads: int = 0) -> RuntimeOptions:
-    """translate-file's engine settings, which the benchmarks time as ours: intra-op threads spin during a
-    run only (runtime/options.py), every batch steps on the same sessions, and each batch's cache takes the
-    last one's buffers."""
+def runtime_options(settings: EngineSettings) -> RuntimeOptions:
+    """translate-file's options on the user's ``settings``, which the benchmarks time as ours: intra-op threads
+    spin during a run only (runtime/options.py), every batch steps on the same sessions, and each batch's cache
+    takes the last one's buffers."""
     return RuntimeOptions(
-        variant, provider, threads, spinning=True, small_batch_threads=SMALL_BATCH_THREADS, reuse_cache_buffers=True
+        settings=settings, spinning=True, small_batch_threads=SMALL_BATCH_THREADS, reuse_cache_buffers=True
     )
 
 
@@ -89,7 +90,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         provider = resolve_provider(args.engine.provider)
         cores = len(os.sched_getaffinity(0))
         workers, threads = parallelism(args.workers, args.engine.intra_op_threads, provider, cores)
-        backend = OrtBackend(args.model, runtime_options(args.engine.variant, provider, threads))
+        settings = dataclasses.replace(args.engine, provider=provider, intra_op_threads=threads)
+        backend = OrtBackend(args.model, runtime_options(settings))
     except (ModelFolderError, ValueError) as e:
         print(f"translate-file: {e}", file=sys.stderr)
         return 2

@@ -161,9 +161,8 @@ def serving_engines(config: ServerConfig) -> list[Engine]:
     """Each of ``config``'s models on the sessions all its lanes run on (their threads: ``plan_threads``), with the
     guard as configured."""
     plan = plan_threads(config)
-    options = RuntimeOptions.of(
-        dataclasses.replace(config.engine, intra_op_threads=plan.session_threads), spinning=config.intra_op_spinning
-    )
+    settings = dataclasses.replace(config.engine, intra_op_threads=plan.session_threads)
+    options = RuntimeOptions(settings=settings, spinning=config.intra_op_spinning)
     guard = RepetitionGuard(config.max_repeats) if config.max_repeats else None
     return [Engine(folder, options, guard) for folder in config.model]
 

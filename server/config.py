@@ -252,7 +252,7 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if isinstance(self.model, (str, Path)):
             object.__setattr__(self, "model", (Path(self.model),))
-        problems = flags.choice_problems(self) + flags.choice_problems(self.engine)
+        problems = flags.choice_problems(self)  # the engine settings check their own
         if not self.model:
             problems.append("model: give at least one exported model folder")
         elif len(set(self.model)) < len(self.model):

@@ -20,7 +20,7 @@ from runtime import offline
 from runtime.backend import OrtBackend
 from runtime.cpu import describe_cpu, int8_products_saturate
 from runtime.manifest import read_manifest
-from runtime.options import RuntimeOptions
+from runtime.options import EngineSettings, RuntimeOptions
 from tests.conftest import MULTI30K, OWN_SENTENCES, own_sentences
 
 INT8_BLEU_DROP = 0.3  # the most int8 may lose against fp32 on test_2016_flickr, on any x86-64 CPU
@@ -61,7 +61,9 @@ def test_onnx_translations_identical_to_pytorch(direction, default_export: Path,
     expected = TorchTranslator(model, tokenizer, length_penalty=length_penalty(checkpoint)).translate(
         sentences, beam=beam
     )
-    actual = offline.translate(OrtBackend(default_export, RuntimeOptions(provider="cpu")), sentences, beam=beam)
+    actual = offline.translate(
+        OrtBackend(default_export, RuntimeOptions(settings=EngineSettings(provider="cpu"))), sentences, beam=beam
+    )
     mismatches = [(s, e, a) for s, e, a in zip(sentences, expected, actual, strict=True) if e != a]
     assert not mismatches, mismatches[:5]
 
@@ -73,7 +75,7 @@ def test_int8_bleu_drop_is_small(direction, default_export: Path, multi30k: Path
     references = read_lines(corpus_path(multi30k, "test_2016_flickr", target))
     scores = {}
     for variant in ("fp32", "int8"):
-        runtime = OrtBackend(default_export, RuntimeOptions(variant=variant, provider="cpu"))
+        runtime = OrtBackend(default_export, RuntimeOptions(settings=EngineSettings(variant=variant, provider="cpu")))
         scores[variant] = sacrebleu.corpus_bleu(offline.translate(runtime, sources), [references]).score
     cpu = f"{describe_cpu()}; int8 products {'saturate' if int8_products_saturate() else 'exact'}"
     assert scores["fp32"] - scores["int8"] <= INT8_BLEU_DROP, f"{scores} on {cpu}"

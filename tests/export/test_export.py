@@ -23,7 +23,7 @@ from runtime.batch import pad_sources
 from runtime.contract import CANDIDATE_OUTPUTS
 from runtime.device_cache import cache_op_path
 from runtime.manifest import read_manifest
-from runtime.options import RuntimeOptions
+from runtime.options import EngineSettings, RuntimeOptions
 from runtime.search import Decoding
 from tests.conftest import own_sentences
 
@@ -117,7 +117,7 @@ def test_a_checkpoints_length_penalty_reaches_the_engine(tiny_checkpoint: Path, 
     (checkpoint / "config.json").write_text(json.dumps(config))
     assert export_main.main(["--checkpoint", str(checkpoint), "--out", str(tmp_path / "model")]) == 0
     assert read_manifest(tmp_path / "model")["decoding"] == {"length_penalty": 2.0}
-    runtime = OrtBackend(tmp_path / "model", RuntimeOptions(provider="cpu"))
+    runtime = OrtBackend(tmp_path / "model", RuntimeOptions(settings=EngineSettings(provider="cpu")))
     assert runtime.length_penalty == 2.0
     model, tokenizer = load_checkpoint(checkpoint)
     ids = tokenizer.encode_source(own_sentences(40))

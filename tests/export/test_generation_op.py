@@ -9,14 +9,14 @@ from export.generation_op import BeamSearchOp
 from model.checkpoint import load_checkpoint
 from runtime import offline
 from runtime.backend import OrtBackend
-from runtime.options import RuntimeOptions
+from runtime.options import EngineSettings, RuntimeOptions
 from tests.conftest import own_sentences
 
 
 def test_the_beam_search_node_decodes_greedy_as_our_engine(tiny_checkpoint: Path, tiny_export: Path):
     model, tokenizer = load_checkpoint(tiny_checkpoint)
     op = BeamSearchOp(model, threads=1)
-    ours = OrtBackend(tiny_export, RuntimeOptions(provider="cpu", intra_op_threads=1))
+    ours = OrtBackend(tiny_export, RuntimeOptions(settings=EngineSettings(provider="cpu", intra_op_threads=1)))
     ids = tokenizer.encode_source(own_sentences(4))
     for source in ids:  # one at a time: the node decodes a batch to its longest limit, ours each to its own
         assert op.translate_ids([source], 1, max_output_tokens=12) == offline.translate_ids(ours, [source], 1, 12)
@@ -27,7 +27,7 @@ def test_the_beam_search_node_finds_the_engines_beams(tiny_checkpoint: Path, tin
     a finished hypothesis the engine's search ranks lower (40 tiny-model sentences: 36 and 31 the same)."""
     model, tokenizer = load_checkpoint(tiny_checkpoint)
     op = BeamSearchOp(model, threads=1)
-    ours = OrtBackend(tiny_export, RuntimeOptions(provider="cpu", intra_op_threads=1))
+    ours = OrtBackend(tiny_export, RuntimeOptions(settings=EngineSettings(provider="cpu", intra_op_threads=1)))
     ids = tokenizer.encode_source(own_sentences(40))
     for beam, at_least in ((2, 40), (3, 34), (4, 28)):
         theirs = [op.translate_ids([source], beam, max_output_tokens=12)[0] for source in ids]

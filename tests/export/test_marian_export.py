@@ -21,7 +21,7 @@ from runtime.backend import OrtBackend
 from runtime.batch import pad_sources
 from runtime.manifest import read_manifest, sha256
 from runtime.model_config import ModelConfig
-from runtime.options import RuntimeOptions
+from runtime.options import EngineSettings, RuntimeOptions
 from tests.conftest import own_sentences
 from tests.torch_fixtures import build_marian_folder, until_eos
 
@@ -132,14 +132,14 @@ def test_imported_marian_model_exports_to_onnx_and_serves(imported_checkpoint: P
     assert {"source.spm", "target.spm", "vocab.json"} <= set(manifest["files"])
     assert (manifest["source_language"], manifest["target_language"]) == ("en", "de")
     model, tokenizer = load_checkpoint(imported_checkpoint)
-    served = OrtBackend(out, RuntimeOptions(provider="cpu"))
+    served = OrtBackend(out, RuntimeOptions(settings=EngineSettings(provider="cpu")))
     reference = TorchTranslator(model, tokenizer)
     assert offline.translate(served, SENTENCES) == reference.translate(SENTENCES)
     assert offline.translate(served, SENTENCES, beam=4) == reference.translate(SENTENCES, beam=4)
     # Manifests written before the tokenizer record name one joint sentencepiece file.
     manifest["tokenizer"] = "source.spm"
     (out / "manifest.json").write_text(json.dumps(manifest))
-    assert OrtBackend(out, RuntimeOptions(provider="cpu")).tokenizer.kind == "joint"
+    assert OrtBackend(out, RuntimeOptions(settings=EngineSettings(provider="cpu"))).tokenizer.kind == "joint"
 
 
 def test_ctranslate2_translates_an_imported_opus_mt_model_as_we_do(imported_checkpoint: Path, tmp_path: Path):

@@ -18,7 +18,7 @@ from runtime.backend import OrtBackend, chosen_variant
 from runtime.batch import StepInputs
 from runtime.device_cache import device_cache_for
 from runtime.manifest import ModelFolderError, read_manifest
-from runtime.options import RuntimeOptions
+from runtime.options import EngineSettings, RuntimeOptions
 from runtime.providers import ProviderUnavailable
 from runtime.search import RepetitionGuard, default_max_output
 from tests.conftest import own_sentences
@@ -31,7 +31,10 @@ def test_runtime_decoder_equals_pytorch(
 ):
     model, tokenizer = load_checkpoint(tiny_checkpoint)
     sentences = own_sentences(40)
-    runtime = OrtBackend(tiny_export, RuntimeOptions(provider=provider, io_binding=io_binding, device_cache=False))
+    runtime = OrtBackend(
+        tiny_export,
+        RuntimeOptions(settings=EngineSettings(provider=provider), io_binding=io_binding, device_cache=False),
+    )
     ids = tokenizer.encode_source(sentences)
     expected = TorchTranslator(model, tokenizer, max_output_tokens=20).translate_ids(ids, beam)
     assert offline.translate_ids(runtime, ids, beam, max_output_tokens=20) == expected
@@ -41,7 +44,7 @@ def test_the_step_ranks_each_sources_candidates_as_the_search_does(tiny_export: 
     """The step graph's search head against BeamSearch's own ranking of the same step's rows, at every step
     of a batch mixing greedy and beam sizes 2, 3 and 5 (rows per source 1 to 5, groups with repeats): the same
     scores to the bit, origins and tokens; and the translations equal those ranked on the host."""
-    runtime = OrtBackend(tiny_export, RuntimeOptions(provider="cpu"))
+    runtime = OrtBackend(tiny_export, RuntimeOptions(settings=EngineSettings(provider="cpu")))
     ids = runtime.tokenizer.encode_source(own_sentences(8))
     beams = [1, 2, 3, 5, 1, 3, 2, 5]
     checked = []
@@ -82,8 +85,11 @@ def test_sources_join_a_running_batch_with_io_binding(tiny_export: Path, beam: i
     """The CUDA path (IOBinding, cross keys/values held as device values; with device_cache, the
     self-attention cache too, reordered and grown by graphs on the device), on the CPU provider unless
     ``--provider cuda``: sources joining mid-way get the translations they get alone on the host path."""
-    host = OrtBackend(tiny_export, RuntimeOptions(provider="cpu"))
-    runtime = OrtBackend(tiny_export, RuntimeOptions(provider=provider, io_binding=True, device_cache=device_cache))
+    host = OrtBackend(tiny_export, RuntimeOptions(settings=EngineSettings(provider="cpu")))
+    runtime = OrtBackend(
+        tiny_export,
+        RuntimeOptions(settings=EngineSettings(provider=provider), io_binding=True, device_cache=device_cache),
+    )
     ids = runtime.tokenizer.encode_source(own_sentences(6))
     alone = [offline.translate_ids(host, [source], beam, max_output_tokens=20)[0] for source in ids]
     batch = runtime.new_batch()
@@ -106,7 +112,7 @@ def test_sources_join_a_running_batch_with_io_binding(tiny_export: Path, beam: i
 
 @pytest.mark.parametrize("spinning", [False, True])
 def test_spinning_of_intra_op_threads_is_configurable(tiny_export: Path, spinning: bool):
-    runtime = OrtBackend(tiny_export, RuntimeOptions(provider="cpu", spinning=spinning))
+    runtime = OrtBackend(tiny_export, RuntimeOptions(settings=EngineSettings(provider="cpu"), spinning=spinning))
     for session in (runtime.encoder, runtime.decoder):
         options = session.get_session_options()
         assert options.get_session_config_entry("session.intra_op.allow_spinning") == ("1" if spinning else "0")
@@ -117,10 +123,14 @@ def test_spinning_of_intra_op_threads_is_configurable(tiny_export: Path, spinnin
 def test_fp16_variant_runs_and_stays_close(tiny_export: Path, provider: str):
     parity = read_manifest(tiny_export)["variants"]["fp16"]["parity"]
     assert parity["passed"], parity
-    runtime = OrtBackend(tiny_export, RuntimeOptions(variant="fp16", provider=provider, device_cache=False))
+    runtime = OrtBackend(
+        tiny_export, RuntimeOptions(settings=EngineSettings(variant="fp16", provider=provider), device_cache=False)
+    )
     assert runtime.cache_dtype == np.float16
     assert len(offline.translate(runtime, ["A man is walking."])) == 1
-    on_device = OrtBackend(tiny_export, RuntimeOptions(variant="fp16", provider=provider, device_cache=True))
+    on_device = OrtBackend(
+        tiny_export, RuntimeOptions(settings=EngineSettings(variant="fp16", provider=provider), device_cache=True)
+    )
     sentences = own_sentences(8)
     for beam in (1, 3):  # the CUDA layout (fp16 cache kept where the step runs) on the CPU provider
         assert offline.translate(on_device, sentences, beam) == offline.translate(runtime, sentences, beam)
@@ -152,8 +162,10 @@ def _counted(counts: dict[str, int], name: str, run):
 def test_small_batches_step_on_sessions_of_their_own(tiny_export: Path):
     """A batch of 20 rows steps on the 2-thread sessions until rows finish and fewer than 16 remain, then on
     the 1-thread ones: the switch mid-batch changes no translation."""
-    small = OrtBackend(tiny_export, RuntimeOptions(provider="cpu", intra_op_threads=2, small_batch_threads=1))
-    plain = OrtBackend(tiny_export, RuntimeOptions(provider="cpu", intra_op_threads=2))
+    small = OrtBackend(
+        tiny_export, RuntimeOptions(settings=EngineSettings(provider="cpu", intra_op_threads=2), small_batch_threads=1)
+    )
+    plain = OrtBackend(tiny_export, RuntimeOptions(settings=EngineSettings(provider="cpu", intra_op_threads=2)))
     threads = [s.get_session_options().intra_op_num_threads for s in (small.small_decoder, small.decoder)]
     assert threads == [1, 2] and plain.small_decoder is plain.decoder
     ids = small.tokenizer.encode_source(own_sentences(20))
@@ -173,7 +185,7 @@ def test_a_folder_from_an_older_export_says_to_export_again(tiny_export: Path, t
     shutil.copy(folder / "encoder.onnx", folder / "decoder.onnx")  # a graph without the step's inputs
     older = r"exported by an older version .* lacks candidate_bias, groups, .*python -m export"
     with pytest.raises(ModelFolderError, match=older):
-        OrtBackend(folder, RuntimeOptions(provider="cpu", verify_files=False))
+        OrtBackend(folder, RuntimeOptions(settings=EngineSettings(provider="cpu"), verify_files=False))
 
 
 def test_only_an_fp16_cache_lives_on_cuda():
@@ -195,7 +207,7 @@ def test_a_provider_onnx_runtime_falls_back_from_is_an_error_not_a_cpu_server(ti
     CPU. Here the CPU build stands in, told that it has CUDA."""
     monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
     with pytest.raises(ProviderUnavailable, match="could not use CUDAExecutionProvider .* fell back to CPU"):
-        OrtBackend(tiny_export, RuntimeOptions(provider="cuda"))
+        OrtBackend(tiny_export, RuntimeOptions(settings=EngineSettings(provider="cuda")))
 
 
 @pytest.mark.filterwarnings("ignore:Specified provider 'CUDAExecutionProvider' is not in available provider names")
@@ -203,7 +215,7 @@ def test_provider_auto_takes_the_cpu_when_cuda_cannot_load(tiny_export: Path, mo
     """``auto`` (the server's default) means CUDA where it can run: a CUDA build whose provider cannot load (a
     CUDA image started without a GPU) serves on the CPU, and says so."""
     monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
-    runtime = OrtBackend(tiny_export, RuntimeOptions(provider="auto"))
+    runtime = OrtBackend(tiny_export, RuntimeOptions(settings=EngineSettings(provider="auto")))
     assert (runtime.provider, runtime.device, runtime.device_cache) == ("cpu", "cpu", False)
     assert "provider auto: provider 'cuda': ONNX Runtime could not use CUDAExecutionProvider" in caplog.text
     assert len(offline.translate(runtime, ["A man is walking."])) == 1
@@ -218,18 +230,24 @@ def test_variant_auto_takes_what_the_provider_runs_best_that_the_folder_has(tiny
     assert chosen_variant(folder, "fp32", {"fp32": {}, "int8": {}}, "cpu") == "fp32"
     with pytest.raises(ModelFolderError, match="m has no 'int8' variant"):
         chosen_variant(folder, "int8", {"fp32": {}}, "cpu")
-    assert OrtBackend(tiny_export, RuntimeOptions(variant="auto", provider="cpu")).variant == "int8"
+    assert (
+        OrtBackend(tiny_export, RuntimeOptions(settings=EngineSettings(variant="auto", provider="cpu"))).variant
+        == "int8"
+    )
     # provider auto whose CUDA cannot load: the CPU's choice, not CUDA's
     monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
-    fallen_back = OrtBackend(tiny_export, RuntimeOptions(variant="auto", provider="auto"))
+    fallen_back = OrtBackend(tiny_export, RuntimeOptions(settings=EngineSettings(variant="auto", provider="auto")))
     assert (fallen_back.provider, fallen_back.variant) == ("cpu", "int8")
 
 
 def test_batches_that_reuse_the_last_caches_buffers_translate_the_same(tiny_export: Path):
     """Offline decoding's cache pool: each batch takes the last one's buffers, slots full of the last
     batch's entries, and translates as with fresh zeroed ones."""
-    fresh = OrtBackend(tiny_export, RuntimeOptions(provider="cpu", intra_op_threads=1))
-    reusing = OrtBackend(tiny_export, RuntimeOptions(provider="cpu", intra_op_threads=1, reuse_cache_buffers=True))
+    fresh = OrtBackend(tiny_export, RuntimeOptions(settings=EngineSettings(provider="cpu", intra_op_threads=1)))
+    reusing = OrtBackend(
+        tiny_export,
+        RuntimeOptions(settings=EngineSettings(provider="cpu", intra_op_threads=1), reuse_cache_buffers=True),
+    )
     ids = fresh.tokenizer.encode_source(own_sentences(10))
     chunks = [ids[4:], ids[:4], ids[2:5], ids]  # the largest first: the rest fit in its buffers
     taken = []

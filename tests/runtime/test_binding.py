@@ -14,7 +14,7 @@ from runtime import binding as binding_module
 from runtime import offline
 from runtime.backend import OrtBackend
 from runtime.binding import bind_step
-from runtime.options import RuntimeOptions
+from runtime.options import EngineSettings, RuntimeOptions
 from tests.conftest import own_sentences
 
 
@@ -30,7 +30,7 @@ def test_the_step_binds_a_device_cache_where_it_lives_and_host_feeds_on_the_host
         return bind_step(*args, **kwargs)
 
     monkeypatch.setattr(binding_module, "bind_step", spy)
-    runtime = OrtBackend(tiny_export, RuntimeOptions(provider="cpu", device_cache=True))
+    runtime = OrtBackend(tiny_export, RuntimeOptions(settings=EngineSettings(provider="cpu"), device_cache=True))
     offline.translate(runtime, ["A man is walking.", "Two dogs play in the snow."], 2)
     assert bound and all(b.get("device") == runtime.device and b.get("feeds_on", "cpu") == "cpu" for b in bound)
 
@@ -40,7 +40,7 @@ def test_a_kept_binding_binds_host_feeds_again_before_each_run_on_a_device(tiny_
     """ONNX Runtime copies a host input to another device when it is bound: a binding kept across steps must bind
     the host feeds again before each run there, or the step never sees the tokens written since (on an H200 no
     output matched the CPU's). On the CPU the bound memory is the feed itself, and nothing is bound again."""
-    runtime = OrtBackend(tiny_export, RuntimeOptions(provider="cpu"))
+    runtime = OrtBackend(tiny_export, RuntimeOptions(settings=EngineSettings(provider="cpu")))
     batch = runtime.new_batch()
     ids = runtime.tokenizer.encode_source(own_sentences(2))
     batch.add([0, 1], runtime.encode_sources(ids), [1, 1], [20, 20])
@@ -67,7 +67,7 @@ def test_batches_decoding_at_once_on_one_model_keep_their_own_bindings(tiny_expo
     """translate-file's workers share one model: two batches stepped in turn (and two threads decoding
     at once) translate as each does alone, and the session keeps each batch's binding, its own, until the batch
     empties (an empty batch holds no buffers, so a server's idle lanes hold no memory)."""
-    model = OrtBackend(tiny_export, RuntimeOptions(provider="cpu", intra_op_threads=1))
+    model = OrtBackend(tiny_export, RuntimeOptions(settings=EngineSettings(provider="cpu", intra_op_threads=1)))
     ids = model.tokenizer.encode_source(own_sentences(16))
     halves = [ids[:8], ids[8:]]
     alone = [offline.hypotheses(model, half, 1, 16) for half in halves]

@@ -14,7 +14,7 @@ import pytest
 from runtime import buckets
 from runtime.backend import OrtBackend
 from runtime.buckets import Bucket, BucketedBatch
-from runtime.options import RuntimeOptions
+from runtime.options import EngineSettings, RuntimeOptions
 from runtime.search import default_max_output
 from tests.conftest import own_sentences
 
@@ -27,7 +27,10 @@ ENGINES = {  # how a bucketed engine runs: its buffers' place, graphs and steps 
 
 
 def backend(folder: Path, layout: str, **extra) -> OrtBackend:
-    return OrtBackend(folder, RuntimeOptions(provider="cpu", intra_op_threads=1, batch_layout=layout, **extra))
+    return OrtBackend(
+        folder,
+        RuntimeOptions(settings=EngineSettings(provider="cpu", intra_op_threads=1, batch_layout=layout), **extra),
+    )
 
 
 def address(value) -> int:  # noqa: ANN001 (a numpy array or an ONNX Runtime value)
@@ -171,7 +174,7 @@ def test_on_a_device_a_bucket_is_bound_once_and_its_buffers_and_graph_serve_the_
 
 def test_cuda_graphs_need_buckets_on_a_device(tiny_export: Path):
     with pytest.raises(ValueError, match="needs batch_layout buckets on a device"):
-        OrtBackend(tiny_export, RuntimeOptions(provider="cpu", cuda_graphs=True))
+        OrtBackend(tiny_export, RuntimeOptions(settings=EngineSettings(provider="cpu"), cuda_graphs=True))
 
 
 def test_the_captured_step_reads_host_feeds_where_their_kernels_want_them(tiny_export: Path):

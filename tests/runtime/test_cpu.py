@@ -10,7 +10,7 @@ from pathlib import Path
 import runtime.backend
 from runtime.backend import OrtBackend
 from runtime.cpu import describe_cpu, has_vnni, int8_products_saturate, kernel_features
-from runtime.options import RuntimeOptions
+from runtime.options import EngineSettings, RuntimeOptions
 
 EPYC_ROME = frozenset(["fpu", "sse2", "avx", "avx2", "fma", "bmi2", "sha_ni"])  # AMD Zen 2
 ICE_LAKE = frozenset(["avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"])
@@ -50,12 +50,14 @@ def _int8_folder_from_before_7_bit_weights(tiny_export: Path, tmp_path: Path) ->
 
 def test_an_8_bit_int8_export_on_a_saturating_cpu_warns(tiny_export: Path, tmp_path: Path, monkeypatch, caplog):
     folder = _int8_folder_from_before_7_bit_weights(tiny_export, tmp_path)
-    options = RuntimeOptions(variant="int8", provider="cpu", verify_files=False)
+    options = RuntimeOptions(settings=EngineSettings(variant="int8", provider="cpu"), verify_files=False)
     monkeypatch.setattr(runtime.backend, "int8_products_saturate", lambda: True)
     with caplog.at_level(logging.WARNING, logger="runtime.backend"):
         OrtBackend(folder, options)
     assert any("export it again" in r.getMessage() and "saturate" in r.getMessage() for r in caplog.records)
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="runtime.backend"):
-        OrtBackend(tiny_export, RuntimeOptions(variant="int8", provider="cpu"))  # 7-bit weights: nothing to say
+        OrtBackend(
+            tiny_export, RuntimeOptions(settings=EngineSettings(variant="int8", provider="cpu"))
+        )  # 7-bit weights: nothing to say
     assert not caplog.records

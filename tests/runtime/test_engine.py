@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from runtime.engine import Engine
-from runtime.options import RuntimeOptions
+from runtime.options import EngineSettings, RuntimeOptions
 from tests.conftest import own_sentences
 
 
@@ -22,7 +22,7 @@ def _counted(counts: dict[str, int], name: str, run):
 
 def test_warming_up_decodes_each_length_and_beam_on_the_engines_sessions(tiny_export: Path):
     """Warm-up fills a batch and drains it for each length and beam: an encoder call each and several steps."""
-    engine = Engine(tiny_export, RuntimeOptions(provider="cpu", intra_op_threads=1))
+    engine = Engine(tiny_export, RuntimeOptions(settings=EngineSettings(provider="cpu", intra_op_threads=1)))
     runs = {"encoder": 0, "decoder": 0}
     backend = engine.backend
     backend.encoder.run = _counted(runs, "encoder", backend.encoder.run)
@@ -34,7 +34,7 @@ def test_warming_up_decodes_each_length_and_beam_on_the_engines_sessions(tiny_ex
 def test_the_engines_memory_model_counts_the_cache_it_makes(tiny_export: Path):
     """``Engine.memory``: a source's self-attention cache after n steps is what the batch's cache holds for it,
     page-rounded per (layer, head) block."""
-    engine = Engine(tiny_export, RuntimeOptions(provider="cpu"))
+    engine = Engine(tiny_export, RuntimeOptions(settings=EngineSettings(provider="cpu")))
     batch = engine.new_batch()
     ids = engine.tokenizer.encode_source(own_sentences(1))
     batch.add([0], engine.encode(ids), [1], [16])

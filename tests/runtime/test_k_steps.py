@@ -15,13 +15,15 @@ from runtime.backend import OrtBackend
 from runtime.contract import CANDIDATE_OUTPUTS
 from runtime.k_steps import CHUNK_OUTPUTS, k_step_graph
 from runtime.offline import translate_ids
-from runtime.options import RuntimeOptions
+from runtime.options import EngineSettings, RuntimeOptions
 from runtime.search import default_max_output
 from tests.conftest import own_sentences
 
 
 def backend(folder: Path, k: int, **options) -> OrtBackend:
-    return OrtBackend(folder, RuntimeOptions(provider="cpu", intra_op_threads=1, steps_per_run=k, **options))
+    return OrtBackend(
+        folder, RuntimeOptions(settings=EngineSettings(provider="cpu", intra_op_threads=1), steps_per_run=k, **options)
+    )
 
 
 def test_the_k_step_graph_is_k_copies_of_the_step_without_its_search_head(tiny_export: Path):

@@ -12,7 +12,9 @@ import pytest
 import tomllib
 
 from runtime import offline
+from runtime import translate_file as translate_file_module
 from runtime.backend import OrtBackend
+from runtime.options import EngineSettings
 from runtime.search import RepetitionGuard
 from runtime.translate_file import main, parallelism, runtime_options
 from tests.conftest import ROOT, own_sentences
@@ -24,7 +26,7 @@ LIMIT = 12  # output tokens: the tiny model's random weights rarely stop early
 @pytest.fixture(scope="module")
 def reference(tiny_export: Path) -> OrtBackend:
     """The model as translate-file loads it."""
-    return OrtBackend(tiny_export, runtime_options())
+    return OrtBackend(tiny_export, runtime_options(EngineSettings(provider="cpu")))
 
 
 def translate_file(monkeypatch, capsys, lines: list[str], *flags: str) -> tuple[int, str, str]:
@@ -150,3 +152,28 @@ def test_output_equals_the_servers(tiny_export, monkeypatch, capsys, beam: int):
     finally:
         server.close()
     assert out.splitlines() == served
+
+
+@pytest.mark.parametrize(
+    ("flags", "threads", "layout"),
+    [
+        (("--workers", "2", "--intra-op-threads", "1"), 1, "compact"),
+        (("--workers", "1", "--intra-op-threads", "2", "--batch-layout", "buckets"), 2, "buckets"),
+    ],
+)
+def test_the_thread_count_and_batch_layout_reach_every_session(
+    tiny_export, monkeypatch, capsys, flags: tuple[str, ...], threads: int, layout: str
+):
+    loaded: list[OrtBackend] = []
+
+    class Recorded(OrtBackend):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            loaded.append(self)
+
+    monkeypatch.setattr(translate_file_module, "OrtBackend", Recorded)
+    code, _, _ = translate_file(monkeypatch, capsys, SENTENCES[:3], "--model", str(tiny_export), *flags)
+    (backend,) = loaded
+    sessions = (backend.encoder, backend.decoder, backend.small_encoder, backend.small_decoder)
+    assert code == 0 and backend.batch_layout == layout
+    assert [session.get_session_options().intra_op_num_threads for session in sessions] == [threads] * 4

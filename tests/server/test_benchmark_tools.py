@@ -76,9 +76,10 @@ def test_the_in_process_core_translates_every_text_once(tiny_export: Path):
 
 def test_offline_batches_go_by_length_or_in_arrival_order(tiny_export: Path, monkeypatch):
     from runtime.backend import OrtBackend
+    from runtime.options import EngineSettings
     from runtime.translate_file import runtime_options
 
-    model = OrtBackend(tiny_export, runtime_options("fp32", threads=1))
+    model = OrtBackend(tiny_export, runtime_options(EngineSettings(provider="cpu", intra_op_threads=1)))
     texts = own_sentences(10)
     ids = model.tokenizer.encode_source(texts)
     translate_ids, batches = service_overhead.translate_ids, []
@@ -105,9 +106,10 @@ def test_the_ort_clock_counts_cpu_inside_runs_only_while_entered(tiny_export: Pa
     from onnxruntime.capi import onnxruntime_inference_collection as collection
 
     from runtime.backend import OrtBackend
+    from runtime.options import EngineSettings
     from runtime.translate_file import runtime_options
 
-    model = OrtBackend(tiny_export, runtime_options("fp32", threads=1))
+    model = OrtBackend(tiny_export, runtime_options(EngineSettings(provider="cpu", intra_op_threads=1)))
     sources = model.tokenizer.encode_source(own_sentences(6))
     originals = collection.Session.run, collection.Session.run_with_iobinding
     started = time.thread_time()

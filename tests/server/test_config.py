@@ -96,7 +96,6 @@ def test_invalid_scheduler_settings_are_refused_by_name(field: str, value, messa
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
-        ("provider", "tpu", "provider='tpu': use "),
         ("batch_limit", 0, "batch_limit=0 must be -1 (no limit) or at least 1"),
         ("char_limit", -2, "char_limit=-2 must be -1 (no limit) or at least 1"),
         ("cache_mib", -1, "cache_mib=-1 must be 0 (no cache) or more"),
@@ -106,6 +105,11 @@ def test_invalid_server_settings_are_refused_by_name(field: str, value, message:
     with pytest.raises(ValueError, match="invalid server configuration") as error:
         flags.replace(ServerConfig(), **{field: value})
     assert message in str(error.value)
+
+
+def test_an_invalid_engine_setting_is_refused_by_name():
+    with pytest.raises(ValueError, match="invalid engine settings: provider='tpu': use auto, cpu or cuda"):
+        flags.replace(ServerConfig(), provider="tpu")
 
 
 def test_an_invalid_nested_setting_is_a_usage_error_under_its_flag_name(capsys):
@@ -135,3 +139,19 @@ def test_models_are_a_repeated_flag_or_a_comma_separated_variable():
 def test_a_model_list_that_cannot_be_served_is_refused(model, message: str):
     with pytest.raises(ValueError, match=message):
         ServerConfig(model=model)
+
+
+@pytest.mark.parametrize(("threads", "replicas", "per_session"), [(2, 1, 2), (2, 2, 1), (4, 2, 2)])
+def test_the_thread_count_reaches_every_session_of_the_server(
+    tiny_export: Path, threads: int, replicas: int, per_session: int
+):
+    from server.app import serving_engines
+
+    config = parse_config(
+        ["--model", str(tiny_export), "--provider", "cpu", "--intra-op-threads", str(threads)]
+        + ["--lane-replicas", str(replicas)]
+    )
+    (engine,) = serving_engines(config)
+    backend = engine.backend
+    sessions = (backend.encoder, backend.decoder, backend.small_encoder, backend.small_decoder)
+    assert [session.get_session_options().intra_op_num_threads for session in sessions] == [per_session] * 4

@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from runtime.engine import Engine
-from runtime.options import RuntimeOptions
+from runtime.options import EngineSettings, RuntimeOptions
 from server.config import MIB
 from testkit.sentences import OWN_SENTENCES, own_sentences
 from testkit.servers import RunningServer, server_config
@@ -66,7 +66,7 @@ def long_text(engine: Engine, tokens: int) -> str:
 
 
 def test_concurrent_long_inputs_stay_within_the_memory_budget(wide_export: Path):
-    engine = Engine(wide_export, RuntimeOptions(provider="cpu"))
+    engine = Engine(wide_export, RuntimeOptions(settings=EngineSettings(provider="cpu")))
     text = long_text(engine, LONG_TOKENS)
     n = len(engine.tokenize([text])[0])
     assert n > 0.95 * LONG_TOKENS

@@ -14,7 +14,7 @@ import pytest
 
 from runtime.backend import OrtBackend
 from runtime.offline import translate
-from runtime.options import RuntimeOptions
+from runtime.options import EngineSettings, RuntimeOptions
 from server.errors import Overloaded
 from server.jobs import Job, QueuedSentence
 from server.metrics import Metrics
@@ -73,7 +73,7 @@ def test_translations_identical_under_both_schedulers(scheduled, tiny_export: Pa
     with ThreadPoolExecutor(16) as pool:
         results = list(pool.map(lambda s: decoded(server, s, beam), sentences))
     reference = translate(
-        OrtBackend(tiny_export, RuntimeOptions(provider="cpu")),
+        OrtBackend(tiny_export, RuntimeOptions(settings=EngineSettings(provider="cpu"))),
         sentences,
         beam=beam,
         max_output_tokens=200,  # the fixture's server runs without the guard: long decodes
@@ -548,7 +548,11 @@ def test_replicas_sharing_the_models_sessions_translate_as_one_lane_does(tiny_ex
         assert first.engine is second.engine
     finally:
         server.close()
-    reference = translate(OrtBackend(tiny_export, RuntimeOptions(provider="cpu")), sentences, max_output_tokens=24)
+    reference = translate(
+        OrtBackend(tiny_export, RuntimeOptions(settings=EngineSettings(provider="cpu"))),
+        sentences,
+        max_output_tokens=24,
+    )
     assert results == reference
 
 

@@ -14,7 +14,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from proto import translate_pb2
 from runtime import offline
 from runtime.backend import OrtBackend
-from runtime.options import RuntimeOptions
+from runtime.options import EngineSettings, RuntimeOptions
 from runtime.search import RepetitionGuard
 from testkit.sentences import own_sentences
 from testkit.servers import RunningServer, server_config
@@ -24,7 +24,7 @@ from testkit.servers import RunningServer, server_config
 def test_translations_equal_the_runtime_decoder(running: RunningServer, tiny_export: Path, beam: int):
     sentences = own_sentences(12)
     expected = offline.translate(
-        OrtBackend(tiny_export, RuntimeOptions(provider="cpu")),
+        OrtBackend(tiny_export, RuntimeOptions(settings=EngineSettings(provider="cpu"))),
         sentences,
         beam=beam,
         max_output_tokens=24,
