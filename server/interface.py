@@ -2,10 +2,9 @@
 
 In the style of TGI's ``Model.generate_token(batch)``: the scheduler creates a running batch, has an engine
 encode sources (on any thread, while the batch steps) and adds them to it, steps it, getting back the sources
-that step finished, and removes sources whose callers went away. A batch steps on the engine that made it, or
-on another engine of the same model (a replica on fewer threads: a lane that shares the cores). Caches,
-sessions and searches stay inside the engine (``runtime.engine``; ``tests/server/fake_engine.py`` is a
-model-free one).
+that step finished, and removes sources whose callers went away. A batch steps on the engine that made it: a
+model's lanes all hold its one engine, whose sessions take concurrent runs. Caches, sessions and searches stay
+inside the engine (``runtime.engine``; ``tests/server/fake_engine.py`` is a model-free one).
 """
 
 from __future__ import annotations

@@ -17,10 +17,8 @@ import pytest
 
 from testkit.servers import start_server
 from tests.docs.conftest import LiveServer
+from tests.docs.pages import DOCS, README, ROOT, line_of
 
-ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
-DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^(```|~~~)[^\n]*\n(.*?)^\1[^\n]*$", re.M | re.S)
 CODE_SPAN = re.compile(r"(`+)(.+?)\1", re.S)
 FLAG = re.compile(r"(?<![\w-])--[a-z][\w-]*")
@@ -36,10 +34,6 @@ CONSOLE_SCRIPTS = (ROOT / "pyproject.toml").read_text().split("[project.scripts]
 SCRIPTS = dict(re.findall(r'^([\w-]+) = "([\w.]+):\w+"$', CONSOLE_SCRIPTS, re.M))
 SERVER = ("-m", "server")
 ALWAYS = [SERVER, ("-m", "runtime.translate_file"), ("-m", "client.client")]  # a flag in prose is one of these
-
-
-def line_of(text: str, offset: int) -> int:
-    return text.count("\n", 0, offset) + 1
 
 
 def numbered(path: Path) -> tuple[str, list[tuple[int, str]]]:
