@@ -17,6 +17,7 @@ from runtime.manifest import MANIFEST_FILE, ModelFolderError
 from runtime.providers import ProviderUnavailable
 from server.app import serve
 from server.config import DEFAULT_MODELS, parse_config
+from server.threads import GIL_SWITCH_INTERVAL_S
 from server.tracing import configure_from_environment
 
 
@@ -38,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     config = parse_config(argv)
     logging.getLogger().setLevel(config.log_level)
     configure_from_environment()
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)  # the whole process's: set where the process starts
     for folder in config.model:
         if folder in DEFAULT_MODELS and not (folder / MANIFEST_FILE).exists():
             logging.info("exporting the default model %s to %s", DEFAULT_MODELS[folder].name, folder)
