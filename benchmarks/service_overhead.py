@@ -46,6 +46,7 @@ from common.corpus import MULTI30K, read_lines  # noqa: E402
 from runtime.backend import OrtBackend  # noqa: E402
 from runtime.cpu import describe_cpu  # noqa: E402
 from runtime.offline import translate_ids, translate_in_batches  # noqa: E402
+from runtime.options import EngineSettings  # noqa: E402
 from runtime.translate_file import parallelism, runtime_options  # noqa: E402
 from server.app import serving_engines  # noqa: E402
 from server.config import DEFAULT_MODEL_DIR, parse_config  # noqa: E402
@@ -224,7 +225,10 @@ def main(argv=None) -> None:
     # The sentences the load generator sends, in order (its file profile cycles through the file).
     texts = read_lines(source)[: args.sentences]
     workers, threads = parallelism(0, 0, "cpu", len(os.sched_getaffinity(0)))
-    model = OrtBackend(args.model.resolve(), runtime_options(args.variant, threads=threads))  # translate-file's default
+    model = OrtBackend(
+        args.model.resolve(),
+        runtime_options(EngineSettings(variant=args.variant, provider="cpu", intra_op_threads=threads)),
+    )  # translate-file's default
     flags = ("--variant", args.variant, "--max-repeats", "0")
     servers = {"server": start_subprocess_server(args.model.resolve(), *flags, *args.server_flag)[:2]}
     if args.base:
@@ -324,6 +328,14 @@ def main(argv=None) -> None:
             f"{median['server']['rps'] / base['rps']:.2f} |",
             f"| p99 latency s | {median['server']['p99']:.3f} | {base['p99']:.3f} | "
             f"{median['server']['p99'] / base['p99']:.2f} |",
+            f"| of the CPU, the main thread's ms | {main * 1e3:.2f} | {base['main'] * 1e3:.2f} | "
+            f"{main / base['main']:.2f} |",
+            *(
+                f"| of the CPU, threads named {name.removeprefix('thread ')!r} | {seconds * 1e3:.2f} | "
+                f"{base[name] * 1e3:.2f} | {seconds / base[name]:.2f} |"
+                for name, seconds in sorted(median["server"].items(), key=lambda item: -item[1])
+                if name.startswith("thread ") and base.get(name, 0.0) * 1e3 >= 0.01
+            ),
         ]
     report = "\n".join(lines) + "\n"
     print(report)
