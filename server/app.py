@@ -113,15 +113,18 @@ class Server:
             self.keys.reload()
 
     async def drain(self) -> None:
-        """Graceful shutdown: NOT_SERVING, refuse new work (UNAVAILABLE), let in-flight requests
-        finish within grace_seconds, then stop."""
+        """Graceful shutdown: NOT_SERVING (gRPC health, and /health 503 "draining") and new work refused
+        (UNAVAILABLE, HTTP 503 with Retry-After) at once; both listeners stay open for grace_seconds, so that a
+        load balancer sees the refusals and its callers get an answer rather than a refused connection, while
+        in-flight requests finish; then both stop (what is still in flight is cancelled)."""
         await self.health.enter_graceful_shutdown()
         for task in (self._reloading, self._reloading_keys, self._watching):
             if task is not None:
                 task.cancel()
         self.scheduler.stop_accepting()
-        await self.grpc_server.stop(self.config.grace_seconds)
-        if self.http_runner is not None:  # new HTTP requests were answered 503 since stop_accepting
+        await asyncio.sleep(self.config.grace_seconds)
+        await self.grpc_server.stop(0)
+        if self.http_runner is not None:
             await self.http_runner.shutdown()
             await self.http_runner.cleanup()
         await asyncio.get_running_loop().run_in_executor(None, self.scheduler.stop, 5.0)

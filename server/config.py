@@ -201,7 +201,11 @@ class ServerConfig:
     access_log_sample: float = setting(1.0, "the share of successful requests logged, 0..1 (errors always are)")
     log_level: LogLevel = setting("INFO", "the log level")
     cache_mib: int = setting(64, "the translation cache's bound in MiB (server/cache.py); 0 turns it off")
-    grace_seconds: float = setting(20.0, "drain time on SIGTERM")
+    grace_seconds: float = setting(
+        20.0,
+        "on SIGTERM, how long both listeners stay open refusing new work (UNAVAILABLE, 503 with Retry-After) while "
+        "in-flight requests finish; then they close",
+    )
     max_connection_age_s: float = setting(
         300.0, "connections close after this, so clients balancing per connection find new replicas"
     )

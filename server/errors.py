@@ -10,7 +10,7 @@
 | Overloaded       | RESOURCE_EXHAUSTED | 429  | front door or queue full or behind (server/door.py), or the   |
 |                  |                    |      | request needs more memory than the budget                     |
 |                  |                    |      | or a key over its requests per minute (HTTP adds Retry-After) |
-| ShuttingDown     | UNAVAILABLE        | 503  | the server is draining (SIGTERM)                              |
+| ShuttingDown     | UNAVAILABLE        | 503  | the server is draining (SIGTERM; HTTP adds Retry-After)       |
 | Unavailable      | UNAVAILABLE        | 503  | a store the request needs is out of reach (Redis, /suggest)   |
 | DeadlineExceeded | DEADLINE_EXCEEDED  | 504  | the caller's deadline (HTTP: http_timeout_s) passed while     |
 |                  |                    |      | queued or decoding                                            |
@@ -26,6 +26,7 @@ import grpc
 class ServiceError(Exception):
     code = grpc.StatusCode.INTERNAL
     http_status = 500
+    retry_after_s: float | None = None  # the caller's wait before a retry may succeed (HTTP Retry-After)
 
 
 class InvalidRequest(ServiceError):
@@ -54,12 +55,13 @@ class Overloaded(ServiceError):
 
     def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
         super().__init__(message)
-        self.retry_after_s = retry_after_s  # the caller's wait before a retry may succeed (HTTP Retry-After)
+        self.retry_after_s = retry_after_s
 
 
 class ShuttingDown(ServiceError):
     code = grpc.StatusCode.UNAVAILABLE
     http_status = 503
+    retry_after_s = 1.0  # another replica serves it now; this one, once restarted
 
 
 class Unavailable(ServiceError):

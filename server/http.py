@@ -56,7 +56,7 @@ from server import frontend, openapi
 from server.access import AccessLog, Exchange
 from server.config import ServerConfig
 from server.detect import Detected
-from server.errors import InvalidRequest, Overloaded, PermissionDenied, ServiceError, http_status_of, status_of
+from server.errors import InvalidRequest, PermissionDenied, ServiceError, http_status_of, status_of
 from server.files import Document, FileStore, read_document
 from server.glossaries import new_glossary
 from server.glossary import Glossary, inline_glossary, parse_entries
@@ -405,6 +405,6 @@ class HttpApi:
             log.exception("unexpected error in %s (request %s)", exchange.method, exchange.request_id, exc_info=error)
         self.access.finish(exchange, status_of(error)[0].name)
         headers = model_header(exchange.engine)
-        if isinstance(error, Overloaded):
+        if isinstance(error, ServiceError) and error.retry_after_s is not None:
             headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_s)))
         return error_response(status, message, headers)

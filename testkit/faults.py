@@ -27,7 +27,7 @@ REPLICA_FLAGS = (
     "--intra-op-threads",
     "1",
     "--grace-seconds",
-    "5",
+    "3",
     "--max-output-tokens",
     "16",
     "--warmup",

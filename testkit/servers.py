@@ -106,7 +106,7 @@ def server_config(model: Path | tuple[Path, ...], **overrides) -> ServerConfig:
         metrics_port=0,
         http_port=0,
         warmup=False,
-        grace_seconds=5.0,
+        grace_seconds=0.0,  # closed by its test with nothing in flight (tests/server/test_lifecycle.py drains)
         cache_mib=0,  # the engine answers every sentence (tests/server/test_cache.py turns the cache on)
         # An in-process server's event loop shares the interpreter with the test's own threads: its lag is theirs
         # too, so it sheds nothing (tests/server/test_door.py tests the shedding).
@@ -167,7 +167,8 @@ def upload(site: RunningServer, name: str, data: bytes, **fields: str) -> tuple[
 
 
 def server_command(model: Path) -> list[str]:
-    """``python -m server`` for this folder, every port chosen by the system."""
+    """``python -m server`` for this folder, every port chosen by the system, its listeners open for a second
+    after SIGTERM (the tests that drain say how long)."""
     return [
         sys.executable,
         "-m",
@@ -180,6 +181,8 @@ def server_command(model: Path) -> list[str]:
         "0",
         "--http-port",
         "0",
+        "--grace-seconds",
+        "1",
     ]
 
 

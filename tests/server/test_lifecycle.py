@@ -8,12 +8,14 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from proto import translate_pb2, translate_pb2_grpc
 from server import __main__ as server_main
@@ -23,7 +25,7 @@ from server.metrics import Metrics
 from server.scheduler import Scheduler
 from server.text import SplitSentence
 from testkit.sentences import own_sentences
-from testkit.servers import RunningServer, server_config, start_subprocess_server
+from testkit.servers import RunningServer, free_port, server_config, start_subprocess_server
 from tests.server.fake_engine import FakeEngine
 
 
@@ -34,10 +36,45 @@ def in_flight(metrics_port: int) -> float:
     return sum(float(v) for v in values.values())
 
 
+def http_answer(port: int, path: str, body: bytes | None = None) -> tuple[int, str | None, str]:
+    """(status, Retry-After, body) of a request to the server's HTTP port, errors included."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body)
+    if body is not None:
+        request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            return answer.status, answer.headers.get("Retry-After"), answer.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers.get("Retry-After"), error.read().decode()
+
+
+def assert_draining(channel: grpc.Channel, http_port: int) -> None:
+    """What a caller and a load balancer meet while the server drains: refusals, not refused connections."""
+    health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+    assert health.status == health_pb2.HealthCheckResponse.NOT_SERVING
+    with pytest.raises(grpc.RpcError) as error:
+        translate_pb2_grpc.TranslatorStub(channel).Translate(
+            translate_pb2.TranslateRequest(texts=["A man."]), timeout=5
+        )
+    assert error.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert http_answer(http_port, "/health") == (503, None, '{"status": "draining"}')
+    status, retry_after, body = http_answer(http_port, "/translate", b'{"q": "A man.", "source": "en", "target": "de"}')
+    assert (status, retry_after) == (503, "1") and "shutting down" in body
+
+
 @pytest.mark.parametrize("event_loop", ["uvloop", "asyncio"])
-def test_sigterm_drains_in_flight_requests(tiny_export: Path, event_loop: str):
+def test_sigterm_drains_in_flight_requests_while_refusing_new_ones(tiny_export: Path, event_loop: str):
+    http_port = free_port()
     process, port, metrics_port = start_subprocess_server(
-        tiny_export, "--grace-seconds", "30", "--max-output-tokens", "32", "--event-loop", event_loop
+        tiny_export,
+        "--grace-seconds",
+        "10",
+        "--max-output-tokens",
+        "32",
+        "--event-loop",
+        event_loop,
+        "--http-port",
+        str(http_port),
     )
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     stub = translate_pb2_grpc.TranslatorStub(channel)
@@ -51,12 +88,28 @@ def test_sigterm_drains_in_flight_requests(tiny_export: Path, event_loop: str):
         while in_flight(metrics_port) < 12 * 8 and time.monotonic() < deadline:
             time.sleep(0.01)
         process.send_signal(signal.SIGTERM)
+        time.sleep(0.5)  # the signal's handler has run
+        assert_draining(channel, http_port)
         results = [f.result() for f in futures]  # raises if any request was lost
     assert all(len(r.translations) == 8 for r in results)
     assert process.wait(60) == 0
-    with pytest.raises(grpc.RpcError) as error:
-        stub.Translate(request, timeout=5)
-    assert error.value.code() == grpc.StatusCode.UNAVAILABLE
+    channel.close()
+
+
+def test_with_nothing_in_flight_both_listeners_refuse_for_the_grace_period(tiny_export: Path):
+    http_port = free_port()
+    process, port, _ = start_subprocess_server(tiny_export, "--grace-seconds", "3", "--http-port", str(http_port))
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    assert http_answer(http_port, "/health")[0] == 200
+    signalled = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    assert_draining(channel, http_port)
+    time.sleep(1.0)
+    assert_draining(channel, http_port)  # still open, a second and a half in
+    assert process.wait(30) == 0 and time.monotonic() - signalled >= 3
+    with pytest.raises(urllib.error.URLError):
+        http_answer(http_port, "/health")  # closed once the grace period is over
     channel.close()
 
 
