@@ -39,6 +39,7 @@ import random
 import ssl
 import sys
 import time
+import urllib.parse
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import asdict, dataclass
@@ -329,6 +330,8 @@ class LoadTest:
         if not self.target:
             object.__setattr__(self, "target", "127.0.0.1:5000" if self.api == "http" else "127.0.0.1:50051")
         problems = flags.choice_problems(self)
+        if self.metrics and urllib.parse.urlsplit(self.metrics).scheme not in ("http", "https"):
+            problems.append(f"--metrics {self.metrics!r}: give its URL, e.g. http://{self.metrics}/metrics")
         if self.api == "http" and self.beam:
             problems.append("--beam applies to grpc only: the HTTP API decodes with the server's default beam")
         if problems:

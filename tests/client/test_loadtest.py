@@ -191,3 +191,12 @@ def test_a_benchmarks_bounded_run_targets_the_port_and_scrapes_nothing():
     assert (args.target, args.requests, args.duration, args.metrics) == ("127.0.0.1:5123", 7, 30.0, "")
     assert (args.api, args.deadline) == ("http", 9.0)
     assert loadtest.bounded(5123, 7).duration == 600.0
+
+
+def test_a_metrics_address_without_its_scheme_is_a_one_line_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        loadtest.parse_args(["--metrics", "127.0.0.1:9464"])
+    error = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Traceback" not in error
+    assert "--metrics '127.0.0.1:9464': give its URL, e.g. http://127.0.0.1:9464/metrics" in error
+    assert loadtest.parse_args(["--metrics", ""]).metrics == ""
