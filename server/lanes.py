@@ -10,7 +10,7 @@ from __future__ import annotations
 import collections
 import itertools
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -48,6 +48,37 @@ class Lane:
     owed_seconds: float = 0.0  # the pause it owes longer lanes (``pause_after``)
     off_cpu_since: float = 0.0  # when its last step or pause ended (time.perf_counter())
 
+    # --- its life, on its own thread: the scheduler calls these and assigns none of its fields ----------
+
+    def attach(self, lock: threading.RLock) -> None:
+        """Share the scheduler's ``lock``: the lane is woken on a condition of it, for work of its own."""
+        self.wake = threading.Condition(lock)
+
+    def start(self, run: Callable[[Lane], None]) -> None:
+        """Run ``run(self)`` on an inference thread of its own."""
+        self.thread = threading.Thread(target=run, args=(self,), name=f"inference-{self.name}", daemon=True)
+        self.thread.start()
+
+    def step(self) -> tuple[int, list]:
+        """One decoder step of its batch: (the rows it stepped, the (segment, hypothesis) pairs it finished)."""
+        rows, self.stepped = self.batch.rows, True
+        return rows, self.batch.step()
+
+    def gave_memory_back(self) -> None:
+        """It returned its free memory to the system while idle: until it steps again it has none to give."""
+        self.stepped = False
+
+    def wait_for_room(self, seconds: float) -> None:
+        """With the scheduler's lock held: wait up to ``seconds`` for room that other lanes hold (they wake a
+        blocked lane when they free some)."""
+        self.blocked = True
+        self.wake.wait(seconds)
+        self.blocked = False
+
+    def restart(self) -> None:
+        """Drop its batch (a step failed) for an empty one of the same engine; its caller answers those in it."""
+        self.batch = self.engine.new_batch()
+
     def joined(self, seconds: float) -> None:
         self.join_seconds = (1 - JOIN_WEIGHT) * self.join_seconds + JOIN_WEIGHT * seconds
 
@@ -73,6 +104,10 @@ class Lane:
         """It paid what it owed, off the CPU until ``until`` (time.perf_counter())."""
         self.owed_seconds, self.off_cpu_since = 0.0, until
 
+    def load(self, model: Engine) -> None:
+        """Take the ``model``'s engine and an empty batch of it (``open`` does, on the lane's thread)."""
+        self.engine, self.batch = model, model.new_batch()
+
     def open(self, model: Engine) -> None:
         """On the lane's own thread: name it for the OS (``top -H`` and /proc show it), lower its priority (ONNX
         Runtime runs the lane's steps on it), and start an empty batch of the ``model``'s engine. ``ready`` is
@@ -80,7 +115,7 @@ class Lane:
         try:
             name_thread(f"lane{self.index} {self.name}")
             lower_thread_priority(self.niceness)
-            self.engine, self.batch = model, model.new_batch()
+            self.load(model)
         except Exception as error:
             self.error = error
             raise

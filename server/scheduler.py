@@ -72,7 +72,7 @@ class Scheduler:
                 metrics.lane_paused.labels(lane.model, lane.name)
         self.lock = threading.RLock()  # over the queues, the batches' members, the budget and the jobs
         for lane in self.lanes:  # each lane is woken alone, for work of its own
-            lane.wake = threading.Condition(self.lock)
+            lane.attach(self.lock)
         self.accepting = True
         self.stopped = False
         self.gauges_at = 0.0  # when the gauges were last set (time.monotonic())
@@ -92,8 +92,7 @@ class Scheduler:
     def start(self) -> None:
         """Start the inference threads; returns once every lane's engine is loaded and warm."""
         for lane in self.lanes:
-            lane.thread = threading.Thread(target=self._run, args=(lane,), name=f"inference-{lane.name}", daemon=True)
-            lane.thread.start()
+            lane.start(self._run)
         for lane in self.lanes:
             lane.ready.wait()
             if lane.error is not None:
@@ -177,7 +176,7 @@ class Scheduler:
                 if self.stopped and not (lane.waiting or lane.running):
                     return
             if release:  # outside the lock: submissions go on meanwhile
-                lane.stepped = False
+                lane.gave_memory_back()
                 release_free_memory()
                 continue
             try:
@@ -189,9 +188,7 @@ class Scheduler:
                     self.apply(lane, self._pause(lane, self._step(lane)))
                 else:  # nothing fit: waiting for room other lanes hold; they wake it when they free some
                     with self.lock:
-                        lane.blocked = True
-                        lane.wake.wait(IDLE_WAIT_S)
-                        lane.blocked = False
+                        lane.wait_for_room(IDLE_WAIT_S)
             except Exception as error:  # one failed batch must not take the server down
                 log.exception("inference failed; answering the batch with INTERNAL")
                 failure = InferenceFailed(f"inference failed on the batch holding this request: {type(error).__name__}")
@@ -283,8 +280,7 @@ class Scheduler:
     def _step(self, lane: Lane) -> float:
         """One decoder step of the lane's batch; finished segments are answered at once."""
         start = time.perf_counter()
-        rows, lane.stepped = lane.batch.rows, True
-        finished = lane.batch.step()
+        rows, finished = lane.step()
         seconds = time.perf_counter() - start
         self.metrics.decoder_step.labels(lane.model).observe(seconds)
         self.metrics.decode_rows.observe(rows)
@@ -345,7 +341,7 @@ class Scheduler:
         """Answer every job in the lane's batch (admitted segments count from the start of their join) with
         error; start afresh."""
         jobs = {s.job for s in lane.running}
-        lane.batch = lane.engine.new_batch()
+        lane.restart()
         with self.lock:
             self.memory.release(sum(s.reserved_bytes for s in lane.running))
             lane.running.clear()

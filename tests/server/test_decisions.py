@@ -43,7 +43,7 @@ def test_jobs_leave_a_lane_when_answered_elsewhere_cancelled_or_past_their_deadl
 def test_applying_leaving_answers_the_job_and_frees_its_rows_and_queue_places():
     engine, scheduler = _unstarted(max_batch_size=1)
     lane = scheduler.lanes[0]
-    lane.engine, lane.batch = engine, engine.new_batch()
+    lane.load(engine)
     errors = []
     job = fake_job(engine, ["A dog runs.", "A cat sleeps."], on_done=errors.append)
     scheduler.submit(job)

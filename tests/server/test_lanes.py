@@ -3,6 +3,8 @@ replicas to take, and the pause it owes longer lanes; no scheduler, no inference
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import threading
 from pathlib import Path
 
@@ -83,3 +85,26 @@ def test_a_lane_owes_a_pause_only_while_longer_lanes_decode_and_pays_it_in_piece
     assert (lane.owed_seconds, lane.off_cpu_since) == (0.0, 1.010)
     assert lane.pause_after(busy=0.004, now=1.014, share=0.5, longer_decode=False) == Pause(0.0, 0.0, 1.014)
     assert lane.pause_after(busy=0.004, now=1.014, share=0.0, longer_decode=True) == Pause(0.0, 0.0, 1.014)
+
+
+def test_no_field_of_a_lane_is_assigned_outside_its_class():
+    """The scheduler asks a lane to change (attach, start, step, wait_for_room, restart...): it assigns none of its
+    fields, nor do the tests."""
+    fields = {field.name for field in dataclasses.fields(Lane)}
+    root = Path(__file__).resolve().parents[2]
+    assigned = []
+    for path in [*(root / "server").rglob("*.py"), *(root / "tests").rglob("*.py"), *(root / "testkit").rglob("*.py")]:
+        if path == root / "server" / "lanes.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+            for target in targets:
+                for item in target.elts if isinstance(target, ast.Tuple) else [target]:
+                    if (
+                        isinstance(item, ast.Attribute)
+                        and item.attr in fields
+                        and isinstance(item.value, ast.Name)
+                        and "lane" in item.value.id
+                    ):
+                        assigned.append(f"{path.relative_to(root)}:{node.lineno} {item.value.id}.{item.attr}")
+    assert not assigned

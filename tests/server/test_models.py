@@ -224,7 +224,7 @@ def test_the_models_share_one_memory_budget():
     scheduler = Scheduler([a, b], config, Metrics())  # not started: the test admits by hand
     lane_a, lane_b = scheduler.lanes
     for lane, engine in ((lane_a, a), (lane_b, b)):
-        lane.engine, lane.batch = engine, engine.new_batch()
+        lane.load(engine)
     scheduler.submit(_job(a, 200, [], "a"))
     first = scheduler._admit(lane_a)
     scheduler._encode_and_join(lane_a, first)

@@ -324,7 +324,7 @@ def test_continuous_admission_by_lane():
     assert list(long_lane.waiting) == document.segments
     assert scheduler._admit(short_lane) == [j.segments[0] for j in shorts[:4]]
     assert scheduler._admit(long_lane) == document.segments[:4]
-    long_lane.batch = engine.new_batch()
+    long_lane.load(engine)
     for segment in document.segments[:4]:
         long_lane.running[segment] = None  # as _encode_and_join would
     assert scheduler._admit(long_lane) == []  # the lane is full
@@ -479,7 +479,7 @@ def test_a_busy_lane_takes_arrivals_in_batches():
     config = server_config(Path("unused"), scheduler="continuous", lanes=(64,), lane_replicas=1)
     engine, scheduler = _unstarted(config)
     lane = scheduler.lanes[0]
-    lane.engine, lane.batch = engine, engine.new_batch()
+    lane.load(engine)
     running = [fake_job(engine, [sentence]) for sentence in own_sentences(4)]
     for job in running:
         scheduler.submit(job)
@@ -487,7 +487,9 @@ def test_a_busy_lane_takes_arrivals_in_batches():
     assert first == [job.segments[0] for job in running]  # nothing running: no reason to wait
     scheduler._encode_and_join(lane, first)
     assert lane.batch.rows == 4 and lane.join_seconds > 0
-    lane.join_seconds = 0.01  # a join holds 4 rows up for 10 ms: 40 ms in all
+    for _ in range(200):  # joins of 10 ms each, the running average settles on it: 4 rows held up 40 ms in all
+        lane.joined(0.01)
+    assert lane.join_seconds == pytest.approx(0.01, abs=1e-6)
     arrival = fake_job(engine, ["A dog runs."])
     scheduler.submit(arrival)
     assert scheduler._admit(lane) == []
@@ -514,7 +516,7 @@ def test_an_idle_lane_stops_waiting_for_a_batch_once_arrivals_pause(gap_ms: floa
     )
     engine, scheduler = _unstarted(config)
     lane = scheduler.lanes[0]
-    lane.engine, lane.batch = engine, engine.new_batch()
+    lane.load(engine)
     first, late = fake_job(engine, ["A dog runs."]), fake_job(engine, ["A cat sleeps."])
     scheduler.submit(first)
     later = threading.Timer(0.1, scheduler.submit, [late])
