@@ -79,6 +79,8 @@ class Server:
             self._reloading = asyncio.create_task(self._reload_certificates())
         if self.keys is not None and self.keys.enabled:
             self._reloading_keys = asyncio.create_task(self._reload_keys())
+        if self.keys is not None:
+            await self.keys.check_store()
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         if self.http_api is not None:
@@ -210,7 +212,8 @@ def create_server(config: ServerConfig, metrics: Metrics | None = None) -> Serve
     server = grpc.aio.server(options=options, maximum_concurrent_rpcs=config.max_concurrent_rpcs)
     translations = Translations(scheduler, config, metrics)
     access = AccessLog(metrics, config.access_log, config.access_log_texts, config.access_log_sample)
-    keys = KeyGuard(config.api_keys, config.redis_url)
+    store_up = metrics.limits_store_up.labels("redis").set if config.redis_url else (lambda up: None)
+    keys = KeyGuard(config.api_keys, config.redis_url, config.limits_when_store_down, store_up)
     service = TranslatorService(models, translations, config, access, keys)
     server.add_generic_rpc_handlers((_translator_handlers(service),))
     health_servicer = health.aio.HealthServicer()

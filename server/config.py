@@ -226,6 +226,11 @@ class ServerConfig:
     redis_url: str = setting(
         "", "Redis for the per-key request counts that replicas share, e.g. redis://redis:6379/0 (none: per process)"
     )
+    limits_when_store_down: Literal["local", "refuse"] = setting(
+        "local",
+        "while --redis-url is out of reach: each replica counts the limits itself (local), or requests with a "
+        "requests-per-minute limit are refused with 503 / UNAVAILABLE (refuse)",
+    )
     files_dir: Path | None = setting(
         None, "where /translate_file keeps translated files until downloaded (none: a private temporary folder)"
     )

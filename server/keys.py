@@ -10,7 +10,10 @@ keys' sha256 digests, never the keys, with each key's limits, and the limits of 
 ``api_key`` (HTTP, as LibreTranslate) or the ``x-api-key`` metadata (gRPC). Without a key file every caller is
 anonymous and unlimited. Requests per minute are counted in fixed windows of a minute, per key (anonymous callers
 per client address): in this process, or in Redis (``--redis-url``) so that every replica counts against the same
-limit. Redis out of reach lets requests through (logged), as a rate limit must not take the service down.
+limit. While Redis is out of reach the limits degrade, they never vanish: each replica counts them itself (so a
+caller may get up to the limit from each replica), or, with ``--limits-when-store-down refuse``, requests with a
+requests-per-minute limit are refused (503 / UNAVAILABLE); the log says so when it changes, and
+``translate_limits_store_up`` shows it.
 ``python -m server.keys new NAME`` makes a key and its entry; ``python -m server.keys hash`` digests one from stdin.
 The key itself is never logged, traced or used as a metric label: its name is.
 """
@@ -26,17 +29,21 @@ import os
 import secrets
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from server.errors import InvalidRequest, Overloaded, PermissionDenied, Unauthenticated
+from server.errors import InvalidRequest, Overloaded, PermissionDenied, Unauthenticated, Unavailable
 
 log = logging.getLogger(__name__)
 
 KEY_METADATA = "x-api-key"
 RELOAD_CHECK_SECONDS = 1.0  # a key revoked in the file is refused within about this long
 WINDOW_SECONDS = 60
+# An unreachable store is asked again at most this often: each try may wait out its connect timeout (0.5 s),
+# which the requests in between should not.
+STORE_RETRY_S = 2.0
 
 
 class KeysFileError(ValueError):
@@ -101,6 +108,60 @@ class LocalWindows:
         return count
 
 
+class SharedWindows:
+    """Requests per fixed window in a shared store (``RedisWindows``) while it answers; while it does not, this
+    replica's own counts (``when_down`` "local") or a refusal ("refuse"). Out of reach, the store is asked again
+    at most every STORE_RETRY_S, so requests in between do not wait for its timeout. ``on_change(up)`` hears
+    each change (and the first answer)."""
+
+    def __init__(self, store: RedisWindows, when_down: str, on_change: Callable[[bool], object]) -> None:
+        self.store, self.local, self.when_down, self.on_change = store, LocalWindows(), when_down, on_change
+        self.up: bool | None = None  # not asked yet
+        self.retry_at = 0.0  # time.monotonic() from which an unreachable store is asked again
+
+    async def hit(self, bucket: str, window: int) -> int:
+        if self.up is not False or time.monotonic() >= self.retry_at:
+            try:
+                count = await self.store.hit(bucket, window)
+            except Exception as error:  # noqa: BLE001 -- any failure of the store: connection, timeout, its errors
+                self.retry_at = time.monotonic() + STORE_RETRY_S
+                self._changed(False, f"{type(error).__name__}: {error}")
+            else:
+                self._changed(True)
+                return count
+        if self.when_down == "refuse":
+            raise Unavailable("the rate limits' shared store is out of reach; retry in a few seconds")
+        return await self.local.hit(bucket, window)
+
+    async def check(self) -> None:
+        """Ask the store once (at start-up), so the log and the gauge say where the limits count from the start."""
+        try:
+            await self.store.redis.ping()
+        except Exception as error:  # noqa: BLE001 -- as in hit
+            self.retry_at = time.monotonic() + STORE_RETRY_S
+            self._changed(False, f"{type(error).__name__}: {error}")
+        else:
+            self._changed(True)
+
+    def _changed(self, up: bool, why: str = "") -> None:
+        if up == self.up:
+            return
+        first, self.up = self.up is None, up
+        self.on_change(up)
+        if up:
+            log.log(logging.INFO if first else logging.WARNING, "rate limits: shared in %s", self.store.where)
+        elif self.when_down == "refuse":
+            log.warning(
+                "rate limits: %s out of reach (%s): refusing limited requests until it is back", self.store.where, why
+            )
+        else:
+            log.warning(
+                "rate limits: %s out of reach (%s): each replica counts them itself until it is back",
+                self.store.where,
+                why,
+            )
+
+
 class RedisWindows:
     """Requests per fixed window, in Redis: one counter per bucket and window, shared by every replica."""
 
@@ -108,6 +169,8 @@ class RedisWindows:
         import redis.asyncio
 
         self.redis = redis.asyncio.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
+        where = self.redis.connection_pool.connection_kwargs  # host and port: the URL may hold a password
+        self.where = f"Redis at {where.get('host', 'localhost')}:{where.get('port', 6379)}"
 
     async def hit(self, bucket: str, window: int) -> int:
         name = f"translate:requests:{bucket}:{window}"
@@ -119,14 +182,27 @@ class RedisWindows:
 class KeyGuard:
     """Who a request's caller is, and whether its limits let the request in."""
 
-    def __init__(self, path: Path | None, redis_url: str = "") -> None:
+    def __init__(
+        self,
+        path: Path | None,
+        redis_url: str = "",
+        when_store_down: str = "local",
+        on_store_change: Callable[[bool], object] = lambda up: None,
+    ) -> None:
         self.path = path
         self.keys: dict[str, tuple[str, Limits]] = {}
         self.anonymous: Limits | None = Limits()
         self._seen: tuple[int, int, int] | None = None
         if path is not None:
             self.reload()
-        self.windows = RedisWindows(redis_url) if redis_url else LocalWindows()
+        self.windows: LocalWindows | SharedWindows = (
+            SharedWindows(RedisWindows(redis_url), when_store_down, on_store_change) if redis_url else LocalWindows()
+        )
+
+    async def check_store(self) -> None:
+        """Say where the limits count from the start (SharedWindows.check); without a store, nothing to ask."""
+        if isinstance(self.windows, SharedWindows):
+            await self.windows.check()
 
     @property
     def enabled(self) -> bool:
@@ -179,11 +255,7 @@ class KeyGuard:
         if limits.requests_per_minute:
             now = time.time()
             window = int(now // WINDOW_SECONDS)
-            try:
-                count = await self.windows.hit(caller.bucket, window)
-            except Exception as e:  # the shared counter out of reach: let the request through
-                log.warning("rate limit not applied (%s: %s)", type(e).__name__, e)
-                return caller
+            count = await self.windows.hit(caller.bucket, window)
             if count > limits.requests_per_minute:
                 retry = max(1, math.ceil((window + 1) * WINDOW_SECONDS - now))
                 raise Overloaded(

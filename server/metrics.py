@@ -113,6 +113,13 @@ class Metrics:
             "translate_rejected_total", "Requests refused at admission, by reason.", ["reason"], registry=r
         )
         self.queue_depth = Gauge("translate_queue_depth", "Sentences waiting to start decoding.", registry=r)
+        self.limits_store_up = Gauge(
+            "translate_limits_store_up",
+            "1 while the rate limits count in the shared store (--redis-url), 0 while it is out of reach (each "
+            "replica counts its own, or refuses); no sample without a store.",
+            ["store"],
+            registry=r,
+        )
         self.door_requests = Gauge(
             "translate_door_requests",
             "Requests the front door holds (accepted, not yet answered), by kind: short or long (server/door.py).",

@@ -15,8 +15,21 @@ import grpc
 import pytest
 
 from proto import translate_pb2
-from server.errors import InvalidRequest, Overloaded, PermissionDenied, Unauthenticated
-from server.keys import KEY_METADATA, WINDOW_SECONDS, KeyGuard, KeysFileError, Limits, digest, main, read_keys
+from server import keys as keys_module
+from server.errors import InvalidRequest, Overloaded, PermissionDenied, Unauthenticated, Unavailable
+from server.keys import (
+    KEY_METADATA,
+    WINDOW_SECONDS,
+    KeyGuard,
+    KeysFileError,
+    Limits,
+    LocalWindows,
+    SharedWindows,
+    digest,
+    main,
+    read_keys,
+)
+from testkit.redis_server import RedisProcess
 from testkit.servers import RunningServer, free_port, http, server_config
 
 KEY, OTHER_KEY = "k-team-a-1234567890", "k-team-b-0987654321"
@@ -188,3 +201,118 @@ def test_two_replicas_share_a_keys_limit_and_a_revocation(tiny_export: Path, red
     finally:
         for replica in replicas:
             replica.close()
+
+
+# --- the shared store out of reach ---------------------------------------------------------------------------
+
+
+class FlakyStore:
+    """A shared store that fails while ``down``, counting like Redis otherwise."""
+
+    where = "Redis at test:6379"
+
+    def __init__(self) -> None:
+        self.down, self.counts = False, LocalWindows()
+        self.redis = self
+
+    async def ping(self) -> bool:
+        if self.down:
+            raise ConnectionError("connection refused")
+        return True
+
+    async def hit(self, bucket: str, window: int) -> int:
+        await self.ping()
+        return await self.counts.hit(bucket, window)
+
+
+@pytest.mark.parametrize("when_down", ["local", "refuse"])
+def test_limits_degrade_while_the_store_is_out_of_reach_and_are_shared_again_once_back(
+    monkeypatch, caplog, when_down: str
+):
+    monkeypatch.setattr(keys_module, "STORE_RETRY_S", 0.0)  # ask the store again at every request
+    store, changes = FlakyStore(), []
+    windows = SharedWindows(store, when_down, changes.append)
+
+    async def hits(n: int) -> list[int | str]:
+        results = []
+        for _ in range(n):
+            try:
+                results.append(await windows.hit("anonymous@10.0.0.1", 7))
+            except Unavailable as error:
+                results.append(str(error))
+        return results
+
+    run(windows.check())
+    assert run(hits(2)) == [1, 2] and changes == [True]
+    store.down = True
+    with caplog.at_level(logging.WARNING, logger="server.keys"):
+        down = run(hits(3))
+    if when_down == "local":
+        assert down == [1, 2, 3]  # this replica's own count, from nothing
+        assert "each replica counts them itself until it is back" in caplog.text
+    else:
+        assert down == ["the rate limits' shared store is out of reach; retry in a few seconds"] * 3
+        assert "refusing limited requests until it is back" in caplog.text
+    assert changes == [True, False] and caplog.text.count("out of reach") == 1  # said once, not per request
+    store.down = False
+    assert run(hits(1)) == [3] and changes == [True, False, True]  # the shared count again
+
+
+def test_an_unreachable_store_is_asked_again_only_after_a_while(monkeypatch):
+    store = FlakyStore()
+    windows = SharedWindows(store, "local", lambda up: None)
+    store.down = True
+    asked = []
+    original = store.hit
+
+    async def counted(bucket: str, window: int) -> int:
+        asked.append(bucket)
+        return await original(bucket, window)
+
+    store.hit = counted
+    assert run(windows.hit("b", 1)) == 1 and run(windows.hit("b", 1)) == 2
+    assert len(asked) == 1  # the second request did not wait for the store's timeout
+    store.down = False
+    monkeypatch.setattr(keys_module, "STORE_RETRY_S", 0.0)
+    windows.retry_at = 0.0
+    assert run(windows.hit("b", 1)) == 1 and len(asked) == 2
+
+
+def test_a_server_whose_redis_stops_under_traffic_keeps_its_limits(tiny_export: Path, tmp_path: Path):
+    """Redis stopped and started again on its port mid-test: the anonymous and the per-key limits refuse the
+    request over them throughout, the gauge shows the fallback, and once Redis is back the counts are in it."""
+    redis = RedisProcess(tmp_path)
+    limit = 4
+    keys = write_keys(tmp_path / "keys.json", anonymous={"requests_per_minute": limit}, requests_per_minute=limit)
+    config = server_config(tiny_export, api_keys=keys, redis_url=redis.url, max_output_tokens=4)
+    request = translate_pb2.TranslateRequest(texts=["A man."])
+    if time.time() % WINDOW_SECONDS > WINDOW_SECONDS - 25:
+        time.sleep(WINDOW_SECONDS - time.time() % WINDOW_SECONDS + 0.1)  # the whole test in one window
+    server = RunningServer(config)
+
+    def codes(n: int, metadata=()) -> list[str]:
+        answers = []
+        for _ in range(n):
+            try:
+                server.stub.Translate(request, metadata=metadata, timeout=30)
+                answers.append("OK")
+            except grpc.RpcError as error:
+                answers.append(error.code().name)
+        return answers
+
+    keyed = ((KEY_METADATA, KEY),)
+    try:
+        assert server.metric("translate_limits_store_up") == 1
+        assert codes(limit + 1) == ["OK"] * limit + ["RESOURCE_EXHAUSTED"]
+        redis.stop()
+        assert codes(limit + 1) == ["OK"] * limit + ["RESOURCE_EXHAUSTED"]  # counted on this replica alone
+        assert codes(limit + 1, keyed) == ["OK"] * limit + ["RESOURCE_EXHAUSTED"]
+        assert server.metric("translate_limits_store_up") == 0
+        redis.start()
+        time.sleep(keys_module.STORE_RETRY_S + 0.1)
+        assert codes(limit + 1, keyed) == ["OK"] * limit + ["RESOURCE_EXHAUSTED"]  # Redis came back empty
+        assert server.metric("translate_limits_store_up") == 1
+        assert redis.client().keys("translate:requests:key:team-a:*")
+    finally:
+        server.close()
+        redis.stop()
