@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from runtime.backend import OrtBackend  # noqa: E402
 from runtime.cpu import describe_cpu  # noqa: E402
-from runtime.options import EngineSettings, RuntimeOptions  # noqa: E402
+from runtime.options import flat_options  # noqa: E402
 from runtime.search import default_max_output  # noqa: E402
 
 LAYOUTS = ("compact", "buckets")
@@ -72,9 +72,7 @@ def sides(model: str, variant: str, option: str, values) -> dict:
     return {
         value: OrtBackend(
             folder,
-            RuntimeOptions(
-                settings=EngineSettings(provider="cpu", variant=variant, intra_op_threads=1), **{option: value}
-            ),
+            flat_options(provider="cpu", variant=variant, intra_op_threads=1, **{option: value}),
         )
         for value in values
     }

@@ -53,7 +53,7 @@ from runtime.binding import bind_step, run_in_place
 from runtime.contract import CANDIDATE_OUTPUTS, STEP_OUTPUTS
 from runtime.cpu import describe_cpu
 from runtime.manifest import read_manifest
-from runtime.options import EngineSettings, RuntimeOptions
+from runtime.options import EngineSettings, RuntimeOptions, flat_options
 from runtime.providers import NO_FUSIONS, PROVIDERS
 from runtime.search import Decoding, default_max_output
 from runtime.tokenizer import Tokenizer
@@ -388,9 +388,7 @@ def bucket_engines(model_dir: Path, variant: str, provider: str) -> tuple[dict[s
         extra.pop("fusions", None)
         kept, providers.NO_FUSIONS = providers.NO_FUSIONS, [] if fusions else providers.NO_FUSIONS
         try:
-            engines[name] = OrtBackend(
-                model_dir, RuntimeOptions(settings=EngineSettings(variant=variant, provider=provider), **extra)
-            )
+            engines[name] = OrtBackend(model_dir, flat_options(variant=variant, provider=provider, **extra))
         except Exception as error:  # noqa: BLE001 (the error is the finding)
             lines.append(f"| {variant} {name} | not loaded: {type(error).__name__}: {str(error)[:300]} |")
         finally:

@@ -5,7 +5,7 @@ combination is refused with one ValueError naming every problem."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
 from common.flags import choice_problems, setting, type_problems
@@ -93,6 +93,16 @@ class RuntimeOptions:
         if self.cuda_graphs and self.settings.batch_layout != "buckets":
             problems.append("cuda_graphs=True captures each bucket's step: it needs batch_layout 'buckets'")
         _refuse("invalid runtime options", problems)
+
+
+def flat_options(**values: object) -> RuntimeOptions:
+    """RuntimeOptions from one flat set of names, the settings' among them: for the benchmarks that vary any one
+    of them (``batch_layout`` or ``steps_per_run`` alike)."""
+    setting_names = {f.name for f in fields(EngineSettings)}
+    settings = EngineSettings(**{name: value for name, value in values.items() if name in setting_names})
+    return RuntimeOptions(
+        settings=settings, **{name: value for name, value in values.items() if name not in setting_names}
+    )
 
 
 def _refuse(what: str, problems: list[str]) -> None:

@@ -173,8 +173,13 @@ def test_on_a_device_a_bucket_is_bound_once_and_its_buffers_and_graph_serve_the_
 
 
 def test_cuda_graphs_need_buckets_on_a_device(tiny_export: Path):
+    with pytest.raises(
+        ValueError, match="cuda_graphs=True captures each bucket's step: it needs batch_layout 'buckets'"
+    ):
+        RuntimeOptions(settings=EngineSettings(provider="cpu"), cuda_graphs=True)
+    on_host = RuntimeOptions(settings=EngineSettings(provider="cpu", batch_layout="buckets"), cuda_graphs=True)
     with pytest.raises(ValueError, match="needs batch_layout buckets on a device"):
-        OrtBackend(tiny_export, RuntimeOptions(settings=EngineSettings(provider="cpu"), cuda_graphs=True))
+        OrtBackend(tiny_export, on_host)
 
 
 def test_the_captured_step_reads_host_feeds_where_their_kernels_want_them(tiny_export: Path):

@@ -20,10 +20,9 @@ from runtime.search import default_max_output
 from tests.conftest import own_sentences
 
 
-def backend(folder: Path, k: int, **options) -> OrtBackend:
-    return OrtBackend(
-        folder, RuntimeOptions(settings=EngineSettings(provider="cpu", intra_op_threads=1), steps_per_run=k, **options)
-    )
+def backend(folder: Path, k: int, batch_layout: str = "compact", **options) -> OrtBackend:
+    settings = EngineSettings(provider="cpu", intra_op_threads=1, batch_layout=batch_layout)
+    return OrtBackend(folder, RuntimeOptions(settings=settings, steps_per_run=k, **options))
 
 
 def test_the_k_step_graph_is_k_copies_of_the_step_without_its_search_head(tiny_export: Path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.options import EngineSettings, RuntimeOptions
+from runtime.options import EngineSettings, RuntimeOptions, flat_options
 
 
 def test_settings_are_keyword_only():
@@ -46,3 +46,10 @@ def test_impossible_option_combinations_are_named_together():
         "cuda_graphs=True captures each bucket's step: it needs batch_layout 'buckets'",
     ):
         assert problem in message
+
+
+def test_flat_options_put_each_name_where_it_belongs():
+    options = flat_options(provider="cpu", batch_layout="buckets", steps_per_run=2)
+    assert options.settings == EngineSettings(provider="cpu", batch_layout="buckets") and options.steps_per_run == 2
+    with pytest.raises(TypeError):
+        flat_options(threads=2)
