@@ -5,7 +5,7 @@ reason for each number).
 
 Round robin over every address the target resolves to (a headless Service's ``dns:///`` name gives one
 per pod), and retries with exponential backoff, at most 5 attempts (gRPC's limit) within the call's deadline, of
-``UNAVAILABLE`` (a replica draining, restarting or unreachable) and ``CANCELLED``: gRPC cancels the calls
+``UNAVAILABLE`` (a replica restarting or unreachable, or one draining that a caller reached before its health check said so) and ``CANCELLED``: gRPC cancels the calls
 a server received in the instant it stops (seen in tests/server/test_faults.py's rolling restart), and a
 caller's own cancellation ends the call, so it is never retried. A translation is idempotent, so a retry
 never does harm. The other codes are not retried here (README: "Which codes a caller may retry").
@@ -53,6 +53,9 @@ QUICK_METHODS = ("Detect", "GetModelInfo", "ListModels")
 # Default deadlines; the caller's own deadline wins when shorter.
 SERVICE_CONFIG = {
     "loadBalancingConfig": [{"round_robin": {}}],
+    # Round robin skips a replica whose health service says the translator is NOT_SERVING (draining after
+    # SIGTERM, or still warming up) while its connection stays open (gRPC's client-side health checking).
+    "healthCheckConfig": {"serviceName": SERVICE},
     "methodConfig": [
         {"name": [{"service": SERVICE}], "timeout": "60s", "retryPolicy": RETRY_POLICY},
         {

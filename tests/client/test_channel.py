@@ -4,12 +4,14 @@ replica that drains loses no request of a client that uses it (client.client, th
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2
 
-from client.channel import CHANNEL_OPTIONS, KEEPALIVE_TIME_MS, KEEPALIVE_TIMEOUT_MS, SERVICE_CONFIG, channel
+from client.channel import CHANNEL_OPTIONS, KEEPALIVE_TIME_MS, KEEPALIVE_TIMEOUT_MS, SERVICE, SERVICE_CONFIG, channel
 from proto import translate_pb2, translate_pb2_grpc
 from server.config import ServerConfig
 from testkit.sentences import own_sentences
@@ -32,6 +34,28 @@ def test_a_draining_replica_loses_no_request(tiny_export: Path):
         assert len({a.translations[0].text for a in answered}) == 1
         assert replicas[0].metric("translate_requests_total", {"code": "UNAVAILABLE"}) >= 1  # it was asked, ...
         assert replicas[1].metric("translate_requests_total", {"code": "OK"}) >= served[replicas[1].server.port] + 10
+    finally:
+        for replica in replicas:
+            replica.close()
+
+
+def test_round_robin_skips_a_replica_whose_health_says_not_serving(tiny_export: Path):
+    replicas = [RunningServer(server_config(tiny_export, max_output_tokens=8)) for _ in range(2)]
+    try:
+        target = "ipv4:" + ",".join(f"127.0.0.1:{r.server.port}" for r in replicas)
+        with channel(target) as connection:
+            stub = translate_pb2_grpc.TranslatorStub(connection)
+            request = translate_pb2.TranslateRequest(texts=own_sentences(1))
+            for _ in range(6):
+                stub.Translate(request, timeout=20)
+            asked = replicas[0].metric("translate_requests_total") or 0
+            assert asked >= 2  # round robin: both serve
+            not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+            replicas[0].call(replicas[0].server.health.set(SERVICE, not_serving))  # as a drain begins
+            time.sleep(0.5)  # the health watch tells the channel
+            for _ in range(10):
+                stub.Translate(request, timeout=20)
+        assert replicas[0].metric("translate_requests_total") == asked  # not even asked
     finally:
         for replica in replicas:
             replica.close()
