@@ -1,8 +1,8 @@
 """What README.md and docs/*.md name exists. Each flag is in its command's ``--help`` (a flag outside a command:
 in the help of the server, translate-file, translate-client or a command the page names); docs/reference.md
-lists every setting of ``python -m server`` and, among the request counter's labels, every HTTP route; each
-metric named is on a live server's /metrics. And each figure in the README has the command, the date and the
-CPU that produced it in its paragraph."""
+lists every setting of ``python -m server`` and, among the request counter's labels, every HTTP route; README.md
+names every RPC of proto/translate.proto and every HTTP route; each metric named is on a live server's /metrics.
+And each figure in the README has the command, the date and the CPU that produced it in its paragraph."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from proto import translate_pb2
 from testkit.servers import start_server
 from tests.docs.conftest import LiveServer
 from tests.docs.pages import DOCS, README, ROOT, line_of
@@ -156,16 +157,38 @@ def test_the_reference_names_every_server_setting_and_only_them():
     assert not not_flags and not missing, f"no flags of python -m server: {not_flags}; not documented: {missing}"
 
 
-def test_the_request_counter_names_every_http_route(tiny_export: Path):
-    row = next(r for r in (ROOT / "docs" / "reference.md").read_text().splitlines() if "translate_requests_total{" in r)
-    documented = set(re.findall(r"`HTTP (/[^`]*)`", row))
+@pytest.fixture(scope="module")
+def served_routes(tiny_export: Path) -> set[str]:
+    """The paths of every HTTP route the server registers, a trailing ``/{name}`` dropped (``/glossaries/ID``
+    is ``/glossaries``)."""
     running = start_server(tiny_export)
     try:
         routes = running.server.http_runner.app.router.routes()
-        served = {re.sub(r"/\{\w+\}$", "", route.resource.canonical) for route in routes}
+        return {re.sub(r"/\{\w+\}$", "", route.resource.canonical) for route in routes}
     finally:
         running.close()
-    assert documented == served, f"documented, not served: {documented - served}; served: {served - documented}"
+
+
+def test_the_request_counter_names_every_http_route(served_routes: set[str]):
+    row = next(r for r in (ROOT / "docs" / "reference.md").read_text().splitlines() if "translate_requests_total{" in r)
+    documented = set(re.findall(r"`HTTP (/[^`]*)`", row))
+    assert documented == served_routes, (
+        f"documented, not served: {documented - served_routes}; served: {served_routes - documented}"
+    )
+
+
+def named_as_route(path: str, text: str) -> bool:
+    """Whether the text names the path as a route: after a backtick, a method or a port (``/`` alone is in
+    many a sentence), and not as the start of a longer name (``/translate`` in ``/translate_file``)."""
+    return re.search(rf"(?:`|\b(?:GET|POST|DELETE)\s|:\d+){re.escape(path)}(?!\w)", text) is not None
+
+
+def test_the_readme_names_every_rpc_and_http_route(served_routes: set[str]):
+    text = README.read_text()
+    rpcs = [method.name for service in translate_pb2.DESCRIPTOR.services_by_name.values() for method in service.methods]
+    missing = [f"rpc {name}" for name in rpcs if not re.search(rf"`{name}\b", text)]
+    missing += [f"HTTP {path}" for path in sorted(served_routes) if not named_as_route(path, text)]
+    assert len(rpcs) > 5 and len(served_routes) > 5 and not missing, f"README.md does not name: {missing}"
 
 
 def exposed(server: LiveServer) -> set[str]:
