@@ -73,7 +73,13 @@ HEALTH_TIMEOUT_S = 30.0
 SERIES_POINTS = 10  # points of the memory and /health series in the report
 QUIET_WAIT_S = 2.0
 HELD = "translate_door_requests"  # the front door's gauge of requests held, by kind
-QUICK = {"capacity_seconds": 5.0, "seconds": 10.0, "document_chars": 20_000, "drain_seconds": 30.0}
+QUICK = {
+    "capacity_seconds": 5.0,
+    "seconds": 10.0,
+    "document_chars": 20_000,
+    "drain_seconds": 30.0,
+    "grace_seconds": 2.0,
+}
 REFUSED_HTTP = {429, 503}
 REFUSED_GRPC = {"RESOURCE_EXHAUSTED", "UNAVAILABLE"}
 # The goals each front door is judged against.
@@ -701,6 +707,12 @@ def parsed(
     parser.add_argument("--client-timeout", type=float, default=client_timeout_s, help="each call's timeout, s")
     parser.add_argument("--server-flag", action="append", default=[], help="a flag for each server (repeat)")
     parser.add_argument("--start-timeout", type=float, default=start_timeout_s, help="seconds a server may take")
+    parser.add_argument(
+        "--grace-seconds",
+        type=float,
+        default=ServerConfig.grace_seconds,
+        help="each server's --grace-seconds (its default), which SIGTERM waits out and an aging connection's calls get",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help=f"for the suite: {quick}, unless given")
     args = parser.parse_args(argv)
@@ -710,25 +722,18 @@ def parsed(
     return args
 
 
-def serving_defaults() -> list[str]:
-    """Flags that undo start_subprocess_server's test settings (CPU provider, no cache, a 1 s grace, which is also
-    what an aging gRPC connection's calls get): the server's defaults."""
+def serving_defaults(grace_seconds: float) -> list[str]:
+    """Flags that undo start_subprocess_server's test settings (CPU provider, no cache): the server's defaults, and
+    ``grace_seconds`` (the test servers' 1 s is also what an aging gRPC connection's calls get)."""
     defaults = {f.name: f.default for f in fields(ServerConfig)}
-    return [
-        "--provider",
-        "auto",
-        "--cache-mib",
-        str(defaults["cache_mib"]),
-        "--grace-seconds",
-        str(defaults["grace_seconds"]),
-    ]
+    return ["--provider", "auto", "--cache-mib", str(defaults["cache_mib"]), "--grace-seconds", f"{grace_seconds:g}"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     _, limit = deployment_settings()
-    flags = [*serving_defaults(), *args.server_flag]
+    flags = [*serving_defaults(args.grace_seconds), *args.server_flag]
     doors = {"http": HttpDoor, "grpc": GrpcDoor}
     runs = [run_front_door(doors[api], args, flags) for api in args.api]
     lines = report(runs, args, argv, limit)

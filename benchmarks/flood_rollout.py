@@ -65,14 +65,20 @@ from testkit.fault_client import calls_started  # noqa: E402
 from testkit.servers import free_port, start_subprocess_server  # noqa: E402
 
 # Two replicas share the machine's cores: one inference thread per lane size and one ONNX Runtime thread each. The
-# drain is the server's default: a 99,000-character document took 15-29 s on such a replica, and a 10 s drain cut
-# one off (its retry on the other replica was refused after 19 s).
-GRACE_SECONDS = 20.0
-REPLICA_FLAGS = ("--intra-op-threads", "1", "--lane-replicas", "1", "--grace-seconds", f"{GRACE_SECONDS:g}")
+# drain is the server's default (--grace-seconds): a 99,000-character document took 15-29 s on such a replica, and
+# a 10 s drain cut one off (its retry on the other replica was refused after 19 s).
+REPLICA_FLAGS = ("--intra-op-threads", "1", "--lane-replicas", "1")
 EXIT_MARGIN_S = 30.0  # after the grace: the scheduler's stop (up to 5 s, server/app.py) and the process's exit
 CALL_DEADLINE_S = 60.0  # client/channel.py's service config gives Translate 60 s; gRPC keeps the shorter deadline
 OUTCOMES = ("answered", "refused", "failed", "lost")
-QUICK = {"warm_seconds": 5.0, "settle_seconds": 3.0, "document_chars": 5_000, "rate": 10.0, "drain_seconds": 30.0}
+QUICK = {
+    "warm_seconds": 5.0,
+    "settle_seconds": 3.0,
+    "document_chars": 5_000,
+    "rate": 10.0,
+    "drain_seconds": 30.0,
+    "grace_seconds": 2.0,
+}
 
 
 @dataclass
@@ -105,8 +111,9 @@ class Restart:
 class Replica:
     """One server process on fixed ports, started again on the same ports after a SIGTERM."""
 
-    def __init__(self, name: str, flags: Sequence[str], start_timeout_s: float) -> None:
+    def __init__(self, name: str, flags: Sequence[str], start_timeout_s: float, grace_s: float) -> None:
         self.name, self.port, self.metrics_port = name, free_port(), free_port()
+        self.exit_within_s = grace_s + EXIT_MARGIN_S
         first, *others = DEFAULT_MODELS
         models = [flag for model in others for flag in ("--model", str(model))]
         ports = ["--port", str(self.port), "--metrics-port", str(self.metrics_port)]
@@ -128,7 +135,7 @@ class Replica:
         signalled = clock()
         self.process.send_signal(signal.SIGTERM)
         try:
-            exit_code = self.process.wait(GRACE_SECONDS + EXIT_MARGIN_S)
+            exit_code = self.process.wait(self.exit_within_s)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
@@ -140,7 +147,7 @@ class Replica:
     def stop(self) -> None:
         self.process.terminate()
         try:
-            self.process.wait(GRACE_SECONDS + EXIT_MARGIN_S)
+            self.process.wait(self.exit_within_s)
         except subprocess.TimeoutExpired:
             self.process.kill()
 
@@ -271,7 +278,7 @@ def run(args, flags: list[str]) -> Rollout:
     try:
         for k in (1, 2):
             print(f"starting replica {k} ...", file=sys.stderr, flush=True)
-            replicas.append(Replica(f"replica {k}", flags, args.start_timeout))
+            replicas.append(Replica(f"replica {k}", flags, args.start_timeout, args.grace_seconds))
         marks, restarts, records = asyncio.run(flood_and_roll(replicas, args))
     finally:
         for replica in replicas:
@@ -345,7 +352,7 @@ def report(rollout: Rollout, args, argv: Sequence[str]) -> list[str]:
         "## The restarts",
         "",
         "Held: the requests the replica's front door held just before its SIGTERM (translate_door_requests), "
-        f"which it had up to {GRACE_SECONDS:g} s (--grace-seconds) to answer.",
+        f"which it had up to {args.grace_seconds:g} s (--grace-seconds) to answer.",
         "",
         "| replica | SIGTERM at, s | held | exited after, s | exit status | serving again after its exit, s |",
         "|---|---|---|---|---|---|",
@@ -405,7 +412,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
-    rollout = run(args, [*serving_defaults(), *REPLICA_FLAGS, *args.server_flag])
+    rollout = run(args, [*serving_defaults(args.grace_seconds), *REPLICA_FLAGS, *args.server_flag])
     args.out.write_text("\n".join(report(rollout, args, argv)))
     passed, verdict = rollout.verdict()
     print(verdict)
