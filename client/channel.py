@@ -4,11 +4,13 @@ and the load generator use, and that other languages' clients can take as they a
 reason for each number).
 
 Round robin over every address the target resolves to (a headless Service's ``dns:///`` name gives one
-per pod), and retries with exponential backoff, at most 5 attempts (gRPC's limit) within the call's deadline, of
-``UNAVAILABLE`` (a replica restarting or unreachable, or one draining that a caller reached before its health check said so) and ``CANCELLED``: gRPC cancels the calls
-a server received in the instant it stops (seen in tests/server/test_faults.py's rolling restart), and a
-caller's own cancellation ends the call, so it is never retried. A translation is idempotent, so a retry
-never does harm. The other codes are not retried here (README: "Which codes a caller may retry").
+per pod) whose health service says the translator is SERVING (a draining replica keeps its listener open for its
+grace period, answering NOT_SERVING), and retries with exponential backoff, at most 5 attempts (gRPC's limit)
+within the call's deadline, of ``UNAVAILABLE`` (a replica restarting or unreachable, or one draining that a call
+reached before its health check said so) and ``CANCELLED``: gRPC cancels the calls a server received in the
+instant it stops (seen in tests/server/test_faults.py's rolling restart), and a caller's own cancellation ends
+the call, so it is never retried. A translation is idempotent, so a retry never does harm. The other codes are
+not retried here (README: "Which codes a caller may retry").
 
 Deadlines per method: a translation may wait behind a full queue (benchmarks/overload.md: p99 7.6 s at twice
 the capacity) and a long text decodes for seconds, so 60 s; the others answer from memory, so 10 s.
