@@ -124,8 +124,7 @@ class SharedWindows:
             try:
                 count = await self.store.hit(bucket, window)
             except Exception as error:  # noqa: BLE001 -- any failure of the store: connection, timeout, its errors
-                self.retry_at = time.monotonic() + STORE_RETRY_S
-                self._changed(False, f"{type(error).__name__}: {error}")
+                self._unreachable(error)
             else:
                 self._changed(True)
                 return count
@@ -138,10 +137,14 @@ class SharedWindows:
         try:
             await self.store.redis.ping()
         except Exception as error:  # noqa: BLE001 -- as in hit
-            self.retry_at = time.monotonic() + STORE_RETRY_S
-            self._changed(False, f"{type(error).__name__}: {error}")
+            self._unreachable(error)
         else:
             self._changed(True)
+
+    def _unreachable(self, error: Exception) -> None:
+        """The store failed: count here (or refuse) until STORE_RETRY_S from now."""
+        self.retry_at = time.monotonic() + STORE_RETRY_S
+        self._changed(False, f"{type(error).__name__}: {error}")
 
     def _changed(self, up: bool, why: str = "") -> None:
         if up == self.up:

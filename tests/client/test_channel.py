@@ -3,8 +3,10 @@ replica that drains loses no request of a client that uses it (client.client, th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -19,46 +21,45 @@ from testkit.servers import RunningServer, server_config
 from tests.conftest import ROOT
 
 
-def test_a_draining_replica_loses_no_request(tiny_export: Path):
+@contextlib.contextmanager
+def round_robin_over_two(tiny_export: Path) -> Iterator[tuple[list[RunningServer], Callable[[], object]]]:
+    """Two replicas and a call of one sentence through the callers' channel over both."""
     replicas = [RunningServer(server_config(tiny_export, max_output_tokens=8)) for _ in range(2)]
     try:
         target = "ipv4:" + ",".join(f"127.0.0.1:{r.server.port}" for r in replicas)
         with channel(target) as connection:
             stub = translate_pb2_grpc.TranslatorStub(connection)
             request = translate_pb2.TranslateRequest(texts=own_sentences(1))
-            answered = [stub.Translate(request, timeout=20) for _ in range(6)]  # round robin: both serve
-            served = {r.server.port: r.metric("translate_requests_total", {"code": "OK"}) or 0 for r in replicas}
-            assert all(count >= 2 for count in served.values()), served
-            replicas[0].server.scheduler.stop_accepting()  # draining: it answers UNAVAILABLE
-            answered += [stub.Translate(request, timeout=20) for _ in range(10)]
+            yield replicas, lambda: stub.Translate(request, timeout=20)
+    finally:
+        for replica in replicas:
+            replica.close()
+
+
+def test_a_draining_replica_loses_no_request(tiny_export: Path):
+    with round_robin_over_two(tiny_export) as (replicas, call):
+        answered = [call() for _ in range(6)]  # round robin: both serve
+        served = {r.server.port: r.metric("translate_requests_total", {"code": "OK"}) or 0 for r in replicas}
+        assert all(count >= 2 for count in served.values()), served
+        replicas[0].server.scheduler.stop_accepting()  # draining: it answers UNAVAILABLE
+        answered += [call() for _ in range(10)]
         assert len({a.translations[0].text for a in answered}) == 1
         assert replicas[0].metric("translate_requests_total", {"code": "UNAVAILABLE"}) >= 1  # it was asked, ...
         assert replicas[1].metric("translate_requests_total", {"code": "OK"}) >= served[replicas[1].server.port] + 10
-    finally:
-        for replica in replicas:
-            replica.close()
 
 
 def test_round_robin_skips_a_replica_whose_health_says_not_serving(tiny_export: Path):
-    replicas = [RunningServer(server_config(tiny_export, max_output_tokens=8)) for _ in range(2)]
-    try:
-        target = "ipv4:" + ",".join(f"127.0.0.1:{r.server.port}" for r in replicas)
-        with channel(target) as connection:
-            stub = translate_pb2_grpc.TranslatorStub(connection)
-            request = translate_pb2.TranslateRequest(texts=own_sentences(1))
-            for _ in range(6):
-                stub.Translate(request, timeout=20)
-            asked = replicas[0].metric("translate_requests_total") or 0
-            assert asked >= 2  # round robin: both serve
-            not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
-            replicas[0].call(replicas[0].server.health.set(SERVICE, not_serving))  # as a drain begins
-            time.sleep(0.5)  # the health watch tells the channel
-            for _ in range(10):
-                stub.Translate(request, timeout=20)
+    with round_robin_over_two(tiny_export) as (replicas, call):
+        for _ in range(6):
+            call()
+        asked = replicas[0].metric("translate_requests_total") or 0
+        assert asked >= 2  # round robin: both serve
+        not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+        replicas[0].call(replicas[0].server.health.set(SERVICE, not_serving))  # as a drain begins
+        time.sleep(0.5)  # the health watch tells the channel
+        for _ in range(10):
+            call()
         assert replicas[0].metric("translate_requests_total") == asked  # not even asked
-    finally:
-        for replica in replicas:
-            replica.close()
 
 
 def test_without_the_service_config_a_draining_replica_fails_requests(tiny_export: Path):
