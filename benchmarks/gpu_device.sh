@@ -4,6 +4,11 @@
 #   benchmarks/gpu_device.sh stash          carrying .gpu/a: keeps onnxruntime-gpu's libraries in /tmp/gpu
 #   benchmarks/gpu_device.sh run [SECONDS]  carrying .gpu/b: installs, checks, times; report in $OUT as it goes
 #   benchmarks/gpu_device.sh profile        carrying .gpu/b: one step's time at several sizes, and its kernels
+#   benchmarks/gpu_device.sh anatomy [SECONDS] carrying .gpu/b and .whl: where a step's time goes for every engine
+#                                           and size (benchmarks/step_anatomy.py, kernels by the torch profiler,
+#                                           more flags in ANATOMY_FLAGS), then the server under load for what is left
+#                                           of SECONDS (default 150); .whl: wheels of what the machine lacks
+#                                           (opentelemetry-api, which the server imports)
 # The tree travels without the checkpoints (the device needs only the fp16 export in .gpu/b): empty them here
 # for the runs and restore them after (git checkout model/). With network access, `make gpu-check` instead.
 set -u
@@ -22,6 +27,10 @@ stash = pathlib.Path("/tmp/gpu")
 (capi / "libonnxruntime_providers_cuda.so").write_bytes(lzma.decompress((stash / "libonnxruntime_providers_cuda.so.xz").read_bytes()))
 (capi / (stash / "extension_name").read_text()).write_bytes(lzma.decompress((stash / "onnxruntime_pybind11_state.so.xz").read_bytes()))
 PY
+    # Python packages the machine lacks (the server's opentelemetry-api), carried as wheels in .whl when asked
+    if [ -d .whl ]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || return 1
+    fi
     cp .gpu/b/proto/*.py proto/
     # the gRPC modules were generated for a newer grpcio than the machine's: their stubs run on it, so say so
     sed -i "s/^GRPC_GENERATED_VERSION = .*/GRPC_GENERATED_VERSION = '$(python3 -c 'import grpc; print(grpc.__version__)')'/" proto/translate_pb2_grpc.py
@@ -61,8 +70,20 @@ profile)
         tail -40 "$out/kernels_$name.txt"
     done
     ;;
+anatomy)
+    set -o pipefail
+    install || exit 1
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
+    anatomy="python3 benchmarks/step_anatomy.py --model .gpu/b/model --json $out/anatomy.json ${ANATOMY_FLAGS:-}"
+    # the kernels are counted by torch's profiler in the same process; without them if that fails here
+    timeout 240 $anatomy --kernels 2>&1 | tee "$out/anatomy.md" || timeout 180 $anatomy 2>&1 | tee "$out/anatomy.md"
+    budget=${2:-150}
+    timeout $((budget + 60)) python3 benchmarks/gpu_check.py --model .gpu/b/model --variants fp16 \
+        --reference .gpu/b/reference.json --data .gpu/b/data --parts load --speed-sentences 500 \
+        --budget "$budget" --load-seconds 10 --clients 16 --report "$out/gpu_check.md" 2>&1 | tee "$out/log.txt"
+    ;;
 *)
-    echo "usage: $0 stash | run [SECONDS] | profile" >&2
+    echo "usage: $0 stash | run [SECONDS] | profile | anatomy [SECONDS]" >&2
     exit 2
     ;;
 esac

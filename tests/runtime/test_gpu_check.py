@@ -98,3 +98,39 @@ def test_the_step_profile_times_a_full_bucket_on_the_cpu_provider(tiny_export: P
     assert "2 sources x beam 2 (4 rows), 1 steps per run" in lines[0]
     assert "3 sources x beam 1 (3 rows), 2 steps per run, graphs True, fusions True" in lines[1]
     assert all(re.search(r"\d+\.\d{3} ms per step$", line) for line in lines)
+
+
+def test_the_step_anatomy_counts_a_steps_runs_copies_and_nodes_on_the_cpu_provider(
+    tiny_export: Path, multi30k: Path, tmp_path: Path, capsys
+):
+    """The anatomy a lent GPU runs (benchmarks/gpu_device.sh anatomy), in its CPU form: each engine's step splits
+    into its runs and the host's share, the spy counts the copies the same path makes on a device (a greedy step in
+    buckets copies its tokens and lengths up and reads two outputs back; beam search also reorders its caches in a
+    second run), and the node count is that of the graph ONNX Runtime writes out after optimizing it."""
+    import json
+
+    import step_anatomy
+
+    out = tmp_path / "anatomy.json"
+    flags = ["--model", str(tiny_export), "--provider", "cpu", "--variant", "fp32", "--repeats", "1", "--warmup", "2"]
+    engines = ["--engines", "compact,captured,captured-k8", "--sizes", "1,2x2", "--max-length", "20"]
+    drain = ["--drain", str(multi30k), "--drain-sentences", "8", "--drain-sizes", "4"]
+    assert step_anatomy.main([*flags, *engines, *drain, "--json", str(out)]) == 0
+    results = json.loads(out.read_text())
+    steps = {(r["engine"], r["sources"], r["beam"]): r for r in results if "step_ms" in r}
+    assert len(steps) == 6
+    for result in steps.values():
+        assert result["step_ms"] > result["run_ms"] > 0
+        assert abs(result["host_ms"] - (result["step_ms"] - result["run_ms"])) < 1e-9
+        assert sum(result["nodes"].values()) > 20
+    greedy, beam = steps[("captured", 1, 1)], steps[("captured", 2, 2)]
+    assert (greedy["runs"], greedy["up"], greedy["down"]) == (1, 2, 2)
+    assert beam["rows"] == 4 and beam["runs"] > 1 and beam["down"] > greedy["down"]
+    chunked = steps[("captured-k8", 1, 1)]
+    assert chunked["steps_per_run"] == 8 and (chunked["runs"], chunked["up"]) == (1, 2)
+    assert steps[("compact", 1, 1)]["up"] == 0  # on the CPU the compact step binds the host's arrays themselves
+    drains = [r for r in results if "drain" in r]
+    assert [r["engine"] for r in drains] == ["compact", "captured", "captured-k8"]
+    assert all(r["tokens_per_s"] > 0 and len(r["own_time"]) == step_anatomy.DRAIN_TOP for r in drains)
+    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| captured |")]
+    assert len(table) == 2 and table[0].endswith("| - | - | - | - |")  # no kernels without a GPU
