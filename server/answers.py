@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from runtime.search import Hypothesis
+from server import casing
 from server.interface import Engine
 from server.text import AfterSplit, SplitSentence
 
@@ -92,8 +93,15 @@ def joined(text: str, parts: Sequence[DecodedSentence], outputs: dict[int, str])
 
 def plain(engine: Engine, texts: Sequence[str], segments: Sequence[DecodedSentence]) -> list[str]:
     """Each text's sentences' translations in the text's layout."""
-    outputs = dict(zip(map(id, segments), engine.detokenize([s.output for s in segments]), strict=True))
+    outputs = detokenized(engine, segments)
     return [joined(text, parts, outputs) for text, parts in zip(texts, by_text(segments, len(texts)), strict=True)]
+
+
+def detokenized(engine: Engine, segments: Sequence[DecodedSentence]) -> dict[int, str]:
+    """Each segment's translation as its source was written (in capitals where it was: server/casing.py), by
+    the segment's id."""
+    texts = engine.detokenize([s.output for s in segments])
+    return {id(s): casing.written(text, s.spec.capitals) for s, text in zip(segments, texts, strict=True)}
 
 
 def distinct_alternatives(translation: str, candidates: Sequence[str]) -> tuple[str, ...]:

@@ -24,6 +24,7 @@ from typing import Any
 
 import ahocorasick
 
+from server.casing import fold
 from server.errors import InvalidRequest
 from server.markup import Atom, Document, Piece
 
@@ -114,14 +115,6 @@ class Glossary:
         if atoms:  # in order of offset, an atom taken out at a term's start before the term
             piece.atoms = sorted(piece.atoms + atoms, key=lambda atom: (atom.offset, atom.covers > 0))
         return applied
-
-
-def fold(text: str) -> str:
-    """Lower case, one character for one, so that offsets in the folded text are offsets in the text."""
-    lowered = text.lower()
-    if len(lowered) == len(text):
-        return lowered
-    return "".join(low if len(low := c.lower()) == 1 else c for c in text)
 
 
 def _word(c: str) -> bool:

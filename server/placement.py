@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from server import casing
 from server.markup import CLOSING_PUNCTUATION, WORD, Piece
 from server.text import SplitSentence
 
@@ -340,7 +341,8 @@ def sentences_for(
             alignment = next(alignments)
             pieces = engine.target_pieces(s.output)
             spans = unit_spans(pieces)
-            units += engine.detokenize([s.output[a:b] for a, b in spans])
+            written = engine.detokenize([s.output[a:b] for a, b in spans])
+            units += [casing.written(unit, s.spec.capitals) for unit in written]
             spaces += [pieces[a].startswith("▁") for a, _ in spans]
             source = engine.source_pieces(s.spec.ids)
             words = _chunk_words(source, last_unit)

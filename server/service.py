@@ -13,6 +13,7 @@ from collections import Counter
 import grpc
 
 from proto import translate_pb2, translate_pb2_grpc
+from server import casing
 from server.access import ATTEMPT_HEADER, PREVIOUS_ATTEMPTS, REQUEST_ID_HEADER, AccessLog, Exchange, request_id
 from server.answers import distinct_alternatives
 from server.config import ServerConfig
@@ -226,7 +227,10 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
         async for segment in self.translations.segments(engine, exchange.texts, options):
             segments.append(segment)
             spec = segment.spec
-            translation, *alternatives = engine.detokenize([segment.output, *segment.alternatives])
+            translation, *alternatives = (
+                casing.written(text, spec.capitals)
+                for text in engine.detokenize([segment.output, *segment.alternatives])
+            )
             applied: list[str] = []
             if options.glossary is not None:
                 translation, applied = await self.translations.glossed(engine, segment, options.glossary)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import sentencex
 
+from server import casing
 from server.errors import InvalidRequest
 
 LINE_BREAK = re.compile(r"(\s*\n\s*)")  # a line break with the whitespace around it
@@ -51,6 +52,7 @@ class SplitSentence:
     truncated: bool = False
     separator: str = " "  # the whitespace that follows it in its text (a line break keeps the layout)
     chunk: int = 0  # a sentence over the segment bound (TextLimits.sentence_tokens) is cut: which piece this is
+    capitals: bool = False  # written in capitals: translated in the model's case, its translation in capitals
 
 
 class AfterSplit:
@@ -142,6 +144,41 @@ def _bounded(
     ]
 
 
+def _model_sentences(
+    splits: Sequence[list[tuple[str, str]]],
+    texts: Sequence[str],
+    tokenize: Callable[[list[str]], list[list[int]]],
+    language: str,
+    lower_case: bool,
+) -> list[list[tuple[str, str]]]:
+    """The splits as the model reads them: a sentence in capitals, or any of an all-lower-case text with
+    ``lower_case``, in the model's case (server/casing.py, one tokenizer call for all); the others as they are."""
+    changed = [
+        (t, k)
+        for t, (split, text) in enumerate(zip(splits, texts, strict=True))
+        for k, (sentence, _) in enumerate(split)
+        if casing.in_capitals(sentence) or (lower_case and text.islower())
+    ]
+    if not changed:
+        return list(splits)
+    models = [list(split) for split in splits]
+    cased = casing.model_case([splits[t][k][0] for t, k in changed], tokenize, language)
+    for (t, k), sentence in zip(changed, cased, strict=True):
+        models[t][k] = (sentence, splits[t][k][1])
+    return models
+
+
+def _as_sent(sentence: str, as_read: str, parts: list[tuple[str, list[int], str]]) -> list[tuple[str, list[int], str]]:
+    """Parts of a sentence cut from ``as_read`` (the same sentence in another case, one character for one), each
+    with its source as the sentence has it."""
+    sent, position = [], 0
+    for source, ids, gap in parts:
+        start = 0 if source == as_read else as_read.find(source, position)
+        sent.append((sentence[start : start + len(source)], ids, gap))
+        position = start + len(source)
+    return sent
+
+
 def _sentence_ids(
     splits: Sequence[list[tuple[str, str]]],
     texts: Sequence[str],
@@ -171,6 +208,8 @@ def segment_texts(
     keep_empty: bool = False,
     language: str = "en",
     tokenized: Sequence[list[int]] | None = None,
+    *,
+    lower_case: bool = False,
 ) -> list[list[SplitSentence]]:
     """The sentences of every text, in order, as segments. Raises InvalidRequest naming the field.
 
@@ -180,12 +219,16 @@ def segment_texts(
     within it, never refused. A text over long_input_tokens follows the policy: ``split`` (its sentences are
     translated in one batch), ``truncate`` (sentences are kept up to long_input_tokens tokens in all), or
     ``reject``. ``tokenized``: the texts' ids, when the caller has them already.
+
+    A sentence in capitals is tokenized in the case the model knows (server/casing.py) and marked ``capitals``;
+    with ``lower_case``, so is every sentence of an all-lower-case text (its translation is lower-cased later).
     """
     check_texts(texts, limits, field, keep_empty)
     splits = [(split_sentences(text, language) or [(text.strip(), "")]) if text.strip() else [] for text in texts]
+    models = _model_sentences(splits, texts, tokenize, language, lower_case)
     result: list[list[SplitSentence]] = []
-    for i, (split, by_sentence) in enumerate(
-        zip(splits, _sentence_ids(splits, texts, tokenize, tokenized), strict=True)
+    for i, (split, model, by_sentence) in enumerate(
+        zip(splits, models, _sentence_ids(models, texts, tokenize, tokenized), strict=True)
     ):
         if not split:
             result.append([])
@@ -200,16 +243,19 @@ def segment_texts(
                     "long-input policy is reject; split the text or ask for the split policy"
                 )
         budget = limits.long_input_tokens if long and limits.long_input == "truncate" else None
-        pieces: list[tuple[str, list[int], str, int]] = []
-        for (sentence, separator), sentence_ids in zip(split, by_sentence, strict=True):
+        pieces: list[tuple[str, list[int], str, int, bool]] = []
+        for (sentence, separator), (as_read, _), sentence_ids in zip(split, model, by_sentence, strict=True):
             if budget is not None:
                 sentence_ids = sentence_ids[:budget]
                 budget -= len(sentence_ids)
             if budget is None:
-                parts = _bounded(sentence, sentence_ids, separator, limits.sentence_tokens, tokenize)
+                parts = _bounded(as_read, sentence_ids, separator, limits.sentence_tokens, tokenize)
             else:  # the kept ids are no longer the text's: cut them as they are
-                parts = _chunks(sentence, sentence_ids, separator, limits.sentence_tokens)
-            pieces += [(source, ids, gap, k) for k, (source, ids, gap) in enumerate(parts)]
+                parts = _chunks(as_read, sentence_ids, separator, limits.sentence_tokens)
+            if as_read is not sentence:
+                parts = _as_sent(sentence, as_read, parts)
+            capitals = casing.in_capitals(sentence)
+            pieces += [(source, ids, gap, k, capitals) for k, (source, ids, gap) in enumerate(parts)]
             if budget == 0:
                 break
         if not pieces:
@@ -218,8 +264,8 @@ def segment_texts(
             )
         result.append(
             [
-                SplitSentence(i, j, source, ids, budget is not None, separator, chunk)
-                for j, (source, ids, separator, chunk) in enumerate(pieces)
+                SplitSentence(i, j, source, ids, budget is not None, separator, chunk, capitals)
+                for j, (source, ids, separator, chunk, capitals) in enumerate(pieces)
             ]
         )
     return result

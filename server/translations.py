@@ -126,7 +126,15 @@ class Translations:
 
         def split() -> tuple[list[list[SplitSentence]], list[bytes]]:
             by_text = segment_texts(
-                texts, engine.tokenize, limits, on_long, options.field, options.keep_empty, language, tokenized
+                texts,
+                engine.tokenize,
+                limits,
+                on_long,
+                options.field,
+                options.keep_empty,
+                language,
+                tokenized,
+                lower_case=options.mirror_formatting and options.format == "text",  # lower-cased again after
             )
             return by_text, [TranslationCache.key(engine, spec.ids, decode) for text in by_text for spec in text]
 
@@ -273,7 +281,7 @@ class Translations:
         piece = markup.Piece(html=False, text=segment.spec.source, paths=[()] * len(segment.spec.source))
         applied = glossary.apply([markup.Document([piece])])[0]
         if not applied:
-            return engine.detokenize([segment.output])[0], []
+            return answers.detokenized(engine, [segment])[id(segment)], []
         self.metrics.glossary_applied.labels(engine.name).observe(len(applied))
         alignments = iter(await asyncio.to_thread(engine.align, [(segment.spec.ids, segment.output)]))
         first = replace(segment, spec=replace(segment.spec, chunk=0))  # the sentence is the piece, whatever its chunk
@@ -329,7 +337,7 @@ class Translations:
 
         def place() -> list[str]:
             flat = [s for sentences in by_piece for s in sentences]
-            detokenized = dict(zip(map(id, flat), engine.detokenize([s.output for s in flat]), strict=True))
+            detokenized = answers.detokenized(engine, flat)
             results = [
                 answers.joined(piece.text, sentences, detokenized)
                 for piece, sentences in zip(pieces, by_piece, strict=True)
