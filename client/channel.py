@@ -83,6 +83,41 @@ CHANNEL_OPTIONS = [
 ]
 
 
+def target_problem(target: str) -> str | None:
+    """Why ``target`` is not an address a channel reaches, in one line (None: it is one): host:port,
+    [IPv6]:port, dns:///name:port (dns://server/name:port), ipv4: or ipv6: and a list of those, or unix:PATH.
+    gRPC itself would take a URL or a bad port for a name it cannot resolve, a missing port for 443 and a port
+    over 65535 modulo 65536, and say so only when a call's deadline ran out."""
+    if target.startswith(("unix:", "unix-abstract:")):
+        return None
+    if target.startswith(("ipv4:", "ipv6:")):  # a list of addresses: ipv4:10.0.0.1:50051,10.0.0.2:50051
+        addresses = target[5:].removeprefix("//").split(",")
+        problems = (target_problem(address) for address in addresses if "://" not in address)
+        return next((f"{target!r}: {problem}" for problem in problems if problem), None)
+    address = target
+    if "://" in target:
+        scheme, _, rest = target.partition("://")
+        if scheme != "dns":
+            host = rest.split("/")[0] or "127.0.0.1:50051"
+            return f"{target!r} is a URL: give host:port ({host}), or dns:///name:port for every address of a name"
+        address = rest.partition("/")[2]
+    if address.startswith("["):
+        host, bracket, port = address[1:].partition("]:")
+        if not bracket:
+            return f"{target!r}: an IPv6 address is written [address]:port, e.g. [::1]:50051"
+    else:
+        host, colon, port = address.rpartition(":")
+        if not colon:
+            return f"{target!r} has no port: give host:port, e.g. {address or '127.0.0.1'}:50051"
+        if ":" in host:
+            return f"{target!r}: an IPv6 address is written in brackets with its port, e.g. [::1]:50051"
+    if not host:
+        return f"{target!r} has no host: give host:port, e.g. 127.0.0.1{address}"
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        return f"{target!r}: the port must be a number from 1 to 65535"
+    return None
+
+
 def channel(target: str, credentials: grpc.ChannelCredentials | None = None, options=()) -> grpc.Channel:
     """A blocking channel with the service config."""
     options = [*CHANNEL_OPTIONS, *options]

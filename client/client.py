@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import grpc
 
-from client.channel import channel
+from client.channel import channel, target_problem
 from proto import translate_pb2, translate_pb2_grpc
 from server.keys import KEY_METADATA
 
@@ -44,6 +44,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"the API key, where the server has keys (default: ${API_KEY_VARIABLE})",
     )
     args = parser.parse_args(argv)
+    if problem := target_problem(args.target):
+        print(f"translate-client: --target {problem}", file=sys.stderr)
+        return 2
     metadata = ((KEY_METADATA, args.api_key),) if args.api_key else ()
     lines = [line.rstrip("\n") for line in sys.stdin]
     options = translate_pb2.TranslateOptions(beam_size=args.beam, max_output_tokens=args.max_output_tokens)

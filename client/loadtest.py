@@ -50,7 +50,7 @@ import aiohttp
 import grpc
 import sentencepiece as spm
 
-from client.channel import aio_channel
+from client.channel import aio_channel, target_problem
 from client.loadtest_report import THREAD_CPU, Result, Run, markdown, plot, scrape, summarize
 from common import flags
 from common.corpus import read_lines
@@ -330,6 +330,8 @@ class LoadTest:
         if not self.target:
             object.__setattr__(self, "target", "127.0.0.1:5000" if self.api == "http" else "127.0.0.1:50051")
         problems = flags.choice_problems(self)
+        if problem := target_problem(self.target):
+            problems.append(f"--target {problem}")
         if self.metrics and urllib.parse.urlsplit(self.metrics).scheme not in ("http", "https"):
             problems.append(f"--metrics {self.metrics!r}: give its URL, e.g. http://{self.metrics}/metrics")
         if self.api == "http" and self.beam:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from client import loadtest
+from client.channel import target_problem
 from client.client import API_KEY_VARIABLE, main
 from server.keys import digest
 from testkit.servers import RunningServer, server_config
@@ -52,3 +54,38 @@ def test_without_a_key_the_refusal_says_how_to_give_one(keyed: RunningServer, mo
     code, out, err = run_client(keyed, monkeypatch, capsys)
     assert code == 1 and err.startswith("error: PERMISSION_DENIED: the API key is not valid"), err
     assert "k-guessed" not in err
+
+
+@pytest.mark.parametrize(
+    ("target", "says"),
+    [
+        ("http://127.0.0.1:50051", "is a URL: give host:port (127.0.0.1:50051)"),
+        ("127.0.0.1", "has no port: give host:port, e.g. 127.0.0.1:50051"),
+        ("127.0.0.1:99999", "the port must be a number from 1 to 65535"),
+        ("127.0.0.1:abc", "the port must be a number from 1 to 65535"),
+        (":50051", "has no host"),
+        ("::1:50051", "an IPv6 address is written in brackets with its port, e.g. [::1]:50051"),
+        ("[::1", "an IPv6 address is written [address]:port"),
+        ("ipv4:127.0.0.1:1,127.0.0.1", "has no port"),
+    ],
+)
+def test_a_malformed_target_is_refused_at_once_in_one_line(target: str, says: str, monkeypatch, capsys):
+    """gRPC would take each of these and fail only at the deadline ("errors resolving ..."), or quietly reach
+    port 443, or another port modulo 65536."""
+    monkeypatch.setattr("sys.stdin", io.StringIO("A man.\n"))
+    assert main(["--target", target, "--timeout", "60"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith(f"translate-client: --target {target!r}")
+    assert says in err
+    with pytest.raises(SystemExit):  # the load generator refuses it among its flags' problems
+        loadtest.parse_args(["--target", target, "--metrics", ""])
+    assert says in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "target",
+    ["127.0.0.1:50051", "[::1]:50051", "dns:///translator:50051", "unix:/tmp/s", "ipv4:127.0.0.1:1,127.0.0.1:2"],
+)
+def test_the_targets_a_channel_reaches_pass(target: str):
+    assert target_problem(target) is None
+    assert target_problem("dns://8.8.8.8/translator.example:443") is None
