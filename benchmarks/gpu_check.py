@@ -337,8 +337,7 @@ def memcpy_nodes(model: bytes | str, provider: str, provider_options: dict | Non
 
 def memcpy_lines(model_dir: Path, variant: str, provider: str) -> list[str]:
     """The Memcpy count of the step as exported, after ``split_host_feeds``, and of the k-step graph."""
-    from runtime.captured import split_host_feeds
-    from runtime.k_steps import k_step_graph
+    from runtime.step_graphs import k_step_graph, split_host_feeds
 
     path = model_dir / read_manifest(model_dir, verify=False)["variants"][variant]["decoder"]
     graphs = {

@@ -13,9 +13,11 @@
   ``bucket_buffers``: where a bucket's caches live (the host, or the step's device, kept per bucket shape);
   ``captured``: a bucket's step on a device, bound once and replayed as one CUDA graph per bucket;
 - ``binding``: a decoder step bound by reference and run in place, and the bindings a session keeps per batch;
-- ``k_steps``: several greedy steps per decoder run, a graph made from the one-step graph, and its bindings;
+- ``step_graphs``: the graphs made at load time from the loaded step (several greedy steps per run, the step
+  split for capture, the beam reorder on a device), in one place;
 - ``options``: the engine's settings (``EngineSettings``, ``RuntimeOptions``); ``providers``: ONNX Runtime's
   execution providers and how a graph's session is opened on one;
+- ``plan``: every choice the backend acts on, resolved once and checked together (``EnginePlan``);
 - ``backend``: an exported folder on ONNX Runtime sessions (``OrtBackend``): encode, step, new batches;
 - ``aligner``: where each output token looked in its source, to place markup;
 - ``memory``: what a decoding sentence holds (``MemoryModel``) and the process's memory tuning;

@@ -21,17 +21,18 @@ import onnxruntime as ort
 
 from runtime.aligner import Aligner
 from runtime.batch import DecodeBatch, EncodedSources, StepInputs, StepOutputs, pad_sources
-from runtime.binding import StepBindings
+from runtime.binding import StepBindings, bind_k_steps
 from runtime.bucket_buffers import DeviceBuffers
 from runtime.buckets import BucketedBatch
 from runtime.caches import CachePool, KVCache
-from runtime.captured import DeviceSteps, split_host_feeds
-from runtime.contract import CANDIDATE_OUTPUTS, ORT_DTYPES, STEP_INPUTS, STEP_OUTPUTS
+from runtime.captured import DeviceSteps
+from runtime.contract import CANDIDATE_OUTPUTS, CHUNK_OUTPUTS, STEP_INPUTS, STEP_OUTPUTS
 from runtime.cpu import describe_cpu, int8_products_saturate
-from runtime.device_cache import CacheOps, DeviceKVCache, device_cache_for
+from runtime.device_cache import CacheOps, DeviceKVCache
 from runtime.manifest import ModelFolderError, read_manifest
 from runtime.model_config import ModelConfig
 from runtime.options import RuntimeOptions
+from runtime.plan import plan_engine
 from runtime.providers import PROVIDERS, ProviderUnavailable, open_session, resolve_provider
 from runtime.search import LENGTH_PENALTY, Decoding, RepetitionGuard
 from runtime.tokenizer import Tokenizer, TokenizerError
@@ -67,61 +68,78 @@ class OrtBackend:
         options = options or RuntimeOptions()
         self.folder = Path(folder)
         self.manifest = read_manifest(self.folder, verify=options.verify_files)
-        variants = self.manifest["variants"]
-        self.provider = resolve_provider(options.settings.provider)
-        self.variant = chosen_variant(self.folder, options.settings.variant, variants, self.provider)
         self.config = ModelConfig.from_dict(self.manifest["model_config"])
         self.length_penalty = float(self.manifest.get("decoding", {}).get("length_penalty", LENGTH_PENALTY))
+        self.tokenizer = self._tokenizer()
+        self.encoder, self.decoder = self._open(options)
+        self.small_encoder, self.small_decoder = self._small_sessions(options)
+        self.plan = plan_engine(options, self.provider, self.variant, self.decoder)
+        ops = CacheOps(PROVIDERS[self.provider], self.device, self.cache_dtype) if self.device_cache else None
+        self._cache_ops = ops
+        self.cache_pool: CachePool | None = CachePool() if options.reuse_cache_buffers else None
+        self.step_bindings = StepBindings(self.decoder, self.device)
+        small_steps = self.small_decoder is not self.decoder
+        self.small_step_bindings = StepBindings(self.small_decoder, self.device) if small_steps else self.step_bindings
+        self.aligner = Aligner(self.folder, self.manifest, self.config, self.encode)
+        # Buckets on a device (io_binding): their buffers live there, and their steps run over them (DeviceSteps)
+        self.bucket_buffers: DeviceBuffers | None = None
+        self.device_steps = self.device_chunks = None
+        if self.plan.device_buckets:
+            self._device_buckets(options)
+        self.k_steps = self._k_steps(options) if self.steps_per_run > 1 and self.device_chunks is None else None
+
+    # --- the plan's choices, by the names the engine's callers read ---------------
+
+    provider = property(lambda self: self._provider)
+    variant = property(lambda self: self._variant)
+    device = property(lambda self: "cuda" if self._provider == "cuda" else "cpu")
+    cache_dtype = property(lambda self: self.plan.cache_dtype)
+    d_cache = property(lambda self: self.plan.d_cache)
+    device_cache = property(lambda self: self.plan.device_cache)
+    io_binding = property(lambda self: self.plan.io_binding)
+    batch_layout = property(lambda self: self.plan.batch_layout)
+    steps_per_run = property(lambda self: self.plan.steps_per_run)
+
+    # --- loading -----------------------------------------------------------------
+
+    def _tokenizer(self) -> Tokenizer:
         try:  # a file name (older manifests) or {"kind", "files"}
-            self.tokenizer = Tokenizer.load(self.folder, self.manifest["tokenizer"])
+            return Tokenizer.load(self.folder, self.manifest["tokenizer"])
         except TokenizerError as e:
             raise ModelFolderError(str(e)) from e
-        self.device = "cuda" if self.provider == "cuda" else "cpu"
+
+    def _open(self, options: RuntimeOptions) -> tuple[ort.InferenceSession, ort.InferenceSession]:
+        """The encoder and decoder sessions on the provider asked for ("auto": CUDA where it loads, else the
+        CPU), in the variant asked for (or the provider's best); a decoder the engine cannot step is refused."""
+        variants = self.manifest["variants"]
+        self._provider = resolve_provider(options.settings.provider)
+        self._variant = chosen_variant(self.folder, options.settings.variant, variants, self._provider)
         try:
-            self.encoder, self.decoder = self._sessions(options, options.settings.intra_op_threads)
+            sessions = self._sessions(options, options.settings.intra_op_threads)
         except ProviderUnavailable as error:
             if options.settings.provider != "auto":
                 raise
             log.warning("provider auto: %s; using the CPU", error)
-            self.provider = self.device = "cpu"
-            self.variant = chosen_variant(self.folder, options.settings.variant, variants, self.provider)
-            self.encoder, self.decoder = self._sessions(options, options.settings.intra_op_threads)
-        if self.variant == "int8" and not variants["int8"].get("quantization", {}).get("reduce_range"):
+            self._provider = "cpu"
+            self._variant = chosen_variant(self.folder, options.settings.variant, variants, self._provider)
+            sessions = self._sessions(options, options.settings.intra_op_threads)
+        if self._variant == "int8" and not variants["int8"].get("quantization", {}).get("reduce_range"):
             self._warn_if_int8_saturates()  # on the provider the sessions took
-        self.small_encoder, self.small_decoder = self.encoder, self.decoder
-        small = options.small_batch_threads
-        if self.provider == "cpu" and small is not None and small != options.settings.intra_op_threads:
-            self.small_encoder, self.small_decoder = self._sessions(options, small)
-        missing = sorted(STEP_INPUTS - {i.name for i in self.decoder.get_inputs()})
+        missing = sorted(STEP_INPUTS - {i.name for i in sessions[1].get_inputs()})
         if missing:
             raise ModelFolderError(
                 f"{self.folder} was exported by an older version (its decoder step lacks {', '.join(missing)}); "
                 f"export it again: python -m export --out {self.folder} --force"
             )
-        past = next(i for i in self.decoder.get_inputs() if i.name == "past_key_0")
-        self.cache_dtype = ORT_DTYPES[past.type]
-        self.d_cache = past.shape[3]
-        self.device_cache = device_cache_for(self.provider, self.cache_dtype, options.device_cache)
-        self.io_binding = self.provider == "cuda" if options.io_binding is None else options.io_binding
-        self.io_binding = self.io_binding or self.device_cache
-        self._cache_ops = (
-            CacheOps(PROVIDERS[self.provider], self.device, self.cache_dtype) if self.device_cache else None
-        )
-        self.cache_pool: CachePool | None = CachePool() if options.reuse_cache_buffers else None
-        self.batch_layout = options.settings.batch_layout
-        self.step_bindings = StepBindings(self.decoder, self.device)
-        small_steps = self.small_decoder is not self.decoder
-        self.small_step_bindings = StepBindings(self.small_decoder, self.device) if small_steps else self.step_bindings
-        self.aligner = Aligner(self.folder, self.manifest, self.config, self.encode)
-        self.steps_per_run = options.steps_per_run
-        # Buckets on a device (io_binding): their buffers live there, and their steps run over them (DeviceSteps)
-        self.bucket_buffers: DeviceBuffers | None = None
-        self.device_steps = self.device_chunks = None
-        if options.cuda_graphs and not (self.batch_layout == "buckets" and self.io_binding):
-            raise ValueError("cuda_graphs captures each bucket's step: it needs batch_layout buckets on a device")
-        if self.batch_layout == "buckets" and self.io_binding:
-            self._device_buckets(options)
-        self.k_steps = self._k_steps(options) if self.steps_per_run > 1 and self.device_chunks is None else None
+        return sessions
+
+    def _small_sessions(self, options: RuntimeOptions) -> tuple[ort.InferenceSession, ort.InferenceSession]:
+        """On the CPU, with ``small_batch_threads``, another pair for runs under SMALL_BATCH_ROWS rows; else the
+        same pair."""
+        small = options.small_batch_threads
+        if self._provider == "cpu" and small is not None and small != options.settings.intra_op_threads:
+            return self._sessions(options, small)
+        return self.encoder, self.decoder
 
     @staticmethod
     def _onnx(what: str) -> Any:
@@ -138,12 +156,10 @@ class OrtBackend:
         return self._onnx(what).load(str(self.folder / self.manifest["variants"][self.variant]["decoder"]))
 
     def _k_steps(self, options: RuntimeOptions) -> StepBindings:
-        """The session of ``steps_per_run`` greedy steps per run (runtime/k_steps.py) and its bindings, on host
+        """The session of ``steps_per_run`` greedy steps per run (runtime/step_graphs.py) and its bindings, on host
         buffers."""
-        if self.io_binding:
-            raise ValueError("steps_per_run > 1 on a device runs in batch_layout buckets only")
         graph = self._graph("steps_per_run > 1")
-        from runtime.k_steps import bind_k_steps, k_step_graph
+        from runtime.step_graphs import k_step_graph
 
         k = options.steps_per_run
         model = k_step_graph(graph, k).SerializeToString()
@@ -155,15 +171,10 @@ class OrtBackend:
     def _device_buckets(self, options: RuntimeOptions) -> None:
         """Buckets whose buffers live on the device, their steps (and chunks of ``steps_per_run`` greedy steps)
         run over them by DeviceSteps, each bucket's captured as a CUDA graph with ``cuda_graphs``."""
-        if self.provider == "cuda" and self.cache_dtype != np.float16:
-            raise ValueError(
-                "batch_layout buckets on CUDA keeps the cache on the device, where ONNX Runtime's "
-                "GroupQueryAttention has no float32 kernel: use the fp16 variant"
-            )
         self._onnx("batch_layout buckets on a device")  # its beam reorder's graph is made on first use
         ops = self._cache_ops or CacheOps(PROVIDERS[self.provider], self.device, self.cache_dtype)
         self.bucket_buffers = DeviceBuffers(ops)
-        graphs = self.provider == "cuda" if options.cuda_graphs is None else options.cuda_graphs
+        graphs = self.plan.cuda_graphs
         session = self.decoder
 
         def opened(model: Any) -> ort.InferenceSession:
@@ -172,11 +183,13 @@ class OrtBackend:
             return open_session(model.SerializeToString(), self.provider, threads, options.spinning, arena, extra)
 
         if graphs:
+            from runtime.step_graphs import split_host_feeds
+
             session = opened(split_host_feeds(self._graph("cuda_graphs")))
         self.device_steps = DeviceSteps(session, self.device, STEP_OUTPUTS + CANDIDATE_OUTPUTS, graphs)
         if self.steps_per_run > 1:
             graph = self._graph("steps_per_run > 1")
-            from runtime.k_steps import CHUNK_OUTPUTS, k_step_graph
+            from runtime.step_graphs import k_step_graph
 
             model = k_step_graph(graph, self.steps_per_run, host_totals=True)
             self.device_chunks = DeviceSteps(opened(model), self.device, list(CHUNK_OUTPUTS), graphs)

@@ -77,7 +77,7 @@ class StepInputs(NamedTuple):
 # top_log_probs (R, K), top_ids (R, K), eos_log_probs (R, 1), then CANDIDATE_OUTPUTS (runtime/contract.py)
 StepOutputs = Sequence[np.ndarray]
 StepFn = Callable[[StepInputs], StepOutputs]
-# Several greedy steps in one run (runtime/k_steps.py): each row's next k tokens (R, k) and log-probabilities
+# Several greedy steps in one run (runtime/step_graphs.py): each row's next k tokens (R, k) and log-probabilities
 ChunkFn = Callable[[StepInputs], tuple[np.ndarray, np.ndarray]]
 
 
@@ -247,7 +247,7 @@ class DecodeBatch:
         return finished
 
     def _greedy_chunk(self) -> list[tuple[Any, Hypothesis]]:
-        """``chunk`` greedy steps of every row in one run (runtime/k_steps.py)."""
+        """``chunk`` greedy steps of every row in one run (runtime/step_graphs.py)."""
         tokens, log_probs = self.chunk_fn(self.step_inputs())
         for _ in range(self.chunk):
             self.cache.advance()

@@ -14,7 +14,7 @@ import numpy as np
 import onnxruntime as ort
 
 from runtime.batch import StepInputs, StepOutputs
-from runtime.contract import CANDIDATE_OUTPUTS, ORT_DTYPES, STEP_OUTPUTS, output_arrays
+from runtime.contract import CANDIDATE_OUTPUTS, CHUNK_OUTPUTS, ORT_DTYPES, STEP_OUTPUTS, output_arrays, present_names
 from runtime.device_cache import BufferView
 
 
@@ -96,7 +96,7 @@ class StepBindings:
         self, session: ort.InferenceSession, device: str, bind: Callable[..., StepBinding] | None = None
     ) -> None:
         """``bind(session, feeds, device)``: how a layout's feeds are bound (``bind_step``; the k-step graph's
-        ``runtime.k_steps.bind_k_steps``)."""
+        ``bind_k_steps``)."""
         self.session, self.device, self.bind = session, device, bind or bind_step
         self._kept: weakref.WeakKeyDictionary[Any, dict[tuple, StepBinding]] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()  # translate-file's workers step their batches on one session at once
@@ -118,3 +118,30 @@ class StepBindings:
             kept[inputs.layout] = bound
             self._kept[inputs.batch] = kept
         return bound
+
+
+def bind_k_steps(session: ort.InferenceSession, feeds: dict[str, Any], device: str, k: int) -> StepBinding:
+    """A k-step graph (runtime/step_graphs.py) bound as ``bind_step`` binds a step (host feeds by reference;
+    ``StepBindings`` keeps it per batch layout), with each past buffer bound as every copy's present output too,
+    and the chunk's tokens and log-probabilities written into arrays that ``StepBindings.run`` returns."""
+    assert device == "cpu", device  # host buffers only, for now
+    declared = {value.name for value in session.get_inputs()}
+    pasts = [name for name in feeds if name.startswith("past_")]
+    presents = present_names(len(pasts) // 2, k)
+    binding, values = session.io_binding(), []
+    for name, array in feeds.items():
+        if name not in declared:
+            continue
+        assert array.flags.c_contiguous, name  # a copy would not see the batch's updates
+        value = ort.OrtValue.ortvalue_from_numpy(array)  # the same memory
+        values.append(value)
+        binding.bind_ortvalue_input(name, value)
+        if name in pasts:
+            for names in presents:
+                binding.bind_ortvalue_output(names[pasts.index(name)], value)
+    rows = len(feeds["tokens"])
+    outputs = (np.empty((rows, k), np.int64), np.empty((rows, k), np.float32))
+    for name, array in zip(CHUNK_OUTPUTS, outputs, strict=True):
+        values.append(ort.OrtValue.ortvalue_from_numpy(array))
+        binding.bind_ortvalue_output(name, values[-1])
+    return StepBinding(binding, outputs, values)

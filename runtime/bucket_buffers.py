@@ -112,24 +112,13 @@ class DeviceBuffers:
         session.run_with_iobinding(binding)
 
     def _reorder_session(self, count: int) -> ort.InferenceSession:
-        """y_i = ScatterND(x_i, targets, Gather(x_i, rows)) for ``count`` buffers, each y_i bound to x_i (made
-        with the onnx package, as the captured step's graphs are)."""
-        from onnx import TensorProto, helper
+        """The reorder of ``count`` buffers (runtime/step_graphs.py, reorder_graph) on the buffers' provider."""
+        from runtime.step_graphs import reorder_graph  # the onnx package: only where beams reorder on a device
 
-        f = helper.np_dtype_to_tensor_dtype(np.dtype(self.dtype))
-        nodes, inputs, outputs = [], [], []
-        for i in range(count):
-            nodes.append(helper.make_node("Gather", [f"x{i}", "rows"], [f"taken{i}"], axis=0))
-            nodes.append(helper.make_node("ScatterND", [f"x{i}", "targets", f"taken{i}"], [f"y{i}"]))
-            inputs.append(helper.make_tensor_value_info(f"x{i}", f, None))
-            outputs.append(helper.make_tensor_value_info(f"y{i}", f, None))
-        inputs.append(helper.make_tensor_value_info("rows", TensorProto.INT64, ["n"]))
-        inputs.append(helper.make_tensor_value_info("targets", TensorProto.INT64, ["n", 1]))
-        graph = helper.make_graph(nodes, "reorder", inputs, outputs)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
         options = ort.SessionOptions()
         options.intra_op_num_threads = 1
-        session = ort.InferenceSession(model.SerializeToString(), options, providers=[self.ops.provider])
+        model = reorder_graph(count, self.dtype).SerializeToString()
+        session = ort.InferenceSession(model, options, providers=[self.ops.provider])
         self._reorders[count] = session
         return session
 

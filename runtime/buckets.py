@@ -15,7 +15,7 @@ tokens where the step computes each row as it would in a compact batch.
 The caches and sources' keys are host arrays or values on the step's device (runtime/bucket_buffers.py); the
 small feeds (tokens, lengths, masks, scores) are host arrays, which a device's step function copies across
 before each run (runtime/captured.py). A greedy bucket may run several steps per call (``chunk_fn``,
-runtime/k_steps.py). On a device the step's total length is the bucket's, as a captured step reads it once.
+runtime/step_graphs.py). On a device the step's total length is the bucket's, as a captured step reads it once.
 """
 
 from __future__ import annotations

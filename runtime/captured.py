@@ -9,7 +9,8 @@ every run passes ``gpu_graph_id`` = the set's key, so ONNX Runtime captures each
 warm-up runs, on the same inputs: the step is a pure function of them, its cache entry written at the same slot)
 and replays it from then on. The feeds that kernels read on the host (``HOST_FEEDS``: GroupQueryAttention's
 total length, TopK's k) stay on the host and are fixed per bucket; where the graph also computes with one on
-the device, ``split_host_feeds`` gives those nodes a device copy, so no Memcpy node stops the capture.
+the device, ``runtime.step_graphs.split_host_feeds`` gives those nodes a device copy, so no Memcpy node stops
+the capture.
 """
 
 from __future__ import annotations
@@ -21,41 +22,14 @@ import numpy as np
 import onnxruntime as ort
 
 from runtime.batch import StepInputs
+from runtime.contract import HOST_FEEDS, ON_DEVICE
 
-HOST_FEEDS = ("total_length", "top_k")  # read by kernels from host memory
-ON_DEVICE = ".device"  # the suffix of a host feed's device copy (split_host_feeds)
-# Host-memory inputs of the operators that take them: (op_type, input index)
-HOST_INPUTS = {("GroupQueryAttention", 6), ("TopK", 1)}
 EVERY_STEP = ("tokens", "lengths")  # copied before every run
 AFTER_JOINS = ("row_scores", "candidate_bias", "src_mask")  # copied when they changed (beams, joins, departures)
 
 
-def split_host_feeds(model):  # noqa: ANN001, ANN201 (onnx.ModelProto, which the serving image lacks)
-    """``model`` (an onnx.ModelProto, changed in place and returned) where a HOST_FEEDS input is also read by
-    nodes computing on the device: those read a new input, its name + ON_DEVICE, bound on the device."""
-    graph = model.graph
-    declared = {value.name: value for value in graph.input}
-    for name in HOST_FEEDS:
-        if name not in declared:
-            continue
-        others = [
-            (node, i)
-            for node in graph.node
-            for i, read in enumerate(node.input)
-            if read == name and (node.op_type, i) not in HOST_INPUTS
-        ]
-        if not others:
-            continue
-        copy = graph.input.add()
-        copy.CopyFrom(declared[name])
-        copy.name = name + ON_DEVICE
-        for node, i in others:
-            node.input[i] = name + ON_DEVICE
-    return model
-
-
 def host_feed(feeds: dict, name: str) -> np.ndarray:
-    """A host feed's value: ``total_length@j`` (runtime/k_steps.py's copy j) is total_length + j."""
+    """A host feed's value: ``total_length@j`` (a k-step graph's copy j) is total_length + j."""
     base, _, step = name.partition("@")
     value = np.ascontiguousarray(feeds[base])
     return value + value.dtype.type(step) if step else value
@@ -88,7 +62,7 @@ class Outputs(Sequence):
 
 
 class DeviceSteps:
-    """Runs a step graph (the decoder step, or runtime/k_steps.py's k steps) over bucketed batches' device
+    """Runs a step graph (the decoder step, or runtime/step_graphs.py's k steps) over bucketed batches' device
     buffers (see the module's doc). ``outputs``: the graph's outputs to read back, in the order the batch takes
     them; ``graphs``: one captured CUDA graph per buffer set."""
 

@@ -61,11 +61,25 @@ STEP_OUTPUTS = [tensor.name for tensor in ROW_OUTPUTS]
 # search_head); a step function that has no such head (the PyTorch reference) leaves them to the search.
 CANDIDATE_OUTPUTS = [tensor.name for tensor in SOURCE_OUTPUTS]
 ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+# Several greedy steps per run (runtime/step_graphs.py, k_step_graph): each row's k best tokens (R, k) int64 and
+# their log-probabilities (R, k) float32
+CHUNK_OUTPUTS = ("chunk_tokens", "chunk_log_probs")
+HOST_FEEDS = ("total_length", "top_k")  # read by kernels from host memory
+ON_DEVICE = ".device"  # the suffix of a host feed's device copy (step_graphs.split_host_feeds)
+# Host-memory inputs of the operators that take them: (op_type, input index)
+HOST_INPUTS = {("GroupQueryAttention", 6), ("TopK", 1)}
 
 
 def layer_names(prefix: str, layers: int) -> list[str]:
     """Per-layer feed names: past_key_0, past_value_0, past_key_1, ..."""
     return [f"{prefix}_{kind}_{i}" for i in range(layers) for kind in ("key", "value")]
+
+
+def present_names(layers: int, k: int) -> list[list[str]]:
+    """Per copy j of a k-step graph, its present outputs (present_key_0, present_value_0, ...): the last copy's
+    are the step's names, the others' carry ``@j``; all are bound to the past buffer of the same name."""
+    base = layer_names("present", layers)
+    return [[name if j == k - 1 else f"{name}@{j}" for name in base] for j in range(k)]
 
 
 def output_arrays(rows: int, sources: int, k: int) -> list[np.ndarray]:

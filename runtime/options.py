@@ -63,7 +63,7 @@ class RuntimeOptions:
     # provider it runs the same code, for tests.
     device_cache: bool | None = None
     verify_files: bool = True
-    # Greedy steps per decoder run (runtime/k_steps.py): a batch whose sources are all greedy goes to ONNX
+    # Greedy steps per decoder run (runtime/step_graphs.py): a batch whose sources are all greedy goes to ONNX
     # Runtime and back once per this many tokens. 1: one step per run.
     steps_per_run: int = 1
     # Each bucket's step one captured CUDA graph (runtime/captured.py; batch_layout buckets on a device). None:

@@ -186,7 +186,8 @@ def test_the_captured_step_reads_host_feeds_where_their_kernels_want_them(tiny_e
     import onnx
     import onnxruntime as ort
 
-    from runtime.captured import HOST_INPUTS, ON_DEVICE, split_host_feeds
+    from runtime.contract import HOST_INPUTS, ON_DEVICE
+    from runtime.step_graphs import split_host_feeds
 
     model = onnx.load(str(tiny_export / "decoder.onnx"))
     split = split_host_feeds(onnx.load(str(tiny_export / "decoder.onnx")))

@@ -1,4 +1,4 @@
-"""Several greedy steps per run (runtime/k_steps.py): the same tokens and the same cache as one step per run,
+"""Several greedy steps per run (runtime/step_graphs.py): the same tokens and the same cache as one step per run,
 with rows ending mid-way and sources joining between runs; beam search still steps one at a time."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import onnx
 import pytest
 
 from runtime.backend import OrtBackend
-from runtime.contract import CANDIDATE_OUTPUTS
-from runtime.k_steps import CHUNK_OUTPUTS, k_step_graph
+from runtime.contract import CANDIDATE_OUTPUTS, CHUNK_OUTPUTS
 from runtime.offline import translate_ids
 from runtime.options import EngineSettings, RuntimeOptions
 from runtime.search import default_max_output
+from runtime.step_graphs import k_step_graph
 from tests.conftest import own_sentences
 
 
@@ -96,7 +96,7 @@ def test_k_steps_on_a_device_run_in_buckets(tiny_export: Path):
 def test_a_device_k_step_graph_reads_each_copys_total_length_from_the_host(tiny_export: Path):
     import onnx
 
-    from runtime.k_steps import k_step_graph
+    from runtime.step_graphs import k_step_graph
 
     graph = k_step_graph(onnx.load(str(tiny_export / "decoder.onnx")), 3, host_totals=True).graph
     assert {"total_length", "total_length@1", "total_length@2"} <= {value.name for value in graph.input}

@@ -1,4 +1,13 @@
-"""Several greedy decoder steps per call (``k_step_graph``): the exported one-step graph (any variant) copied k
+"""The graphs made at load time from the loaded decoder step, so that every exported folder and variant has them
+without exporting again (export/ builds the rest, cache_ops included); each is opened only where its option is on,
+and this module, with the onnx package it needs, is imported only then:
+
+- ``k_step_graph``: several greedy steps per call (RuntimeOptions.steps_per_run), below;
+- ``split_host_feeds``: the step a CUDA graph captures, where no Memcpy node may stand (runtime/captured.py);
+- ``reorder_graph``: beam search's cache reorder over a bucket's device buffers, one run for all of them
+  (runtime/bucket_buffers.py).
+
+Several greedy decoder steps per call (``k_step_graph``): the exported one-step graph (any variant) copied k
 times into one graph, so a greedy batch goes to ONNX Runtime and back once per k tokens.
 
 Copy j reads the tokens copy j-1 chose (its best candidate, as the greedy search takes it), each row's length
@@ -15,25 +24,13 @@ them).
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from runtime.binding import StepBinding
-from runtime.contract import STEP_OUTPUTS
+from runtime.contract import CHUNK_OUTPUTS, HOST_FEEDS, HOST_INPUTS, ON_DEVICE, STEP_OUTPUTS, present_names
 
 PER_STEP = ("tokens", "lengths", "total_length")  # the feeds each copy reads its own of
-CHUNK_OUTPUTS = ("chunk_tokens", "chunk_log_probs")  # (R, k) int64 and float32: each row's k best tokens
-
-
-def present_names(layers: int, k: int) -> list[list[str]]:
-    """Per copy j, its present outputs (present_key_0, present_value_0, ...): the last copy's are the step's
-    names, the others' carry ``@j``; all are bound to the past buffer of the same name."""
-    base = [f"present_{kind}_{i}" for i in range(layers) for kind in ("key", "value")]
-    return [[name if j == k - 1 else f"{name}@{j}" for name in base] for j in range(k)]
 
 
 def k_step_graph(step: onnx.ModelProto, k: int, host_totals: bool = False) -> onnx.ModelProto:
@@ -135,28 +132,41 @@ def _node(nodes: list[onnx.NodeProto], op: str, inputs: list[str], output: str, 
     return output
 
 
-def bind_k_steps(session: ort.InferenceSession, feeds: dict[str, Any], device: str, k: int) -> StepBinding:
-    """A k-step graph bound as ``bind_step`` binds a step (host feeds by reference; ``StepBindings`` keeps it
-    per batch layout), with each past buffer bound as every copy's present output too, and the chunk's tokens
-    and log-probabilities written into arrays that ``StepBindings.run`` returns."""
-    assert device == "cpu", device  # host buffers only, for now
-    declared = {value.name for value in session.get_inputs()}
-    pasts = [name for name in feeds if name.startswith("past_")]
-    presents = present_names(len(pasts) // 2, k)
-    binding, values = session.io_binding(), []
-    for name, array in feeds.items():
+def split_host_feeds(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` (changed in place and returned) where a HOST_FEEDS input is also read by nodes computing on the
+    device: those read a new input, its name + ON_DEVICE, bound on the device."""
+    graph = model.graph
+    declared = {value.name: value for value in graph.input}
+    for name in HOST_FEEDS:
         if name not in declared:
             continue
-        assert array.flags.c_contiguous, name  # a copy would not see the batch's updates
-        value = ort.OrtValue.ortvalue_from_numpy(array)  # the same memory
-        values.append(value)
-        binding.bind_ortvalue_input(name, value)
-        if name in pasts:
-            for names in presents:
-                binding.bind_ortvalue_output(names[pasts.index(name)], value)
-    rows = len(feeds["tokens"])
-    outputs = (np.empty((rows, k), np.int64), np.empty((rows, k), np.float32))
-    for name, array in zip(CHUNK_OUTPUTS, outputs, strict=True):
-        values.append(ort.OrtValue.ortvalue_from_numpy(array))
-        binding.bind_ortvalue_output(name, values[-1])
-    return StepBinding(binding, outputs, values)
+        others = [
+            (node, i)
+            for node in graph.node
+            for i, read in enumerate(node.input)
+            if read == name and (node.op_type, i) not in HOST_INPUTS
+        ]
+        if not others:
+            continue
+        copy = graph.input.add()
+        copy.CopyFrom(declared[name])
+        copy.name = name + ON_DEVICE
+        for node, i in others:
+            node.input[i] = name + ON_DEVICE
+    return model
+
+
+def reorder_graph(count: int, dtype: np.dtype) -> onnx.ModelProto:
+    """y_i = ScatterND(x_i, targets, Gather(x_i, rows)) for ``count`` buffers of ``dtype``: bound with each y_i on
+    its x_i, one run moves beam search's reordered rows in every buffer."""
+    f = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    nodes, inputs, outputs = [], [], []
+    for i in range(count):
+        nodes.append(helper.make_node("Gather", [f"x{i}", "rows"], [f"taken{i}"], axis=0))
+        nodes.append(helper.make_node("ScatterND", [f"x{i}", "targets", f"taken{i}"], [f"y{i}"]))
+        inputs.append(helper.make_tensor_value_info(f"x{i}", f, None))
+        outputs.append(helper.make_tensor_value_info(f"y{i}", f, None))
+    inputs.append(helper.make_tensor_value_info("rows", TensorProto.INT64, ["n"]))
+    inputs.append(helper.make_tensor_value_info("targets", TensorProto.INT64, ["n", 1]))
+    graph = helper.make_graph(nodes, "reorder", inputs, outputs)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
