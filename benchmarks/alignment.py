@@ -28,7 +28,7 @@ from runtime import offline
 from runtime.backend import OrtBackend
 from runtime.cpu import describe_cpu
 from runtime.options import EngineSettings, RuntimeOptions
-from server.placement import align_units, source_words, unit_spans
+from server.aligned import align_units, source_words, unit_spans
 
 # English word -> the starts of its German translations (lower case).
 LEXICON = {

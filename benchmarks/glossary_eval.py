@@ -39,8 +39,8 @@ sys.path.insert(0, str(ROOT))
 
 from common.corpus import MULTI30K, corpus_path, read_lines  # noqa: E402
 from proto import translate_pb2  # noqa: E402
+from server.aligned import source_words, unit_spans  # noqa: E402
 from server.glossary import Glossary  # noqa: E402
-from server.placement import source_words, unit_spans  # noqa: E402
 from testkit.servers import start_server  # noqa: E402
 
 MAX_TERMS = 3

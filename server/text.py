@@ -43,7 +43,7 @@ def split_sentences(text: str, language: str = "en") -> list[tuple[str, str]]:
 class SplitSentence:
     """A sentence of a request's text, tokenized: the first of a sentence's stages through the server (split,
     then queued for the engine (server.jobs.QueuedSentence), decoded (server.answers.DecodedSentence) and,
-    with markup, aligned for placement (server.placement.AlignedSentence))."""
+    with markup, aligned for placement (server.aligned.AlignedSentence))."""
 
     text_index: int
     segment_index: int

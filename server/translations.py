@@ -20,7 +20,7 @@ from opentelemetry.trace import INVALID_SPAN
 
 from runtime.manifest import ModelFolderError
 from runtime.search import Hypothesis
-from server import answers, formatting, markup, placement
+from server import aligned, answers, formatting, markup, placement
 from server.access import Exchange
 from server.answers import DecodedSentence, TextTranslation
 from server.cache import TranslationCache
@@ -285,7 +285,7 @@ class Translations:
         self.metrics.glossary_applied.labels(engine.name).observe(len(applied))
         alignments = iter(await asyncio.to_thread(engine.align, [(segment.spec.ids, segment.output)]))
         first = replace(segment, spec=replace(segment.spec, chunk=0))  # the sentence is the piece, whatever its chunk
-        return placement.place(piece, placement.sentences_for(engine, piece, [first], alignments)), applied
+        return placement.place(piece, aligned.sentences_for(engine, piece, [first], alignments)), applied
 
     async def _passing_through(
         self,
@@ -344,7 +344,7 @@ class Translations:
             ]
             for i in marked:
                 results[i] = placement.place(
-                    pieces[i], placement.sentences_for(engine, pieces[i], by_piece[i], alignments)
+                    pieces[i], aligned.sentences_for(engine, pieces[i], by_piece[i], alignments)
                 )
             return results
 

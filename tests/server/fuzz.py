@@ -26,12 +26,13 @@ from pathlib import Path
 import atheris
 
 with atheris.instrument_imports(include=["server"]):
+    from server.aligned import AlignedSentence
     from server.errors import InvalidRequest
     from server.files import read_document
     from server.glossary import MAX_INLINE_ENTRIES, Glossary, checked_entries
     from server.html_tree import MarkupError
     from server.markup import WORD, Document, Piece, parse
-    from server.placement import AlignedSentence, place
+    from server.placement import place
     from server.text import TextLimits, segment_texts, split_sentences
     from testkit.servers import DOCUMENTED_CODES, RunningServer, free_port, server_config  # the rest of server/
 

@@ -16,11 +16,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proto import translate_pb2
+from server.aligned import AlignedSentence
 from server.errors import InvalidRequest
 from server.glossary import MAX_INLINE_ENTRIES, MAX_TERM_CHARS, Glossary, inline_glossary, parse_entries
 from server.keys import digest
 from server.markup import WORD, parse
-from server.placement import AlignedSentence, place
+from server.placement import place
 from testkit.servers import RunningServer, free_port, http, server_config, start_server, upload
 
 KEY, OTHER_KEY = "k-glossary-a", "k-glossary-b"

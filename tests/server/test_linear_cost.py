@@ -1,9 +1,9 @@
 """A document's CPU stages around the model do work linear in its length: parsing (markup.parse, in
 server/markup.py and server/html_tree.py), segmentation (segment_texts, server/text.py) and placement
-(placement.sentences_for and placement.place, server/placement.py), on documents of 10,000, 50,000 and 100,000
-characters. A step that walks the whole piece once per sentence, atom or element is quadratic: nothing on a
-tweet, a second of CPU on a 100,000-character piece, and the worst case is one huge piece (a long paragraph, a
-text sent as format "text", a run-on sentence cut into chunks).
+(aligned.sentences_for and placement.place, server/aligned.py and server/placement.py), on documents of 10,000,
+50,000 and 100,000 characters. A step that walks the whole piece once per sentence, atom or element is
+quadratic: nothing on a tweet, a second of CPU on a 100,000-character piece, and the worst case is one huge
+piece (a long paragraph, a text sent as format "text", a run-on sentence cut into chunks).
 
 Work is counted, not timed: the lines each stage executes in its own modules (sys.settrace's "line" events,
 every turn of a loop or a comprehension included) are the same on every machine, where the time a shared 2-core
@@ -25,7 +25,7 @@ from types import FrameType
 import numpy as np
 import pytest
 
-from server import html_tree, markup, placement, text
+from server import aligned, html_tree, markup, placement, text
 from server.markup import WORD, Piece
 from server.text import NO_LIMIT, SplitSentence, TextLimits, segment_texts
 
@@ -120,7 +120,7 @@ class WordTokenizer:
 
 @dataclass(frozen=True)
 class Decoded:
-    """A sentence "translated" to itself (placement.Translated)."""
+    """A sentence "translated" to itself (aligned.Translated)."""
 
     spec: SplitSentence
     output: list[int]
@@ -136,7 +136,7 @@ class Prepared:
     runs: list[str]
     tokenized: list[list[int]]
     marked: list[tuple[Piece, list[Decoded]]]  # the pieces with markup or atoms, and their sentences
-    aligned: list[list[placement.AlignedSentence]]
+    aligned: list[list[aligned.AlignedSentence]]
 
 
 TOKENIZER = WordTokenizer()
@@ -159,8 +159,8 @@ def prepared(kind: str, size: int) -> Prepared:
         for piece, specs in zip(document.pieces, by_piece, strict=True)
         if not piece.plain and specs
     ]
-    aligned = [placement.sentences_for(TOKENIZER, piece, s, monotone(s)) for piece, s in marked]
-    return Prepared(document_text, format, runs, tokenized, marked, aligned)
+    sentences = [aligned.sentences_for(TOKENIZER, piece, s, monotone(s)) for piece, s in marked]
+    return Prepared(document_text, format, runs, tokenized, marked, sentences)
 
 
 def parse(p: Prepared) -> object:
@@ -172,17 +172,17 @@ def segment(p: Prepared) -> object:
 
 
 def align(p: Prepared) -> object:
-    return [placement.sentences_for(TOKENIZER, piece, s, monotone(s)) for piece, s in p.marked]
+    return [aligned.sentences_for(TOKENIZER, piece, s, monotone(s)) for piece, s in p.marked]
 
 
 def place(p: Prepared) -> object:
-    return [placement.place(piece, aligned) for (piece, _), aligned in zip(p.marked, p.aligned, strict=True)]
+    return [placement.place(piece, sentences) for (piece, _), sentences in zip(p.marked, p.aligned, strict=True)]
 
 
 STAGES: dict[str, tuple[Callable[[Prepared], object], tuple[str, ...]]] = {
     "parse": (parse, (markup.__file__, html_tree.__file__)),
     "segment": (segment, (text.__file__,)),
-    "sentences_for": (align, (placement.__file__,)),
+    "sentences_for": (align, (aligned.__file__,)),
     "place": (place, (placement.__file__,)),
 }
 

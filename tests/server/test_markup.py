@@ -13,10 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from server.aligned import AlignedSentence, sentences_for, source_words, unit_spans
 from server.errors import InvalidRequest
 from server.html_tree import MarkupError
 from server.markup import WORD, Piece, parse
-from server.placement import AlignedSentence, place, sentences_for, source_words, unit_spans
+from server.placement import place
 from server.text import SplitSentence
 
 # Strings that must come back byte-identical in both formats.
