@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from server.files import SUFFIXES
-from server.glossary import MAX_INLINE_ENTRIES, MAX_STORED_ENTRIES, MAX_TERM_CHARS
-from server.models import AUTO, Models
+from server.models import Models
+from server.openapi_schemas import ref, schemas
 
 JSON = "application/json"
 FORM = "application/x-www-form-urlencoded"
@@ -26,18 +26,14 @@ ERRORS = {
 }
 
 
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
 def _error(description: str) -> dict[str, Any]:
-    return {"description": description, "content": {JSON: {"schema": _ref("Error")}}}
+    return {"description": description, "content": {JSON: {"schema": ref("Error")}}}
 
 
 def _body(schema: str, form_schema: str | None = None) -> dict[str, Any]:
-    content = {JSON: {"schema": _ref(schema)}}
+    content = {JSON: {"schema": ref(schema)}}
     if form_schema:
-        content[FORM] = {"schema": _ref(form_schema)}
+        content[FORM] = {"schema": ref(form_schema)}
     return {"required": True, "content": content}
 
 
@@ -46,174 +42,6 @@ def _ok(description: str, schema: dict[str, Any], headers: dict[str, Any] | None
         "description": description,
         "content": {JSON: {"schema": schema}},
         **({"headers": headers} if headers else {}),
-    }
-
-
-def _schemas(models: Models, max_alternatives: int) -> dict[str, Any]:
-    sources = sorted({engine.source_language for engine in models}) + [AUTO]
-    targets = sorted({engine.target_language for engine in models})
-    strings = {"type": "array", "items": {"type": "string"}}
-    one_or_many = {"oneOf": [{"type": "string"}, {**strings, "minItems": 1}]}
-    detected = {
-        "type": "object",
-        "required": ["language", "confidence"],
-        "properties": {
-            "language": {"type": "string", "description": "ISO 639-1 code"},
-            "confidence": {"type": "number", "minimum": 0, "maximum": 100},
-        },
-    }
-    translate_fields = {
-        "source": {
-            "type": "string",
-            "enum": sources,
-            "description": "source language (in any case); auto detects it; the target's: the texts come back",
-        },
-        "target": {"type": "string", "enum": targets, "description": "target language (in any case)"},
-        "format": {"type": "string", "enum": ["text", "html", ""], "default": "text", "description": "empty: text"},
-        "min_confidence": {"type": "number", "description": "flag translations scoring under it (negative)"},
-        "api_key": {"type": "string", "description": "the caller's API key, where the server has keys"},
-        "alternatives": {
-            "type": "integer",
-            "minimum": 0,
-            "maximum": max_alternatives,
-            "default": 0,
-            "description": "up to this many other translations per text, from the beam's n-best (the beam widened "
-            "to alternatives + 1, within the server's max_beam_size)",
-        },
-        "mirror_formatting": {
-            "type": "boolean",
-            "default": True,
-            "description": "format text: the source's case and final punctuation on the translation, as LibreTranslate",
-        },
-        "pass_through": {
-            "type": "boolean",
-            "default": True,
-            "description": "format text: a text without letters (emoji, digits, symbols) comes back as sent",
-        },
-        "glossary": {
-            "oneOf": [{"type": "object", "additionalProperties": {"type": "string"}}, {"type": "string"}],
-            "description": f"source term → target term (at most {MAX_INLINE_ENTRIES} entries of at most "
-            f"{MAX_TERM_CHARS} characters; a form sends its JSON text): whole words, any case, the longest first, "
-            "only in text; each occurrence's target term is in the translation verbatim",
-        },
-        "glossary_id": {"type": "string", "description": "a stored glossary of the caller's (not with glossary)"},
-    }
-    glossary_info = {
-        "glossary_id": {"type": "string"},
-        "name": {"type": "string"},
-        "source_lang": {"type": "string"},
-        "target_lang": {"type": "string"},
-        "entry_count": {"type": "integer"},
-        "creation_time": {"type": "number", "description": "seconds since the epoch"},
-        "ready": {"type": "boolean"},
-    }
-    return {
-        "Error": {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}},
-        "TranslateRequest": {
-            "type": "object",
-            "required": ["q", "source", "target"],
-            "properties": {"q": {**one_or_many, "description": "a text, or a list of texts"}, **translate_fields},
-        },
-        "TranslateForm": {
-            "type": "object",
-            "required": ["q", "source", "target"],
-            "properties": {"q": {"type": "string"}, **translate_fields},
-        },
-        "TranslateResponse": {
-            "type": "object",
-            "required": ["translatedText", "confidence"],
-            "properties": {
-                "translatedText": {**one_or_many, "description": "one per text, in order, shaped as q"},
-                "confidence": {
-                    "oneOf": [{"type": "number"}, {"type": "array", "items": {"type": "number"}}],
-                    "description": "mean token log-probability, at most 0",
-                },
-                "alternatives": {  # anyOf: an empty list is either
-                    "anyOf": [strings, {"type": "array", "items": strings}],
-                    "description": "with alternatives over 0: other translations, best first, none the same as the "
-                    "translation (a list of them per text for a list q)",
-                },
-                "flags": {"type": "array", "description": "repetition, length, low_confidence (per text for a list)"},
-                "detectedLanguage": {
-                    "oneOf": [detected, {"type": "array", "items": detected}],
-                    "description": "with source auto",
-                },
-                "glossaryApplied": {
-                    "oneOf": [{"type": "object"}, {"type": "array", "items": {"type": "object"}}],
-                    "description": "with a glossary: each entry applied (by its source term) and how often (per "
-                    "text for a list q)",
-                },
-            },
-        },
-        "GlossaryRequest": {
-            "type": "object",
-            "required": ["name", "source_lang", "target_lang", "entries"],
-            "properties": {
-                "name": {"type": "string", "minLength": 1},
-                "source_lang": {"type": "string", "minLength": 1},
-                "target_lang": {"type": "string", "minLength": 1},
-                "entries": {
-                    "oneOf": [{"type": "string"}, {"type": "object", "additionalProperties": {"type": "string"}}],
-                    "description": f"source → target, at most {MAX_STORED_ENTRIES}: text in entries_format, or an "
-                    "object",
-                },
-                "entries_format": {"type": "string", "enum": ["tsv", "csv", "json"], "default": "tsv"},
-                "api_key": translate_fields["api_key"],
-            },
-        },
-        "Glossary": {"type": "object", "required": ["glossary_id"], "properties": glossary_info},
-        "GlossaryWithEntries": {
-            "type": "object",
-            "required": ["glossary_id", "entries"],
-            "properties": {**glossary_info, "entries": {"type": "object", "additionalProperties": {"type": "string"}}},
-        },
-        "DetectRequest": {
-            "type": "object",
-            "required": ["q"],
-            "properties": {"q": {"type": "string", "minLength": 1}, "api_key": {"type": "string"}},
-        },
-        "Detected": detected,
-        "SuggestRequest": {
-            "type": "object",
-            "required": ["q", "s", "source", "target"],
-            "properties": {
-                "q": {"type": "string", "minLength": 1, "description": "the original text"},
-                "s": {"type": "string", "minLength": 1, "description": "the suggested translation"},
-                "source": {"type": "string", "minLength": 1, "description": "the original's language"},
-                "target": {"type": "string", "minLength": 1, "description": "the suggestion's language"},
-                "api_key": translate_fields["api_key"],
-            },
-        },
-        "Health": {
-            "type": "object",
-            "required": ["status"],
-            "properties": {"status": {"type": "string", "enum": ["ok", "starting", "draining"]}},
-        },
-        "FileForm": {
-            "type": "object",
-            "required": ["file", "source", "target"],
-            "properties": {
-                "file": {"type": "string", "format": "binary"},
-                "source": translate_fields["source"],
-                "target": translate_fields["target"],
-                "api_key": translate_fields["api_key"],
-            },
-        },
-        "TranslatedFile": {
-            "type": "object",
-            "required": ["translatedFileUrl"],
-            "properties": {"translatedFileUrl": {"type": "string"}},
-        },
-        "Language": {
-            "type": "object",
-            "required": ["code", "name", "targets"],
-            "properties": {
-                "code": {"type": "string"},
-                "name": {"type": "string"},
-                "targets": {"type": "array", "items": {"type": "string"}},
-            },
-        },
-        "FrontendSettings": {"type": "object", "required": ["charLimit", "language"]},
     }
 
 
@@ -238,7 +66,7 @@ def spec(models: Models, max_alternatives: int) -> dict[str, Any]:
                     "summary": "Translate texts",
                     "requestBody": _body("TranslateRequest", "TranslateForm"),
                     "responses": {
-                        "200": _ok("The translations", _ref("TranslateResponse"), model_header),
+                        "200": _ok("The translations", ref("TranslateResponse"), model_header),
                         **errors,
                         "404": _error("glossary_id is not one of the caller's stored glossaries"),
                     },
@@ -248,7 +76,7 @@ def spec(models: Models, max_alternatives: int) -> dict[str, Any]:
                 "post": {
                     "summary": "Store a glossary (as DeepL's), for the caller's API key",
                     "requestBody": _body("GlossaryRequest", "GlossaryRequest"),
-                    "responses": {"201": _ok("Stored", _ref("Glossary")), **small_errors, "503": errors["503"]},
+                    "responses": {"201": _ok("Stored", ref("Glossary")), **small_errors, "503": errors["503"]},
                 },
                 "get": {
                     "summary": "The caller's stored glossaries",
@@ -263,7 +91,7 @@ def spec(models: Models, max_alternatives: int) -> dict[str, Any]:
                 "get": {
                     "summary": "One of the caller's stored glossaries, with its entries",
                     "parameters": [glossary_parameter, key_parameter],
-                    "responses": {"200": _ok("It", _ref("GlossaryWithEntries")), **small_errors, "404": not_found},
+                    "responses": {"200": _ok("It", ref("GlossaryWithEntries")), **small_errors, "404": not_found},
                 },
                 "delete": {
                     "summary": "Delete one of the caller's stored glossaries",
@@ -276,7 +104,7 @@ def spec(models: Models, max_alternatives: int) -> dict[str, Any]:
                     "summary": "Detect a text's language, served or not (one no model reads comes first)",
                     "requestBody": _body("DetectRequest", "DetectRequest"),
                     "responses": {
-                        "200": _ok("Best first", {"type": "array", "items": _ref("Detected")}),
+                        "200": _ok("Best first", {"type": "array", "items": ref("Detected")}),
                         **small_errors,
                     },
                 }
@@ -284,9 +112,9 @@ def spec(models: Models, max_alternatives: int) -> dict[str, Any]:
             "/translate_file": {
                 "post": {
                     "summary": f"Translate a file ({', '.join(SUFFIXES)}), keeping its structure",
-                    "requestBody": {"required": True, "content": {"multipart/form-data": {"schema": _ref("FileForm")}}},
+                    "requestBody": {"required": True, "content": {"multipart/form-data": {"schema": ref("FileForm")}}},
                     "responses": {
-                        "200": _ok("Where to download it, once", _ref("TranslatedFile"), model_header),
+                        "200": _ok("Where to download it, once", ref("TranslatedFile"), model_header),
                         **errors,
                     },
                 }
@@ -320,21 +148,21 @@ def spec(models: Models, max_alternatives: int) -> dict[str, Any]:
                 "get": {
                     "summary": "Whether the server serves, for load balancers and uptime checks",
                     "responses": {
-                        "200": _ok("Serving: ok", _ref("Health")),
-                        "503": _ok("Starting (warming up) or draining (SIGTERM)", _ref("Health")),
+                        "200": _ok("Serving: ok", ref("Health")),
+                        "503": _ok("Starting (warming up) or draining (SIGTERM)", ref("Health")),
                     },
                 }
             },
             "/languages": {
                 "get": {
                     "summary": "Each source language and its targets",
-                    "responses": {"200": _ok("The languages", {"type": "array", "items": _ref("Language")})},
+                    "responses": {"200": _ok("The languages", {"type": "array", "items": ref("Language")})},
                 }
             },
             "/frontend/settings": {
                 "get": {
                     "summary": "What a LibreTranslate page needs to know",
-                    "responses": {"200": _ok("The settings", _ref("FrontendSettings"))},
+                    "responses": {"200": _ok("The settings", ref("FrontendSettings"))},
                 }
             },
             "/": {
@@ -350,5 +178,5 @@ def spec(models: Models, max_alternatives: int) -> dict[str, Any]:
                 }
             },
         },
-        "components": {"schemas": _schemas(models, max_alternatives)},
+        "components": {"schemas": schemas(models, max_alternatives)},
     }
