@@ -1,8 +1,9 @@
-"""Where a bucket's caches and sources' keys live (runtime/buckets.py): ``HostBuffers``, numpy arrays the CPU
-provider steps on in place, or ``DeviceBuffers``, ONNX Runtime values on the step's device whose rows are copied
-there (``CacheOps.copy_rows``) and never visit the host. A device's buffer sets are kept for the next batch that
-takes the same bucket: the buffers, and the step's binding and captured graph over them (runtime/captured.py),
-are made once per bucket shape a process uses, not once per batch."""
+"""A bucket's shape (``Bucket``) and where its caches and sources' keys live (runtime/buckets.py):
+``HostBuffers``, numpy arrays the CPU provider steps on in place, or ``DeviceBuffers``, ONNX Runtime values on
+the step's device whose rows are copied there (``CacheOps.copy_rows``) and never visit the host. A device's
+buffer sets are kept for the next batch that takes the same bucket: the buffers, and the step's binding and
+captured graph over them (runtime/captured.py), are made once per bucket shape a process uses, not once per
+batch."""
 
 from __future__ import annotations
 
@@ -18,6 +19,62 @@ import onnxruntime as ort
 
 from runtime.contract import ORT_DTYPES
 from runtime.device_cache import CacheOps
+
+MIN_SOURCES = 1  # the fewest slots a bucket has
+MIN_LENGTH = 16  # the shortest source and cache length a bucket has (each a power of two)
+SHRINK_AFTER = 64  # steps with a quarter of the slots or fewer in use before the batch moves to a smaller bucket
+
+
+def _power_of_two(value: int, least: int) -> int:
+    return max(least, 1 << max(0, int(value) - 1).bit_length())
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """Room for ``sources`` sources of up to ``src_len`` tokens (with eos), ``group`` rows each, and
+    ``cache_len`` self-attention slots per row."""
+
+    sources: int
+    group: int
+    src_len: int
+    cache_len: int
+
+    @property
+    def rows(self) -> int:
+        return self.sources * self.group
+
+    @property
+    def top_k(self) -> int:
+        """Candidates per row and per source the step keeps: what the widest search takes (2·beam, greedy 1)."""
+        return 1 if self.group == 1 else 2 * self.group
+
+    @property
+    def smallest(self) -> bool:
+        """No bucket has fewer slots."""
+        return self.sources <= MIN_SOURCES
+
+    def with_room_for(self, sources: int) -> Bucket:
+        """This bucket with the fewest slots (a power of two) that hold ``sources``."""
+        return Bucket(_power_of_two(sources, MIN_SOURCES), self.group, self.src_len, self.cache_len)
+
+    def holds(self, other: Bucket) -> bool:
+        return (
+            self.sources >= other.sources
+            and self.group >= other.group
+            and self.src_len >= other.src_len
+            and self.cache_len >= other.cache_len
+        )
+
+    @staticmethod
+    def fitting(sources: int, group: int, src_len: int, cache_len: int) -> Bucket:
+        """The smallest bucket for these needs (each length a power of two, at least MIN_LENGTH)."""
+        return Bucket(
+            _power_of_two(sources, MIN_SOURCES),
+            group,
+            _power_of_two(src_len, MIN_LENGTH),
+            _power_of_two(cache_len, MIN_LENGTH),
+        )
+
 
 _keys = itertools.count(1)  # every buffer set's own number (a captured step's graph id: 0 is ONNX Runtime's)
 

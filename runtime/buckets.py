@@ -21,61 +21,14 @@ runtime/step_graphs.py). On a device the step's total length is the bucket's, as
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from runtime.batch import BatchKey, ChunkFn, DecodeBatch, EncodedSources, Joined, StepFn, StepInputs
-from runtime.bucket_buffers import BufferSet, DeviceBuffers, HostBuffers
+from runtime.bucket_buffers import SHRINK_AFTER, Bucket, BufferSet, DeviceBuffers, HostBuffers
 from runtime.contract import layer_names
 from runtime.search import Decoding, Hypothesis, Search
-
-MIN_SOURCES = 1  # the fewest slots a bucket has
-MIN_LENGTH = 16  # the shortest source and cache length a bucket has (each a power of two)
-SHRINK_AFTER = 64  # steps with a quarter of the slots or fewer in use before the batch moves to a smaller bucket
-
-
-def _power_of_two(value: int, least: int) -> int:
-    return max(least, 1 << max(0, int(value) - 1).bit_length())
-
-
-@dataclass(frozen=True)
-class Bucket:
-    """Room for ``sources`` sources of up to ``src_len`` tokens (with eos), ``group`` rows each, and
-    ``cache_len`` self-attention slots per row."""
-
-    sources: int
-    group: int
-    src_len: int
-    cache_len: int
-
-    @property
-    def rows(self) -> int:
-        return self.sources * self.group
-
-    @property
-    def top_k(self) -> int:
-        """Candidates per row and per source the step keeps: what the widest search takes (2·beam, greedy 1)."""
-        return 1 if self.group == 1 else 2 * self.group
-
-    def holds(self, other: Bucket) -> bool:
-        return (
-            self.sources >= other.sources
-            and self.group >= other.group
-            and self.src_len >= other.src_len
-            and self.cache_len >= other.cache_len
-        )
-
-    @staticmethod
-    def fitting(sources: int, group: int, src_len: int, cache_len: int) -> Bucket:
-        """The smallest bucket for these needs (each length a power of two, at least MIN_LENGTH)."""
-        return Bucket(
-            _power_of_two(sources, MIN_SOURCES),
-            group,
-            _power_of_two(src_len, MIN_LENGTH),
-            _power_of_two(cache_len, MIN_LENGTH),
-        )
 
 
 class BucketedBatch:
@@ -304,13 +257,12 @@ class BucketedBatch:
         if not self.where:
             self._release()
             return
-        if not stepped or self.bucket.sources <= MIN_SOURCES or 4 * len(self.where) > self.bucket.sources:
+        if not stepped or self.bucket.smallest or 4 * len(self.where) > self.bucket.sources:
             self._small_steps = 0 if stepped else self._small_steps
             return
         self._small_steps += 1
         if self._small_steps >= SHRINK_AFTER:
-            b = self.bucket
-            self._move_to(Bucket(_power_of_two(2 * len(self.where), MIN_SOURCES), b.group, b.src_len, b.cache_len))
+            self._move_to(self.bucket.with_room_for(2 * len(self.where)))
 
     # --- buffers -----------------------------------------------------------------------
 

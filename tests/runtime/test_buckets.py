@@ -11,9 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime import buckets
+from runtime import bucket_buffers, buckets
 from runtime.backend import OrtBackend
-from runtime.buckets import Bucket, BucketedBatch
+from runtime.bucket_buffers import Bucket
+from runtime.buckets import BucketedBatch
 from runtime.options import EngineSettings, RuntimeOptions
 from runtime.search import default_max_output
 from tests.conftest import own_sentences
@@ -211,7 +212,7 @@ def test_the_captured_step_reads_host_feeds_where_their_kernels_want_them(tiny_e
 
 def test_bucket_sizes_are_powers_of_two_from_their_least():
     assert Bucket.fitting(sources=5, group=4, src_len=17, cache_len=3) == Bucket(8, 4, 32, 16)
-    assert Bucket.fitting(sources=1, group=1, src_len=1, cache_len=64).rows == buckets.MIN_SOURCES
+    assert Bucket.fitting(sources=1, group=1, src_len=1, cache_len=64).rows == bucket_buffers.MIN_SOURCES
     assert Bucket(8, 4, 32, 64).top_k == 8 and Bucket(8, 1, 32, 64).top_k == 1
     assert np.all([Bucket(8, 4, 32, 64).holds(Bucket(4, g, 16, 64)) for g in (1, 4)])
 
