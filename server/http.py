@@ -34,8 +34,9 @@ the origins instead), and a browser's preflight (``OPTIONS`` on any route) is an
 Errors are JSON ``{"error": message}`` with the status of ``server.errors`` (400, 403, 429 with Retry-After,
 503, 504, 500), and 404/405/413 for unknown paths, wrong methods and bodies over max_message_bytes.
 
-Here are the routes; server/http_request.py reads a request's fields, server/frontend.py has the page and what
-LibreTranslate's page reads.
+Here are the routes; server/http_request.py reads a request's fields and the options and model they ask for,
+server/http_glossaries.py has the stored glossaries' routes, server/frontend.py the page and what LibreTranslate's
+page reads.
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ import asyncio
 import functools
 import logging
 import math
-import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
@@ -55,15 +55,13 @@ from aiohttp import web
 from server import frontend, openapi
 from server.access import AccessLog, Exchange
 from server.config import ServerConfig
-from server.detect import Detected
 from server.errors import InvalidRequest, PermissionDenied, ServiceError, http_status_of, status_of
 from server.files import Document, FileStore, read_document
-from server.glossaries import new_glossary
-from server.glossary import Glossary, inline_glossary, parse_entries
+from server.glossary import Glossary, inline_glossary
+from server.http_glossaries import GlossaryRoutes
 from server.http_middleware import REQUEST_ID, cors, error_response, json_errors, request_ids
-from server.http_request import alternatives_of, min_confidence_of, request_fields, switch_of, texts_of
+from server.http_request import file_options, model_of, request_fields, texts_of, translate_options
 from server.interface import Engine
-from server.jobs import decode_options
 from server.keys import Caller, KeyGuard
 from server.models import Models
 from server.service import model_name
@@ -104,10 +102,11 @@ class HttpApi:
         app.router.add_get("/spec", self.spec)
         app.router.add_get("/health", self.health)
         app.router.add_post("/suggest", self.suggest)
-        app.router.add_post("/glossaries", self.glossary_route(self._create_glossary))
-        app.router.add_get("/glossaries", self.glossary_route(self._list_glossaries))
-        app.router.add_get("/glossaries/{glossary_id}", self.glossary_route(self._get_glossary))
-        app.router.add_delete("/glossaries/{glossary_id}", self.glossary_route(self._delete_glossary))
+        glossaries = GlossaryRoutes(self.models, self.translations.glossaries)
+        app.router.add_post("/glossaries", self.glossary_route(glossaries.create))
+        app.router.add_get("/glossaries", self.glossary_route(glossaries.list))
+        app.router.add_get("/glossaries/{glossary_id}", self.glossary_route(glossaries.get))
+        app.router.add_delete("/glossaries/{glossary_id}", self.glossary_route(glossaries.delete))
         for path, (file, content_type) in frontend.PAGE_FILES.items():
             app.router.add_get(path, functools.partial(self.page, file, content_type))
         return app
@@ -117,21 +116,6 @@ class HttpApi:
         if key is not None and not isinstance(key, str):
             raise InvalidRequest("api_key must be a string")
         return await self.keys.admit(key, request.remote or "", sum(map(len, texts)))
-
-    def _model(
-        self, fields: dict[str, Any], texts: list[str], options: TranslateOptions
-    ) -> tuple[Engine | None, Detected | None]:
-        """The model of the request's source and target languages (both required, as in LibreTranslate), and
-        what was detected when the source is "auto"; no model when the texts are in the target language
-        already (``Models.choose``)."""
-        source, target = fields.get("source"), fields.get("target")
-        pairs = self.models.describe()
-        for name, value in (("source", source), ("target", target)):
-            if not value:
-                raise InvalidRequest(f"Invalid request: missing {name} parameter (this server translates {pairs})")
-            if not isinstance(value, str):
-                raise InvalidRequest(f"{name} must be a language code, e.g. {self.models.default.source_language!r}")
-        return self.models.choose(texts, "", source, target, options.format, options.pass_through)
 
     # --- routes ---------------------------------------------------------------------------
 
@@ -168,11 +152,11 @@ class HttpApi:
         self, request: web.Request, exchange: Exchange, fields: dict[str, Any], texts: list[str], as_list: bool
     ) -> web.Response:
         """The answer to /translate's ``fields``, whose texts are ``texts`` (``as_list``: q came as a list)."""
-        options = self._options(fields)
+        options = translate_options(fields, self.config)
         caller = await self._admit(request, fields, texts)
         exchange.caller = caller.name
         options = replace(options, glossary=await self._glossary(fields, caller))
-        engine, detected = self._model(fields, texts, options)
+        engine, detected = model_of(self.models, fields, texts, options)
         exchange.engine = engine
         exchange.texts = texts
         results = await self.translations.translate(engine, texts, options, exchange)
@@ -191,21 +175,6 @@ class HttpApi:
         if options.glossary is not None:
             body["glossaryApplied"] = one([dict(Counter(result.glossary_applied)) for result in results])
         return web.json_response(body, headers=model_header(engine))
-
-    def _options(self, fields: dict[str, Any]) -> TranslateOptions:
-        """The request's options, once: LibreTranslate's alternatives, format and our min_confidence,
-        mirror_formatting and pass_through; the server's beam and output limit; http_timeout_s to answer in; its
-        texts are "q", and an empty one is kept."""
-        return TranslateOptions(
-            decode_options(self.config, alternatives=alternatives_of(fields)),
-            deadline=time.monotonic() + self.config.http_timeout_s,
-            min_confidence=min_confidence_of(fields),
-            format=str(fields.get("format") or "text"),
-            field="q",
-            keep_empty=True,
-            mirror_formatting=switch_of(fields, "mirror_formatting"),
-            pass_through=switch_of(fields, "pass_through"),
-        )
 
     async def _glossary(self, fields: dict[str, Any], caller: Caller) -> Glossary | None:
         """The request's glossary: its own (``glossary``: an object, or its JSON text in a form) or a stored one of
@@ -234,31 +203,6 @@ class HttpApi:
             return await self._answer(exchange, respond)
 
         return route
-
-    async def _create_glossary(self, request: web.Request, fields: dict[str, Any], caller: Caller) -> web.Response:
-        """DeepL's glossary creation: name, source_lang, target_lang, entries (TSV, CSV or JSON text as
-        entries_format says, TSV by default; or a JSON object) for a pair this server translates."""
-        source, target = fields.get("source_lang"), fields.get("target_lang")
-        entries = fields.get("entries")
-        if isinstance(entries, str):
-            entries = parse_entries(entries, str(fields.get("entries_format") or "tsv"))
-        stored = new_glossary(caller.name, fields.get("name"), source, target, entries)
-        self.models.resolve(source=stored.info.source_lang, target=stored.info.target_lang)  # a pair served here
-        info = await self.translations.glossaries.create(stored)
-        return web.json_response(vars(info), status=201)
-
-    async def _list_glossaries(self, request: web.Request, fields: dict[str, Any], caller: Caller) -> web.Response:
-        owned = await self.translations.glossaries.owned(caller.name)
-        return web.json_response({"glossaries": [vars(info) for info in owned]})
-
-    async def _get_glossary(self, request: web.Request, fields: dict[str, Any], caller: Caller) -> web.Response:
-        info, entries = await self.translations.glossaries.entries(caller.name, request.match_info["glossary_id"])
-        return web.json_response(vars(info) | {"entries": entries})
-
-    async def _delete_glossary(self, request: web.Request, fields: dict[str, Any], caller: Caller) -> web.Response:
-        glossary_id = request.match_info["glossary_id"]
-        await self.translations.glossaries.delete(caller.name, glossary_id)
-        return web.json_response({"glossary_id": glossary_id, "deleted": True})
 
     async def languages(self, request: web.Request) -> web.Response:
         """Each source language with the targets the server translates it into, in model order."""
@@ -301,21 +245,13 @@ class HttpApi:
         exchange.texts = document.texts
         caller = await self._admit(request, fields, document.texts)
         exchange.caller = caller.name
-        options = replace(self._file_options(document.format), glossary=await self._glossary(fields, caller))
-        engine, _ = self._model(fields, document.texts, options)
+        options = replace(file_options(document.format, self.config), glossary=await self._glossary(fields, caller))
+        engine, _ = model_of(self.models, fields, document.texts, options)
         exchange.engine = engine
         translations = await self._translate_all(engine, document.texts, options, exchange)
         name = self.files.save(upload.filename or "file", document.write(translations))
         url = request.url.origin().join(request.app.router["download_file"].url_for(name=name))
         return web.json_response({"translatedFileUrl": str(url)}, headers=model_header(engine))
-
-    def _file_options(self, format: str) -> TranslateOptions:
-        """A file's options: the server's decoding, one http_timeout_s for all its texts, and its texts as the
-        model wrote them (a file's lines and paragraphs are not mirrored, as LibreTranslate's files are not)."""
-        deadline = time.monotonic() + self.config.http_timeout_s
-        return TranslateOptions(
-            decode_options(self.config), deadline, None, format, "file", keep_empty=True, mirror_formatting=False
-        )
 
     async def _translate_all(
         self, engine: Engine | None, texts: list[str], options: TranslateOptions, exchange: Exchange

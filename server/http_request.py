@@ -1,16 +1,23 @@
 """Reading a LibreTranslate request (server/http.py): its fields, from a JSON object or a form over those of its
-query string, and the values of q, alternatives and min_confidence in them; what cannot be read is
-InvalidRequest, with what to send instead."""
+query string, the values of q, alternatives and min_confidence in them, and the translation's options they make;
+what cannot be read is InvalidRequest, with what to send instead."""
 
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from server.config import ServerConfig
+from server.detect import Detected
 from server.errors import InvalidRequest
+from server.interface import Engine
+from server.jobs import decode_options
+from server.models import Models
+from server.translations import TranslateOptions
 
 FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 
@@ -110,3 +117,44 @@ def switch_of(fields: dict[str, Any], name: str) -> bool:
     if isinstance(value, str) and value.strip().lower() in ("true", "1", "false", "0"):
         return value.strip().lower() in ("true", "1")
     raise InvalidRequest(f"{name}={value!r} must be true or false")
+
+
+def translate_options(fields: dict[str, Any], config: ServerConfig) -> TranslateOptions:
+    """A /translate request's options: LibreTranslate's alternatives, format and our min_confidence,
+    mirror_formatting and pass_through; the server's beam and output limit; http_timeout_s to answer in; its texts
+    are "q", and an empty one is kept."""
+    return TranslateOptions(
+        decode_options(config, alternatives=alternatives_of(fields)),
+        deadline=time.monotonic() + config.http_timeout_s,
+        min_confidence=min_confidence_of(fields),
+        format=str(fields.get("format") or "text"),
+        field="q",
+        keep_empty=True,
+        mirror_formatting=switch_of(fields, "mirror_formatting"),
+        pass_through=switch_of(fields, "pass_through"),
+    )
+
+
+def file_options(format: str, config: ServerConfig) -> TranslateOptions:
+    """A file's options: the server's decoding, one http_timeout_s for all its texts, and its texts as the model
+    wrote them (a file's lines and paragraphs are not mirrored, as LibreTranslate's files are not)."""
+    deadline = time.monotonic() + config.http_timeout_s
+    return TranslateOptions(
+        decode_options(config), deadline, None, format, "file", keep_empty=True, mirror_formatting=False
+    )
+
+
+def model_of(
+    models: Models, fields: dict[str, Any], texts: list[str], options: TranslateOptions
+) -> tuple[Engine | None, Detected | None]:
+    """The model of the request's source and target languages (both required, as in LibreTranslate), and what was
+    detected when the source is "auto"; no model when the texts are in the target language already
+    (``Models.choose``)."""
+    source, target = fields.get("source"), fields.get("target")
+    pairs = models.describe()
+    for name, value in (("source", source), ("target", target)):
+        if not value:
+            raise InvalidRequest(f"Invalid request: missing {name} parameter (this server translates {pairs})")
+        if not isinstance(value, str):
+            raise InvalidRequest(f"{name} must be a language code, e.g. {models.default.source_language!r}")
+    return models.choose(texts, "", source, target, options.format, options.pass_through)
