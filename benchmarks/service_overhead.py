@@ -52,8 +52,9 @@ from server.app import serving_engines  # noqa: E402
 from server.config import DEFAULT_MODEL_DIR, parse_config  # noqa: E402
 from server.jobs import decode_options  # noqa: E402
 from server.metrics import Metrics  # noqa: E402
+from server.options import TranslateOptions  # noqa: E402
 from server.scheduler import Scheduler  # noqa: E402
-from server.translations import TranslateOptions, Translations  # noqa: E402
+from server.translations import Translations  # noqa: E402
 from testkit.servers import start_subprocess_server  # noqa: E402
 
 

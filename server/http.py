@@ -64,10 +64,11 @@ from server.http_request import file_options, model_of, request_fields, texts_of
 from server.interface import Engine
 from server.keys import Caller, KeyGuard
 from server.models import Models
+from server.options import TranslateOptions
 from server.service import model_name
 from server.suggestions import suggestion_of, suggestion_store
 from server.tracing import request_span
-from server.translations import TranslateOptions, Translations
+from server.translations import Translations
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from server.errors import InvalidRequest
 from server.interface import Engine
 from server.jobs import decode_options
 from server.models import Models
-from server.translations import TranslateOptions
+from server.options import TranslateOptions
 
 FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 

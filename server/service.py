@@ -26,8 +26,9 @@ from server.interface import Engine
 from server.jobs import decode_options
 from server.keys import KEY_METADATA, KeyGuard
 from server.models import Models
+from server.options import TranslateOptions
 from server.tracing import request_span
-from server.translations import TranslateOptions, Translations
+from server.translations import Translations
 
 log = logging.getLogger(__name__)
 MALFORMED = object()  # what the tolerant deserializer returns for bytes that are no valid message

@@ -13,7 +13,7 @@ import contextvars
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TypeVar
 
 from opentelemetry.trace import INVALID_SPAN
@@ -30,32 +30,14 @@ from server.errors import InvalidRequest, ServiceError
 from server.glossaries import GlossaryStore
 from server.glossary import Glossary
 from server.interface import Engine
-from server.jobs import DecodeOptions, Job, QueuedSentence
+from server.jobs import Job, QueuedSentence
 from server.metrics import Metrics, length_bucket
+from server.options import TranslateOptions
 from server.scheduler import Scheduler
 from server.text import NO_LIMIT, SplitSentence, TextLimits, check_texts, segment_texts
 from server.tracing import child_span, record_sentences
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class TranslateOptions:
-    """A request's options, built once by its front end (gRPC ``TranslatorService._options``, HTTP
-    ``HttpApi._options``) and carried unchanged through ``Translations`` to the job, the cache key and the
-    answer: how its sentences decode, when it must be answered, and how its texts are read and flagged."""
-
-    decode: DecodeOptions
-    deadline: float | None = None  # a time.monotonic() instant
-    min_confidence: float | None = None  # sentences under it flag their text low_confidence
-    format: str = "text"  # "html": the texts' markup is kept
-    field: str = "texts"  # what errors call the texts (LibreTranslate's "q", a file's "file")
-    keep_empty: bool = False  # an empty text translates to itself instead of being refused
-    # LibreTranslate's finishing of plain texts (server/formatting.py): the source's case and final punctuation
-    # on its translation, and a text with no letters as its own translation
-    mirror_formatting: bool = True
-    pass_through: bool = True
-    glossary: Glossary | None = None  # its terms translated as it says (server/glossary.py)
 
 
 def unchanged(texts: Sequence[str], format: str) -> list[TextTranslation]:
