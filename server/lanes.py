@@ -79,6 +79,16 @@ class Lane:
         """Drop its batch (a step failed) for an empty one of the same engine; its caller answers those in it."""
         self.batch = self.engine.new_batch()
 
+    def leave(self, segment: QueuedSentence) -> bool:
+        """With the scheduler's lock held: ``segment`` is out of its batch; False when it was not in it."""
+        return self.running.pop(segment, False) is None
+
+    def leave_all(self) -> list[QueuedSentence]:
+        """With the scheduler's lock held: every segment is out of its batch (a step failed); returns them."""
+        segments = list(self.running)
+        self.running.clear()
+        return segments
+
     def joined(self, seconds: float) -> None:
         self.join_seconds = (1 - JOIN_WEIGHT) * self.join_seconds + JOIN_WEIGHT * seconds
 
@@ -161,3 +171,16 @@ def lane_names(bounds: Sequence[int]) -> list[str]:
     """Lanes named by the source tokens of the requests they take: bounds 64 give "1-64" and "65+"."""
     lows = [1] + [bound + 1 for bound in bounds]
     return [f"{low}-{high}" for low, high in zip(lows[:-1], bounds, strict=True)] + [f"{lows[-1]}+"]
+
+
+def longer_lanes_decode(lanes: Sequence[Lane], lane: Lane) -> bool:
+    """Whether a lane at lower OS priority than ``lane`` has rows. Any model's lane, not only this model's longer
+    lanes: the OS starves a long lane for every busier lane of higher priority, whichever model it serves."""
+    return any(other.running for other in lanes if other.niceness > lane.niceness)
+
+
+def wake_blocked(lanes: Sequence[Lane]) -> None:
+    """With the scheduler's lock held: wake the lanes waiting for room (some was freed)."""
+    for lane in lanes:
+        if lane.blocked:
+            lane.wake.notify()

@@ -36,7 +36,7 @@ from server.decisions import Admission, Leaving, Pause, leaving
 from server.errors import InferenceFailed, Overloaded, ServiceError, ShuttingDown
 from server.interface import Encoded, Engine
 from server.jobs import Job, QueuedSentence, Throughput
-from server.lanes import Lane, model_lanes
+from server.lanes import Lane, longer_lanes_decode, model_lanes, wake_blocked
 from server.metrics import Metrics
 from server.policies import POLICIES, length_groups
 from server.threads import plan_threads
@@ -244,7 +244,8 @@ class Scheduler:
     def _pause(self, lane: Lane, seconds: float) -> Pause:
         """After a step of ``seconds``: the pause the lane owes longer lanes (``--long-lane-share``)."""
         share = self.settings.long_lane_share
-        return lane.pause_after(seconds, time.perf_counter(), share, bool(share) and self._longer_lanes_decode(lane))
+        longer = bool(share) and longer_lanes_decode(self.lanes, lane)
+        return lane.pause_after(seconds, time.perf_counter(), share, longer)
 
     def _has_work_elsewhere(self, lane: Lane) -> bool:
         """Whether an idle lane may take sentences queued for its replicas."""
@@ -288,12 +289,6 @@ class Scheduler:
             self._finish(segment, hypothesis)
         return seconds
 
-    def _longer_lanes_decode(self, lane: Lane) -> bool:
-        """Whether a lane at lower OS priority than ``lane`` has rows. Any model's lane, not only this model's
-        longer lanes: the OS starves a long lane for every busier lane of higher priority, whichever model it
-        serves."""
-        return any(other.running for other in self.lanes if other.niceness > lane.niceness)
-
     def _finish(self, segment: QueuedSentence, hypothesis: Hypothesis) -> None:
         self._leave(segment)
         with self.lock:  # read by other lanes' threads and by submit
@@ -308,13 +303,10 @@ class Scheduler:
         """The segment is out of its lane's batch: its reservation returns to the budget."""
         lane = self.lanes[segment.lane]
         with self.lock:
-            if segment not in lane.running:
+            if not lane.leave(segment):
                 return
-            del lane.running[segment]
             self.memory.release(segment.reserved_bytes)
-            for other in self.lanes:  # a lane waiting for room may now have it
-                if other.blocked:
-                    other.wake.notify()
+            wake_blocked(self.lanes)  # a lane waiting for room may now have it
 
     def _end_job(self, job: Job, error: ServiceError, lane: Lane) -> None:
         """On ``lane``'s thread: answer a job with an error and take its segments out of every queue and of
@@ -340,12 +332,11 @@ class Scheduler:
     def _fail_batch(self, lane: Lane, error: ServiceError) -> None:
         """Answer every job in the lane's batch (admitted segments count from the start of their join) with
         error; start afresh."""
-        jobs = {s.job for s in lane.running}
         lane.restart()
         with self.lock:
-            self.memory.release(sum(s.reserved_bytes for s in lane.running))
-            lane.running.clear()
-        for job in jobs:
+            dropped = lane.leave_all()
+            self.memory.release(sum(s.reserved_bytes for s in dropped))
+        for job in {s.job: None for s in dropped}:  # in the order they joined
             self._end_job(job, error, lane)
 
     def _update_gauges(self, lane: Lane) -> None:

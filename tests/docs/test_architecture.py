@@ -66,3 +66,13 @@ def test_each_package_imports_what_the_architecture_allows(package: str):
             if top in FORBIDDEN.get(package, set()):
                 wrong.append(f"{path.relative_to(ROOT)} imports {name}")
     assert not wrong, "\n".join(wrong)
+
+
+MOST_LINES = 350  # the house's bound on a module of the engine and the server: one idea a module
+
+
+@pytest.mark.parametrize("package", ["runtime", "server"])
+def test_no_module_of_the_engine_or_the_server_is_over_the_houses_size(package: str):
+    sizes = {path: len(path.read_text().splitlines()) for path in sorted((ROOT / package).rglob("*.py"))}
+    over = [f"{path.relative_to(ROOT)}: {lines} lines" for path, lines in sizes.items() if lines > MOST_LINES]
+    assert not over, "split by idea: " + ", ".join(over)
