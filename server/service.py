@@ -102,7 +102,7 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
             deadline,
             options.min_confidence or None,
             options.format or "text",
-            mirror_formatting=not options.HasField("mirror_formatting") or options.mirror_formatting,
+            mirror_formatting=options.mirror_formatting,  # unset: false, the model's output (the HTTP API's is true)
             pass_through=not options.HasField("pass_through") or options.pass_through,
             glossary=glossary,
         )

@@ -70,11 +70,13 @@ def test_text_without_letters_comes_back_unless_turned_off(running: RunningServe
     assert status == 200 and decoded() - before > one_sentence  # the model read it
 
 
-def test_grpc_finishes_as_http_does(running: RunningServer):
+def test_grpc_finishes_as_http_does_when_asked_and_gives_the_models_output_by_default(running: RunningServer):
     source = "two dogs are playing in the snow"
-    assert running.translate([source]).translations[0].text == translated(running, source)
+    assert running.translate([source], mirror_formatting=True).translations[0].text == translated(running, source)
     as_written = running.translate([source], mirror_formatting=False).translations[0].text
     assert as_written == translated(running, source, mirror_formatting=False)
+    unset = running.stub.Translate(translate_pb2.TranslateRequest(texts=[source]), timeout=30).translations[0].text
+    assert unset == as_written
     emoji = translate_pb2.TranslateRequest(texts=["🙂 👍"])
     assert running.stub.Translate(emoji, timeout=30).translations[0].text == "🙂 👍"
 
