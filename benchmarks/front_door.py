@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 from common.corpus import MULTI30K, corpus_path, read_lines  # noqa: E402
 from runtime.batch import Joined  # noqa: E402
 from runtime.cpu import describe_cpu  # noqa: E402
+from runtime.engine import ModelText  # noqa: E402
 from runtime.manifest import read_manifest  # noqa: E402
 from runtime.memory import MemoryModel  # noqa: E402
 from runtime.model_config import ModelConfig  # noqa: E402
@@ -111,7 +112,7 @@ class NullBatch:
         self.sources.pop(key, None)
 
 
-class NullEngine:
+class NullEngine(ModelText):
     """A model folder's tokenizer and names, no sessions (``server.interface.Engine``)."""
 
     provider, variant = "cpu", "null"
@@ -126,18 +127,6 @@ class NullEngine:
 
     def warmup(self) -> None:
         pass
-
-    def tokenize(self, texts: list[str]) -> list[list[int]]:
-        return self.tokenizer.encode_source(texts)
-
-    def detokenize(self, ids: Sequence[Sequence[int]]) -> list[str]:
-        return self.tokenizer.decode(ids)
-
-    def source_pieces(self, ids: Sequence[int]) -> list[str]:
-        return self.tokenizer.source_pieces(ids)
-
-    def target_pieces(self, ids: Sequence[int]) -> list[str]:
-        return self.tokenizer.target_pieces(ids)
 
     def align(self, pairs):  # noqa: ANN001, ANN201 (no markup or glossary is sent here)
         raise NotImplementedError("the null engine aligns nothing")

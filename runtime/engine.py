@@ -16,9 +16,29 @@ from runtime.buckets import BucketedBatch
 from runtime.memory import MemoryModel, bound_process_memory
 from runtime.options import RuntimeOptions
 from runtime.search import RepetitionGuard, default_max_output
+from runtime.tokenizer import Tokenizer
 
 
-class Engine:
+class ModelText:
+    """A model's text side, its tokenizer's (``server.interface.Engine``'s text methods): texts to source ids,
+    output ids to texts, and the pieces of each."""
+
+    tokenizer: Tokenizer
+
+    def tokenize(self, texts: list[str]) -> list[list[int]]:
+        return self.tokenizer.encode_source(texts)
+
+    def detokenize(self, ids: Sequence[Sequence[int]]) -> list[str]:
+        return self.tokenizer.decode(ids)
+
+    def source_pieces(self, ids: Sequence[int]) -> list[str]:
+        return self.tokenizer.source_pieces(ids)
+
+    def target_pieces(self, ids: Sequence[int]) -> list[str]:
+        return self.tokenizer.target_pieces(ids)
+
+
+class Engine(ModelText):
     """An exported model on ONNX Runtime sessions (``server.interface.Engine``): its batches are
     ``runtime.batch.DecodeBatch``es over its backend's step."""
 
@@ -43,18 +63,6 @@ class Engine:
         self.memory = MemoryModel(self.config, itemsize, self.backend.d_cache)
 
     # --- text ----------------------------------------------------------------------
-
-    def tokenize(self, texts: list[str]) -> list[list[int]]:
-        return self.tokenizer.encode_source(texts)
-
-    def detokenize(self, ids: Sequence[Sequence[int]]) -> list[str]:
-        return self.tokenizer.decode(ids)
-
-    def source_pieces(self, ids: Sequence[int]) -> list[str]:
-        return self.tokenizer.source_pieces(ids)
-
-    def target_pieces(self, ids: Sequence[int]) -> list[str]:
-        return self.tokenizer.target_pieces(ids)
 
     def align(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[np.ndarray]:
         """Where each output token looked in its source (runtime/aligner.py)."""
