@@ -7,7 +7,8 @@
 #   benchmarks/gpu_device.sh anatomy [SECONDS] carrying .gpu/b and .whl: where a step's time goes for every engine
 #                                           and size (benchmarks/step_anatomy.py, kernels by the torch profiler,
 #                                           more flags in ANATOMY_FLAGS), then the server under load for what is left
-#                                           of SECONDS (default 150); .whl: wheels of what the machine lacks
+#                                           of SECONDS (default 150; PARTS: other gpu_check parts); .whl: wheels of
+#                                           what the machine lacks
 #                                           (opentelemetry-api, which the server imports)
 # The tree travels without the checkpoints (the device needs only the fp16 export in .gpu/b): empty them here
 # for the runs and restore them after (git checkout model/). With network access, `make gpu-check` instead.
@@ -79,7 +80,7 @@ anatomy)
     timeout 240 $anatomy --kernels 2>&1 | tee "$out/anatomy.md" || timeout 180 $anatomy 2>&1 | tee "$out/anatomy.md"
     budget=${2:-150}
     timeout $((budget + 60)) python3 benchmarks/gpu_check.py --model .gpu/b/model --variants fp16 \
-        --reference .gpu/b/reference.json --data .gpu/b/data --parts load --speed-sentences 500 \
+        --reference .gpu/b/reference.json --data .gpu/b/data --parts "${PARTS:-load}" --speed-sentences 500 \
         --budget "$budget" --load-seconds 10 --clients 16 --report "$out/gpu_check.md" 2>&1 | tee "$out/log.txt"
     ;;
 *)

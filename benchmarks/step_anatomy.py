@@ -7,7 +7,8 @@ CUDA the kernels each step launches (the torch profiler's CUDA activity, which s
 
 Engines (``ENGINES``): ``compact`` (sources packed row by row), ``buckets`` (fixed buffers per bucket), ``captured``
 (each bucket's step a CUDA graph), ``captured-k8`` (8 greedy steps per run), ``captured-fused`` (ONNX Runtime's
-fusions on, which the engine turns off for the CPU). Sizes: ``N`` sources greedy, ``NxB`` N sources at beam B.
+fusions on, which the engine turns off on the CPU: runtime/providers.py), ``captured-unfused`` (off on CUDA too).
+Sizes: ``N`` sources greedy, ``NxB`` N sources at beam B.
 Every row decodes for every timed step (no eos), in a fresh batch per repeat whose bucket holds a test sentence
 (``--max-length``). On the CPU provider it runs the same path (buckets on the host's device path), which is how
 the suite keeps it working where no GPU is.
@@ -42,6 +43,7 @@ ENGINES = {
     "captured": {"layout": "buckets", "graphs": True},
     "captured-k8": {"layout": "buckets", "graphs": True, "steps_per_run": 8},
     "captured-fused": {"layout": "buckets", "graphs": True, "fusions": True},
+    "captured-unfused": {"layout": "buckets", "graphs": True, "fusions": False},
 }
 DEFAULT_SIZES = "1,32,128,32x4"
 DRAIN_TOP = 12  # functions listed by a drain profile
@@ -156,7 +158,7 @@ class SessionLog:
         backend_module.open_session = self._original
 
 
-def optimized_nodes(model: Any, provider: str, fusions: bool) -> Counter[str]:
+def optimized_nodes(model: Any, provider: str) -> Counter[str]:
     """Op types of the graph ONNX Runtime runs for ``model`` (a path or a serialized model) on ``provider``, as
     it writes it out after its optimizations (``optimized_model_filepath``)."""
     import onnx
@@ -164,7 +166,7 @@ def optimized_nodes(model: Any, provider: str, fusions: bool) -> Counter[str]:
     with tempfile.TemporaryDirectory() as folder:
         options = ort.SessionOptions()
         options.optimized_model_filepath = str(Path(folder) / "optimized.onnx")
-        disabled = [] if fusions else providers.NO_FUSIONS
+        disabled = providers.disabled_optimizers(provider)  # the engine's rule, as the anatomy's engine set it
         ort.InferenceSession(model, options, [providers.PROVIDERS[provider]], disabled_optimizers=disabled)
         graph = onnx.load(options.optimized_model_filepath, load_external_data=False).graph
     return Counter(node.op_type for node in graph.node)
@@ -235,7 +237,7 @@ def engine_options(name: str, provider: str, variant: str) -> tuple[RuntimeOptio
         cuda_graphs=spec.get("graphs", False),
         steps_per_run=spec.get("steps_per_run", 1),
     )
-    return options, spec.get("fusions", False)
+    return options, spec.get("fusions")
 
 
 def anatomy(engine: OrtBackend, sources: int, beam: int, args, kernels: Kernels) -> dict[str, Any]:
@@ -379,6 +381,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.engines.split(","):
             options, fusions = engine_options(name, args.provider, args.variant)
             kept, providers.NO_FUSIONS = providers.NO_FUSIONS, [] if fusions else providers.NO_FUSIONS
+            off = {"cpu", "cuda"} if fusions is False else providers.FUSIONS_OFF  # captured-unfused: as before
+            kept_off, providers.FUSIONS_OFF = providers.FUSIONS_OFF, off
             try:
                 with SessionLog() as log:
                     engine = OrtBackend(args.model, options)
@@ -388,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
                     chunks = beam == 1 and engine.steps_per_run > 1
                     if chunks not in counted:
                         model, provider = log.opened.get(id(step_session(engine, chunks)), (None, None))
-                        counted[chunks] = optimized_nodes(model, provider, fusions) if model else Counter()
+                        counted[chunks] = optimized_nodes(model, provider) if model else Counter()
                     result = anatomy(engine, sources, beam, args, kernels)
                     result |= {"engine": name, "nodes": dict(counted[chunks])}
                     results.append(result)
@@ -399,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
                     for size in args.drain_sizes.split(","):
                         results.append({"engine": name, **drain(engine, *parse_size(size), args)})
             finally:
-                providers.NO_FUSIONS = kept
+                providers.NO_FUSIONS, providers.FUSIONS_OFF = kept, kept_off
     finally:
         args.spy.uninstall()
     if args.json:

@@ -14,9 +14,18 @@ PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 # wheels' nvidia-cuda-runtime requirement; the Dockerfile's CUDA image pins below it).
 FIRST_CUDA_13_ONNXRUNTIME = "1.27"
 DRIVER_CUDA = re.compile(r"CUDA Version:\s*(\d+)\.(\d+)")  # nvidia-smi's header: the newest CUDA the driver runs
-# ONNX Runtime fusions that make our graphs slower on the CPU, disabled in every session: fused
-# SkipLayerNormalization is 3-4x slower than Add + LayerNormalization (see export/builder.py).
+# ONNX Runtime fusions that make our graphs slower on the CPU, disabled in CPU sessions: fused
+# SkipLayerNormalization was 3-4x slower than Add + LayerNormalization (see export/builder.py), and with ONNX
+# Runtime 1.32 is still no faster (0.97-1.00x, fp32 greedy at batch 1 and 32, 2-core AMD EPYC, 2026-11-28). On
+# CUDA they stay on: the fused step runs 18 fewer kernels and is 10-14% faster (NVIDIA H200, fp16, captured,
+# 1 to 128 rows: benchmarks/gpu_check.md, 2026-11-28).
 NO_FUSIONS = ["SkipLayerNormFusion"]
+FUSIONS_OFF = {"cpu"}  # the providers whose sessions turn NO_FUSIONS off
+
+
+def disabled_optimizers(provider: str) -> list[str]:
+    """The fusions a session on ``provider`` ('cpu' or 'cuda') turns off."""
+    return NO_FUSIONS if provider in FUSIONS_OFF else []
 
 
 class ProviderUnavailable(ValueError):
@@ -101,7 +110,7 @@ def open_session(
     options.enable_cpu_mem_arena = memory_arena
     providers = [PROVIDERS[provider]]
     chosen = [(providers[0], provider_options)] if provider_options else providers
-    session = ort.InferenceSession(path, options, chosen, disabled_optimizers=NO_FUSIONS)
+    session = ort.InferenceSession(path, options, chosen, disabled_optimizers=disabled_optimizers(provider))
     if session.get_providers()[0] != providers[0]:  # ONNX Runtime fell back to another provider
         raise ProviderUnavailable(
             f"provider {provider!r}: ONNX Runtime could not use {providers[0]} for "
