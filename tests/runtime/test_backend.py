@@ -21,6 +21,7 @@ from runtime.manifest import ModelFolderError, read_manifest
 from runtime.options import EngineSettings, RuntimeOptions
 from runtime.providers import ProviderUnavailable
 from runtime.search import RepetitionGuard, default_max_output
+from testkit.arrivals import decode_arriving
 from tests.conftest import own_sentences
 
 
@@ -92,22 +93,20 @@ def test_sources_join_a_running_batch_with_io_binding(tiny_export: Path, beam: i
     )
     ids = runtime.tokenizer.encode_source(own_sentences(6))
     alone = [offline.translate_ids(host, [source], beam, max_output_tokens=20)[0] for source in ids]
-    batch = runtime.new_batch()
-    arrivals = {0: [0, 1], 1: [2], 3: [3, 4], 5: [5]}
-    results: dict[int, list[int]] = {}
-    step = 0
-    while len(batch) or step <= max(arrivals):
-        if step in arrivals:
-            keys = arrivals[step]
-            sources = [ids[k] for k in keys]
-            limits = [default_max_output(len(s), 20) for s in sources]
-            batch.add(keys, runtime.encode_sources(sources), [beam] * len(keys), limits)
-            assert isinstance(batch.sources.step_inputs()[0][0], ort.OrtValue)
-            assert isinstance(batch.cache.keys[0], ort.OrtValue if device_cache else np.ndarray)
-        if len(batch):
-            results.update(batch.step())
-        step += 1
-    assert [results[k].tokens for k in range(len(ids))] == alone
+    arrivals = {step: [(key, beam) for key in keys] for step, keys in {0: [0, 1], 1: [2], 3: [3, 4], 5: [5]}.items()}
+
+    def on_the_device(batch) -> None:  # noqa: ANN001
+        assert isinstance(batch.sources.step_inputs()[0][0], ort.OrtValue)
+        assert isinstance(batch.cache.keys[0], ort.OrtValue if device_cache else np.ndarray)
+
+    decoded = decode_arriving(
+        runtime.new_batch(),
+        arrivals,
+        lambda keys: runtime.encode_sources([ids[key] for key in keys]),
+        lambda key: default_max_output(len(ids[key]), 20),
+        joined=on_the_device,
+    )
+    assert decoded.tokens(range(len(ids))) == alone
 
 
 @pytest.mark.parametrize("spinning", [False, True])

@@ -12,6 +12,7 @@ from runtime.batch import DecodeBatch, EncodedSources, pad_sources
 from runtime.caches import FEW_ROWS, CachePool, KVCache, SourceCache
 from runtime.layout import gap_filling_order, row_groups, step_layout
 from runtime.search import BeamSearch, Decoding, GreedySearch, Hypothesis, default_max_output, in_place_order
+from testkit.arrivals import decode_arriving
 
 SOURCES = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14], [15], [16, 17, 18, 19], [20, 21]]
 
@@ -36,22 +37,20 @@ def torch_batch(model: Transformer, translator: TorchTranslator) -> DecodeBatch:
 def test_joining_and_leaving_do_not_change_translations(tiny_model: Transformer, beam: int):
     translator = TorchTranslator(tiny_model, tokenizer=None, max_output_tokens=12)
     alone = [translator.translate_ids([s], beam)[0] for s in SOURCES]
-    batch = torch_batch(tiny_model, translator)
-    results: dict[int, list[int]] = {}
     arrivals = {0: [0], 2: [1, 2], 3: [3], 6: [4]}  # step -> sources joining then
-    step = 0
-    while len(batch) or step <= max(arrivals):
-        if step in arrivals:
-            keys = arrivals[step]
-            limits = [default_max_output(len(SOURCES[k]), 12) for k in keys]
-            with torch.inference_mode():
-                batch.add(keys, encode(tiny_model, [SOURCES[k] for k in keys]), [beam] * len(keys), limits)
-        if len(batch):
-            with torch.inference_mode():
-                results.update(batch.step())
-            assert batch.cache.rows == batch.rows == len(batch.source_index) == len(batch.tokens)
-        step += 1
-    assert [results[k].tokens for k in range(len(SOURCES))] == alone
+
+    def rows_agree(batch: DecodeBatch) -> None:
+        assert batch.cache.rows == batch.rows == len(batch.source_index) == len(batch.tokens)
+
+    with torch.inference_mode():
+        decoded = decode_arriving(
+            torch_batch(tiny_model, translator),
+            {step: [(key, beam) for key in keys] for step, keys in arrivals.items()},
+            lambda keys: encode(tiny_model, [SOURCES[key] for key in keys]),
+            lambda key: default_max_output(len(SOURCES[key]), 12),
+            stepped=rows_agree,
+        )
+    assert decoded.tokens(range(len(SOURCES))) == alone
 
 
 def test_beam_search_gives_its_other_outputs_as_alternatives_best_first_each_once():

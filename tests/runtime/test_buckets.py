@@ -17,6 +17,7 @@ from runtime.bucket_buffers import Bucket
 from runtime.buckets import BucketedBatch
 from runtime.options import EngineSettings, RuntimeOptions
 from runtime.search import default_max_output
+from testkit.arrivals import decode_arriving
 from tests.conftest import own_sentences
 
 ENGINES = {  # how a bucketed engine runs: its buffers' place, graphs and steps per run
@@ -47,19 +48,15 @@ def decode(
 ) -> tuple[dict[int, list[int]], list]:
     """Sources joining at the steps ``arrivals`` says ((source, beam) each), ``removed`` ones dropped at theirs;
     each source's output, and the batch."""
-    batch, results, step = engine.new_batch(), {}, 0
-    while len(batch) or step <= max(arrivals):
-        if step in arrivals:
-            keys = [key for key, _ in arrivals[step]]
-            limits = [default_max_output(len(sources[key]), 24) for key in keys]
-            encoded = engine.encode_sources([sources[key] for key in keys])
-            batch.add(keys, encoded, [beam for _, beam in arrivals[step]], limits)
-        if step in removed:
-            batch.remove(removed[step])
-        if len(batch):
-            results.update({key: hypothesis.tokens for key, hypothesis in batch.step()})
-        step += 1
-    return results, batch
+    batch = engine.new_batch()
+    decoded = decode_arriving(
+        batch,
+        arrivals,
+        lambda keys: engine.encode_sources([sources[key] for key in keys]),
+        lambda key: default_max_output(len(sources[key]), 24),
+        removed=removed,
+    )
+    return {key: hypothesis.tokens for key, hypothesis in decoded.results.items()}, batch
 
 
 ARRIVALS = {

@@ -17,6 +17,7 @@ from runtime.offline import translate_ids
 from runtime.options import EngineSettings, RuntimeOptions
 from runtime.search import default_max_output
 from runtime.step_graphs import k_step_graph
+from testkit.arrivals import decode_arriving
 from tests.conftest import own_sentences
 
 
@@ -73,16 +74,15 @@ def test_sources_join_between_chunks_and_beam_search_steps_one_at_a_time(tiny_ex
     one, chunked = backend(tiny_export, 1), backend(tiny_export, 3)
     sources = one.tokenizer.encode_source(own_sentences(5))
     results = []
+    arrivals = {key: [(key, beam)] for key, beam in enumerate([1, 1, 2, 1, 1])}  # one a step
     for engine in (one, chunked):
-        batch, done, runs = engine.new_batch(), {}, 0
-        for key, (source, beam) in enumerate(zip(sources, [1, 1, 2, 1, 1], strict=True)):
-            batch.add([key], engine.encode_sources([source]), [beam], [default_max_output(len(source), 20)])
-            done.update({k: h.tokens for k, h in batch.step()})
-            runs += 1
-        while len(batch):
-            done.update({k: h.tokens for k, h in batch.step()})
-            runs += 1
-        results.append((done, runs))
+        decoded = decode_arriving(
+            engine.new_batch(),
+            arrivals,
+            lambda keys, engine=engine: engine.encode_sources([sources[key] for key in keys]),
+            lambda key: default_max_output(len(sources[key]), 20),
+        )
+        results.append((decoded.tokens(range(len(sources))), decoded.steps))
     assert results[1][0] == results[0][0]
     assert results[1][1] < results[0][1]  # greedy-only runs went three steps at a time
 
