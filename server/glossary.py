@@ -26,7 +26,7 @@ import ahocorasick
 
 from server.casing import fold
 from server.errors import InvalidRequest
-from server.markup import Atom, Document, Piece
+from server.markup import Atom, ParsedText, Piece
 
 MAX_INLINE_ENTRIES = 1_000  # entries in a request's own glossary; more belong in a stored one
 MAX_STORED_ENTRIES = 10_000  # entries in a stored glossary (DeepL's limit is by size, about as many)
@@ -93,7 +93,7 @@ class Glossary:
                     f"{source_language}→{target_language}: use a glossary of that pair"
                 )
 
-    def apply(self, documents: list[Document]) -> list[list[str]]:
+    def apply(self, documents: list[ParsedText]) -> list[list[str]]:
         """Each document's occurrences made atoms of its pieces (see the module's doc); per document, the entries
         applied (their source terms), one per occurrence, in order."""
         return [[key for piece in document.pieces for key in self._apply(piece)] for document in documents]

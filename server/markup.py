@@ -1,6 +1,6 @@
 """Markup and placeholders kept through translation.
 
-A text is parsed into a ``Document``: raw parts the model never sees (block tags, comments in
+A text is parsed into a ``ParsedText``: raw parts the model never sees (block tags, comments in
 between blocks, ``<script>``, ``translate="no"`` content) and ``Piece``s, the runs of text between
 block boundaries that the model translates. A piece holds its plain text, the inline elements
 (``<b>``, ``<a href>``…) that enclosed each character, and its *atoms*: what must come back byte
@@ -140,7 +140,7 @@ class Piece:
 
 
 @dataclass
-class Document:
+class ParsedText:
     parts: list[str | Piece]
 
     @property
@@ -162,18 +162,18 @@ class Document:
         return "".join(out)
 
 
-def parse(text: str, format: str) -> Document:
+def parse(text: str, format: str) -> ParsedText:
     """The document of a request text; raises MarkupError for malformed HTML."""
     if format == "text":
         piece = Piece(html=False)
         piece.add_text(text)
-        return Document([piece])
+        return ParsedText([piece])
     if format != "html":
         raise InvalidRequest(f"format={format!r} is not supported; use one of {', '.join(FORMATS)}")
     root = HtmlTree(text).parse()
     parts: list[str | Piece] = []
     _walk(root, text, parts)
-    return Document([p for p in parts if not (isinstance(p, Piece) and not p.source)])
+    return ParsedText([p for p in parts if not (isinstance(p, Piece) and not p.source)])
 
 
 def _walk(node: Node, source: str, parts: list[str | Piece]) -> None:

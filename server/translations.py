@@ -196,7 +196,7 @@ class Translations:
                 return await self._passing_through(engine, texts, kept, options, exchange)
         glossary = options.glossary
 
-        def parse() -> tuple[list[markup.Document], list[list[str]] | None]:
+        def parse() -> tuple[list[markup.ParsedText], list[list[str]] | None]:
             documents = [markup.parse(text, options.format) for text in texts]
             return documents, (glossary.apply(documents) if glossary is not None else None)
 
@@ -211,7 +211,7 @@ class Translations:
         self,
         engine: Engine,
         texts: Sequence[str],
-        documents: list[markup.Document],
+        documents: list[markup.ParsedText],
         options: TranslateOptions,
         exchange: Exchange | None,
     ) -> list[TextTranslation]:
@@ -261,7 +261,7 @@ class Translations:
         """A streamed sentence's translation with the glossary's terms in place (as Translate places them, on the
         sentence as the model read it), and the entries applied."""
         piece = markup.Piece(html=False, text=segment.spec.source, paths=[()] * len(segment.spec.source))
-        applied = glossary.apply([markup.Document([piece])])[0]
+        applied = glossary.apply([markup.ParsedText([piece])])[0]
         if not applied:
             return answers.detokenized(engine, [segment])[id(segment)], []
         self.metrics.glossary_applied.labels(engine.name).observe(len(applied))
@@ -287,7 +287,7 @@ class Translations:
     async def _render(
         self,
         engine: Engine,
-        documents: Sequence[markup.Document],
+        documents: Sequence[markup.ParsedText],
         pieces: Sequence[tuple[int, markup.Piece]],
         segments: list[DecodedSentence],
         chars: int,

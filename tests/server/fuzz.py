@@ -31,7 +31,7 @@ with atheris.instrument_imports(include=["server"]):
     from server.files import read_document
     from server.glossary import MAX_INLINE_ENTRIES, Glossary, checked_entries
     from server.html_tree import MarkupError
-    from server.markup import WORD, Document, Piece, parse
+    from server.markup import WORD, ParsedText, Piece, parse
     from server.placement import place
     from server.text import TextLimits, segment_texts, split_sentences
     from testkit.servers import DOCUMENTED_CODES, RunningServer, free_port, server_config  # the rest of server/
@@ -78,7 +78,7 @@ def markup(data: bytes) -> None:
     parse(document.render(outputs), "html")
 
 
-def _read(document: Document) -> list[str]:
+def _read(document: ParsedText) -> list[str]:
     """What the parser read: raw parts as sent, and each piece's text (character references decoded, as
     html.parser decodes them: not inside a tag left open at the end, "<i&mp;")."""
     return [part if isinstance(part, str) else part.text for part in document.parts]

@@ -130,7 +130,7 @@ def test_a_long_requests_parsing_runs_off_the_event_loop_and_a_short_ones_on_it(
     threads: list[str] = []
     parse = markup.parse
 
-    def recording(text: str, format: str) -> markup.Document:
+    def recording(text: str, format: str) -> markup.ParsedText:
         threads.append(threading.current_thread().name)
         return parse(text, format)
 
