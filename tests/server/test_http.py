@@ -226,7 +226,10 @@ def test_language_codes_are_read_in_any_case_over_http_and_grpc(server: RunningS
     assert (status, body["translatedText"]) == (200, expected)
     status, _, body = http(server, "/translate", {"q": sentence, "source": "AUTO", "target": "DE"})
     assert (status, body["translatedText"], body["detectedLanguage"]["language"]) == (200, expected, "en")
-    request = translate_pb2.TranslateRequest(texts=[sentence], source_language="EN", target_language="DE")
+    options = translate_pb2.TranslateOptions(mirror_formatting=True)  # finished as the HTTP API finishes by default
+    request = translate_pb2.TranslateRequest(
+        texts=[sentence], source_language="EN", target_language="DE", options=options
+    )
     assert server.stub.Translate(request).translations[0].text == expected
 
 
