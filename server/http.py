@@ -63,9 +63,8 @@ from server.http_middleware import REQUEST_ID, cors, error_response, json_errors
 from server.http_request import file_options, model_of, request_fields, texts_of, translate_options
 from server.interface import Engine
 from server.keys import Caller, KeyGuard
-from server.models import Models
+from server.models import Models, model_name
 from server.options import TranslateOptions
-from server.service import model_name
 from server.suggestions import suggestion_of, suggestion_store
 from server.tracing import request_span
 from server.translations import Translations

@@ -28,6 +28,12 @@ def pair(engine: Engine) -> str:
     return f"{engine.source_language}→{engine.target_language}"
 
 
+def model_name(engine: Engine | None) -> str:
+    """An engine's ``name@version`` as responses give it (gRPC's ``model``, HTTP's ``X-Translation-Model``); ""
+    before a request's model is known."""
+    return f"{engine.name}@{engine.version}" if engine is not None else ""
+
+
 class Models:
     def __init__(self, engines: Sequence[Engine], detection: LanguageDetection = "accurate") -> None:
         if not engines:

@@ -25,7 +25,7 @@ from server.glossary import Glossary, inline_glossary
 from server.interface import Engine
 from server.jobs import decode_options
 from server.keys import KEY_METADATA, KeyGuard
-from server.models import Models
+from server.models import Models, model_name
 from server.options import TranslateOptions
 from server.tracing import request_span
 from server.translations import Translations
@@ -37,11 +37,6 @@ MALFORMED = object()  # what the tolerant deserializer returns for bytes that ar
 def _check_parsed(request) -> None:
     if request is MALFORMED:
         raise InvalidRequest("the request is not a valid translation.v1 message (is every text valid UTF-8?)")
-
-
-def model_name(engine: Engine | None) -> str:
-    """An engine's ``name@version`` as responses give it; "" before a request's model is known."""
-    return f"{engine.name}@{engine.version}" if engine is not None else ""
 
 
 def rpc(method: str):

@@ -76,3 +76,21 @@ def test_no_module_of_the_engine_or_the_server_is_over_the_houses_size(package: 
     sizes = {path: len(path.read_text().splitlines()) for path in sorted((ROOT / package).rglob("*.py"))}
     over = [f"{path.relative_to(ROOT)}: {lines} lines" for path, lines in sizes.items() if lines > MOST_LINES]
     assert not over, "split by idea: " + ", ".join(over)
+
+
+def test_neither_front_door_imports_the_other():
+    """Both front doors take what they share from modules of its own (options, models, request reading): the HTTP
+    API never imports the gRPC service, nor the service the HTTP API."""
+    crossing = {
+        "server/http.py": "server.service",
+        "server/http_request.py": "server.service",
+        "server/http_glossaries.py": "server.service",
+        "server/service.py": "server.http",
+    }
+    wrong = [
+        f"{path} imports {name}"
+        for path, door in crossing.items()
+        for name in imports(ROOT / path)
+        if name == door or name.startswith(door + ".") or name.startswith(door + "_")
+    ]
+    assert not wrong, "\n".join(wrong)
