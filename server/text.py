@@ -153,12 +153,10 @@ def _model_sentences(
 ) -> list[list[tuple[str, str]]]:
     """The splits as the model reads them: a sentence in capitals, or any of an all-lower-case text with
     ``lower_case``, in the model's case (server/casing.py, one tokenizer call for all); the others as they are."""
-    changed = [
-        (t, k)
-        for t, (split, text) in enumerate(zip(splits, texts, strict=True))
-        for k, (sentence, _) in enumerate(split)
-        if casing.in_capitals(sentence) or (lower_case and text.islower())
-    ]
+    changed = []
+    for t, (split, text) in enumerate(zip(splits, texts, strict=True)):
+        lower = lower_case and text.islower()  # once per text: per sentence, a long text's would be quadratic
+        changed += [(t, k) for k, (sentence, _) in enumerate(split) if lower or casing.in_capitals(sentence)]
     if not changed:
         return list(splits)
     models = [list(split) for split in splits]
