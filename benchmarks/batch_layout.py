@@ -1,5 +1,5 @@
 """The two batch layouts on the CPU provider (not a test): compact (runtime/batch.py) against buckets
-(runtime/buckets.py), on test_2016_flickr with sentences joining as others leave:
+(runtime/slotted_rows.py), on test_2016_flickr with sentences joining as others leave:
 
     python benchmarks/batch_layout.py --data ../shared/data/multi30k --out benchmarks/batch_layout.md
 

@@ -75,18 +75,18 @@ def filled_batch(model: OrtBackend, rows: int, cached: int) -> DecodeBatch:
     ids = [rng.integers(4, c.vocab_size, 20).tolist() for _ in range(sources)]
     batch = model.new_batch()
     batch.add(list(range(sources)), model.encode_sources(ids), [BEAM] * sources, [cached + 2] * sources)
-    searches = list(batch.searches.values())
-    batch.cache.select(np.repeat(np.arange(sources), BEAM))  # each source's BEAM rows
-    batch.cache.reserve(rows, cached + 1)
-    for buffer in batch.cache.keys + batch.cache.values:
+    layout = batch.layout  # compact rows: runtime/compact_rows.py
+    searches = list(layout.searches.values())
+    layout.cache.select(np.repeat(np.arange(sources), BEAM))  # each source's BEAM rows
+    layout.cache.reserve(rows, cached + 1)
+    for buffer in layout.cache.keys + layout.cache.values:
         buffer[:rows, :, :cached] = rng.standard_normal(buffer[:rows, :, :cached].shape, np.float32)
-    batch.cache.lengths[:rows], batch.cache.longest = cached, cached
-    batch.searches = {key: search for key, search in batch.searches.items()}
+    layout.cache.lengths[:rows], layout.cache.longest = cached, cached
     for search in searches:
         search.rows, search.scores = BEAM, np.zeros(BEAM)
-    batch.tokens = rng.integers(4, c.vocab_size, rows).astype(np.int64)
-    batch._changed(batch.tokens)
-    batch.total_length[()] = cached + 1
+    layout.tokens = rng.integers(4, c.vocab_size, rows).astype(np.int64)
+    layout._changed(layout.tokens)
+    layout.total_length[()] = cached + 1
     return batch
 
 
@@ -112,7 +112,7 @@ def main() -> int:
     print("|---|---|---|---|---|---|")
     for rows, cached in CASES:
         batch = filled_batch(model, rows, cached)
-        cache: KVCache = batch.cache
+        cache: KVCache = batch.layout.cache
         parents = (np.arange(rows) // BEAM * BEAM + np.tile(PARENTS, rows // BEAM)).astype(np.int64)
         changed = np.flatnonzero(parents != np.arange(rows))
         feeds = batch.step_inputs().feeds

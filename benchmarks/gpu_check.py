@@ -13,7 +13,7 @@ smallest form, which the suite runs on the CPU provider so that the check cannot
    greedy rows, and the step's time replayed against run normally; any error is the finding.
 4. The server on the device under the load generator (closed loop, ``--clients``, one test sentence per
    request, ``--load-seconds``): requests/s, p50, p99 and errors.
-5. Buckets on the device (runtime/buckets.py, runtime/captured.py): the fp16 step over fixed device buffers,
+5. Buckets on the device (runtime/slotted_rows.py, runtime/captured.py): the fp16 step over fixed device buffers,
    without and with one captured CUDA graph per bucket, and with k greedy steps per run (k = 2, 4, 8): the
    Memcpy nodes ONNX Runtime adds to each graph, agreement with CPU fp32 and BLEU, and output tokens/s beside
    the compact engine's at batch 1, 32 and 128.

@@ -5,7 +5,7 @@ device so that a device-resident cache never visits the host (runtime.device_cac
 - ``pad``:    y = Pad(x, pads) with zeros (more rows or slots);
 - ``copy_rows``: y = ScatterND(target, targets, Pad(Gather(x, rows), pads)), run with y bound to target's own
   buffer, so rows of x (zero-padded to target's slots) overwrite rows of target in place: a bucket's sources
-  joining, beams reordering within it, and rows moving to another bucket (runtime.buckets.BucketedBatch). The
+  joining, beams reordering within it, and rows moving to another bucket (runtime.slotted_rows.SlottedRows). The
   rows are gathered before any is written, so x may be target itself.
 
 They ship as files in runtime/cache_ops/ (the server has no ``onnx`` package to build them);

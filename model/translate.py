@@ -17,8 +17,10 @@ from common import flags
 from common.flags import setting
 from model.checkpoint import DEFAULT_CHECKPOINT, length_penalty, load_checkpoint
 from model.transformer import Transformer
-from runtime.batch import DecodeBatch, EncodedSources, StepInputs, pad_sources
+from runtime.batch import DecodeBatch, EncodedSources, RowShape, StepInputs, pad_sources
+from runtime.compact_rows import CompactRows
 from runtime.contract import layer_names
+from runtime.model_config import ModelConfig
 from runtime.offline import translate_in_batches
 from runtime.search import LENGTH_PENALTY, Decoding, default_max_output
 from runtime.tokenizer import Tokenizer
@@ -31,24 +33,23 @@ def top_candidates(log_probs: np.ndarray, k: int, eos_id: int) -> tuple[np.ndarr
     return np.take_along_axis(log_probs, ids, axis=1), ids, log_probs[:, eos_id : eos_id + 1]
 
 
-class PrefixDecodeBatch(DecodeBatch):
-    """Decoding without a cache: every step re-runs the decoder over each row's whole prefix, which the batch
-    keeps as its rows are selected."""
+class PrefixRows(CompactRows):
+    """Decoding without a cache: every step re-runs the decoder over each row's whole prefix, which the rows
+    keep as they are selected (``prefix_step`` is the batch's step function)."""
 
-    def __init__(self, model: Transformer, memory: torch.Tensor, decoding: Decoding) -> None:
+    def __init__(self, model: Transformer, memory: torch.Tensor) -> None:
         c = model.config
-        super().__init__(self._prefix_step, c.n_decoder_layers, c.n_heads, c.d_head, c.decoder_start_id, decoding)
+        super().__init__(row_shape(c))
         self.model, self.memory = model, memory
         self.prefix = np.zeros((0, 0), np.int64)
 
-    def add(self, keys, encoded, beams, max_lengths):
+    def add(self, keys, searches, encoded, overrun):
         if self.rows:
             raise NotImplementedError("the uncached reference decoder does not take sources mid-way")
-        joined = super().add(keys, encoded, beams, max_lengths)
+        super().add(keys, searches, encoded, overrun)
         self.prefix = np.zeros((self.rows, 0), np.int64)
-        return joined
 
-    def _prefix_step(self, inputs: StepInputs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def prefix_step(self, inputs: StepInputs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         feeds = inputs.feeds
         self.prefix = np.concatenate([self.prefix, feeds["tokens"][:, None]], axis=1)
         index = torch.from_numpy(source_index(feeds))
@@ -63,6 +64,11 @@ class PrefixDecodeBatch(DecodeBatch):
     def _keep_sources(self, positions: np.ndarray) -> None:
         super()._keep_sources(positions)
         self.memory = self.memory[torch.from_numpy(positions)]
+
+
+def row_shape(config: ModelConfig) -> RowShape:
+    """What a row of the model's batch holds, its cache in float32 with the model's head size."""
+    return RowShape(config.n_decoder_layers, config.n_heads, config.d_head, config.decoder_start_id)
 
 
 def source_index(feeds: dict) -> np.ndarray:
@@ -126,10 +132,12 @@ class TorchTranslator:
         decoding = Decoding(c.eos_id, self.length_penalty)
         if use_cache:
             cross_k, cross_v = (t.cpu().numpy() for t in self.model.cross_kv(memory))
-            batch = DecodeBatch(self._step, c.n_decoder_layers, c.n_heads, c.d_head, c.decoder_start_id, decoding)
+            rows = CompactRows(row_shape(c))
+            batch = DecodeBatch(self._step, decoding, rows)
         else:
             cross_k = cross_v = None
-            batch = PrefixDecodeBatch(self.model, memory, decoding)
+            rows = PrefixRows(self.model, memory)
+            batch = DecodeBatch(rows.prefix_step, decoding, rows)
         limits = [default_max_output(len(source), self.max_output_tokens) for source in sources]
         batch.add(range(len(sources)), EncodedSources(cross_k, cross_v, mask), [beam] * len(sources), limits)
         results = batch.drain()

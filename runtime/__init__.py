@@ -7,8 +7,10 @@
 - ``caches``: the self-attention cache and its pool, the cross-attention cache, on the host;
 - ``device_cache``: the self-attention cache on the step's device, moved by one-node graphs there;
 - ``batch``: the running batch (``DecodeBatch``: add / step / remove, and ``drain``, the one fill-and-drain
-  loop) and each step's inputs as a value (``StepInputs``); ``layout``: where the batch's rows sit in a step;
-- ``buckets``: the running batch in fixed-capacity buffers (``BucketedBatch``): sources join and leave without
+  loop; the searches' loop), each step's inputs as a value (``StepInputs``), and its pluggable row layout
+  (``RowLayout``); ``layout``: where a compact batch's rows sit in a step;
+- ``compact_rows``: a batch's rows packed (``CompactRows``), gaps filled by sources from the end;
+- ``slotted_rows``: a batch's rows in fixed-capacity buffers (``SlottedRows``): sources join and leave without
   moving others, and the step's inputs keep their memory and shape, as a captured CUDA step needs;
   ``bucket_buffers``: where a bucket's caches live (the host, or the step's device, kept per bucket shape);
   ``captured``: a bucket's step on a device, bound once and replayed as one CUDA graph per bucket;

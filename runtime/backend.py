@@ -20,12 +20,12 @@ import numpy as np
 import onnxruntime as ort
 
 from runtime.aligner import Aligner
-from runtime.batch import DecodeBatch, EncodedSources, StepInputs, StepOutputs, pad_sources
+from runtime.batch import DecodeBatch, EncodedSources, RowShape, StepInputs, StepOutputs, pad_sources
 from runtime.binding import StepBindings, bind_k_steps
 from runtime.bucket_buffers import DeviceBuffers
-from runtime.buckets import BucketedBatch
 from runtime.caches import CachePool, KVCache
 from runtime.captured import DeviceSteps
+from runtime.compact_rows import CompactRows
 from runtime.contract import CANDIDATE_OUTPUTS, CHUNK_OUTPUTS, STEP_INPUTS, STEP_OUTPUTS
 from runtime.cpu import describe_cpu, int8_products_saturate
 from runtime.device_cache import CacheOps, DeviceKVCache
@@ -35,6 +35,7 @@ from runtime.options import RuntimeOptions
 from runtime.plan import plan_engine
 from runtime.providers import PROVIDERS, ProviderUnavailable, open_session, resolve_provider
 from runtime.search import LENGTH_PENALTY, Decoding, RepetitionGuard
+from runtime.slotted_rows import SlottedRows
 from runtime.tokenizer import Tokenizer, TokenizerError
 
 log = logging.getLogger(__name__)
@@ -249,27 +250,25 @@ class OrtBackend:
         """How this model's searches end: its eos, its length penalty, and ``guard``."""
         return Decoding(self.config.eos_id, self.length_penalty, guard)
 
-    def new_batch(self, decoding: Decoding | None = None) -> DecodeBatch | BucketedBatch:
+    def new_batch(self, decoding: Decoding | None = None) -> DecodeBatch:
         """An empty running batch over this model's decoder step (``decoding``: how its searches are made; None:
-        ``self.decoding()``), in ``batch_layout``. A compact batch's host cache takes its buffers from
+        ``self.decoding()``), its rows in ``batch_layout``. A compact batch's host cache takes its buffers from
         ``cache_pool`` (RuntimeOptions.reuse_cache_buffers) and gives them back."""
         c = self.config
-        place = self._on_device if self.io_binding else None
-        if self._cache_ops is None:
-            cache_type = partial(KVCache, pool=self.cache_pool)
-        else:
-            cache_type = partial(DeviceKVCache, ops=self._cache_ops)
-        decoding = decoding or self.decoding()
-        layout = (c.n_decoder_layers, c.n_heads, self.d_cache, c.decoder_start_id, decoding, self.cache_dtype)
+        shape = RowShape(c.n_decoder_layers, c.n_heads, self.d_cache, c.decoder_start_id, self.cache_dtype)
+        step, chunk = self.step, self.k_steps.run if self.k_steps else None
         if self.batch_layout == "buckets":
             if self.bucket_buffers is not None:
-                buffers, step, chunk = self.bucket_buffers, self.device_steps, self.device_chunks
+                step, chunk = self.device_steps, self.device_chunks
+            rows = SlottedRows(shape, self.bucket_buffers)
+        else:
+            place = self._on_device if self.io_binding else None
+            if self._cache_ops is None:
+                cache_type = partial(KVCache, pool=self.cache_pool)
             else:
-                buffers, step, chunk = None, self.step, self.k_steps.run if self.k_steps else None
-            return BucketedBatch(step, *layout, buffers, chunk, self.steps_per_run)
-        if self.k_steps is not None:
-            return DecodeBatch(self.step, *layout, place, cache_type, self.k_steps.run, self.steps_per_run)
-        return DecodeBatch(self.step, *layout, place, cache_type)
+                cache_type = partial(DeviceKVCache, ops=self._cache_ops)
+            rows = CompactRows(shape, place, cache_type)
+        return DecodeBatch(step, decoding or self.decoding(), rows, chunk, self.steps_per_run)
 
     def _on_device(self, array: np.ndarray) -> ort.OrtValue:
         """A host array copied to the session's device, to be bound to the decoder step without further copies."""

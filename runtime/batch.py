@@ -1,26 +1,25 @@
 """The running batch: sources with their searches, the rows of their hypotheses, and each step's inputs.
 
 Sources join (``add``) at any step with an empty self-attention cache and their own cross-attention
-keys/values, and leave as soon as their search is done (or they are removed). Each ``step`` builds one
-``StepInputs`` value (the step's feeds by contract name, runtime/contract.py) and hands it to a step function
+keys/values, and leave as soon as their search is done (or they are removed). Where their rows and keys live is
+the batch's row layout (``RowLayout``): packed, with gaps filled as sources leave (runtime/compact_rows.py), or
+in the fixed slots of a bucket (runtime/slotted_rows.py). Each ``step`` takes the layout's ``StepInputs`` value
+(the step's feeds by contract name, runtime/contract.py), hands it to a step function
 (``runtime.backend.OrtBackend.step``, or PyTorch's in model/translate.py), which keeps its own bindings and
-never reads the batch. ``drain`` steps until the batch is empty: the one fill-and-drain loop, which offline
-decoding (runtime/offline.py), warm-up and the PyTorch reference use; the server's lanes add arrivals between
-steps instead.
+never reads the batch, lets each source's search take its candidates, and tells the layout what moved.
+``drain`` steps until the batch is empty: the one fill-and-drain loop, which offline decoding
+(runtime/offline.py), warm-up and the PyTorch reference use; the server's lanes add arrivals between steps
+instead.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from runtime.caches import FEW_ROWS, KVCache, SourceCache
-from runtime.contract import layer_names
-from runtime.layout import gap_filling_order, step_layout
 from runtime.search import Decoding, Hypothesis, Search
 
 
@@ -43,6 +42,18 @@ class EncodedSources:
     cross_v: Any
     src_mask: np.ndarray
     seconds: float = 0.0  # what the encoder call took
+
+
+@dataclass(frozen=True)
+class RowShape:
+    """What each row of a model's batch holds: a key and a value of ``heads`` × ``d_cache`` per decoder layer
+    and cached token, in ``dtype``; every row starts from ``start_id``."""
+
+    layers: int
+    heads: int
+    d_cache: int
+    start_id: int
+    dtype: Any = np.float32
 
 
 @dataclass(frozen=True)
@@ -81,92 +92,105 @@ StepFn = Callable[[StepInputs], StepOutputs]
 ChunkFn = Callable[[StepInputs], tuple[np.ndarray, np.ndarray]]
 
 
+class Placed(NamedTuple):
+    """A live source where the layout keeps it: its key and search, its index in the step's per-source outputs
+    (its position in a compact batch, its slot in a bucket) and its first row (its rows follow it)."""
+
+    key: Hashable
+    search: Search
+    index: int
+    first_row: int
+
+
+class Advanced(NamedTuple):
+    """A source that goes on after a step: where it was (``Placed``), how many rows it had, each new row's
+    origin among them and its next token."""
+
+    placed: Placed
+    rows_before: int
+    origins: Sequence[int]
+    tokens: Sequence[int]
+
+
+class RowLayout(Protocol):
+    """Where a running batch keeps its sources' rows, caches and keys, and so what each step reads: the batch
+    makes the searches and runs them, the layout places and moves what they decide."""
+
+    rows: int  # hypotheses being decoded
+    cache_bytes: int  # self-attention cache allocated now
+    cross_bytes: int  # sources' keys and values held now
+
+    def __len__(self) -> int: ...
+
+    def placed(self) -> list[Placed]:
+        """The live sources, in the order of the step's per-source outputs."""
+
+    def greedy_only(self) -> bool:
+        """Whether every row is a greedy source's, one a source (a row's index is its source's)."""
+
+    def add(self, keys: Sequence[Hashable], searches: Sequence[Search], encoded: EncodedSources, overrun: int) -> None:
+        """Place joining sources with their new searches, a row each with ``start_id``; ``overrun``: the cache
+        slots a run of several steps writes past a source's longest output."""
+
+    def step_inputs(self) -> StepInputs: ...
+
+    def begin_step(self, chunk: int) -> StepInputs:
+        """The next run's inputs, its total length set (``chunk``: the steps a greedy run may make)."""
+
+    def advance(self, steps: int) -> None:
+        """A run wrote ``steps`` entries into each live row's cache."""
+
+    def after_beam_step(self, advanced: list[Advanced], finished: list[Placed]) -> None:
+        """Move rows as the searches decided: ``advanced`` go on, ``finished`` leave."""
+
+    def after_greedy_step(self, last: np.ndarray, best: list[list[int]], finished: list[Placed]) -> None:
+        """Greedy rows took their tokens (``last``: each row's latest; ``best``: each row's run, as lists); the
+        ``finished`` leave."""
+
+    def remove(self, key: Hashable) -> None: ...
+
+
 class DecodeBatch:
-    """The running decode batch: sources with their searches, and the rows of their hypotheses.
+    """The running decode batch (``server.interface.Batch``): sources with their searches, in a ``RowLayout``.
 
     ``step_fn(inputs)`` computes one decoder step over the ``StepInputs`` (runtime/contract.py has the names),
-    writes each row's new self-attention entry into the cache in place, and returns ``StepOutputs``. A source's
-    rows are contiguous, in the order of ``searches``, which is also the order of its cross-attention
-    keys/values in ``sources`` (kept once per source, so a request's beams share them: the step attends to them
-    once for the source's group of rows, see ``row_groups``). ``decoding`` makes each joining source's search;
-    ``place`` puts the cross-attention buffers where the step wants them (see ``SourceCache``); ``cache_type``
-    makes the self-attention cache (on a device: ``runtime.device_cache.DeviceKVCache``).
+    writes each row's new self-attention entry into the cache in place, and returns ``StepOutputs``; a greedy
+    batch's ``chunk_fn`` makes ``chunk`` steps in one run. ``decoding`` makes each joining source's search.
     """
 
     def __init__(
         self,
         step_fn: StepFn,
-        layers: int,
-        heads: int,
-        d_cache: int,
-        start_id: int,
         decoding: Decoding,
-        dtype=np.float32,
-        place: Callable[[np.ndarray], Any] | None = None,
-        cache_type: type[KVCache] | Callable[..., KVCache] = KVCache,
+        layout: RowLayout,
         chunk_fn: ChunkFn | None = None,
         chunk: int = 1,
     ) -> None:
         self.step_fn, self.chunk_fn, self.chunk = step_fn, chunk_fn, chunk if chunk_fn is not None else 1
-        self.start_id = start_id
         self.decoding = decoding
-        self.cache = cache_type(layers, heads, d_cache, dtype)
-        self.sources = SourceCache(place)
-        self.searches: dict[Any, Search] = {}  # live sources, in row order
-        self.tokens = np.zeros(0, np.int64)
-        self.total_length = np.zeros((), np.int32)
-        self.top_k = np.ones(1, np.int64)
-        self.row_scores = np.zeros((0, 1))  # each row's running score (float64), for the step's search head
-        self._count_list: list[int] = []  # each source's rows
-        self._set_groups()
-        self._key = BatchKey()
-        self._inputs: StepInputs | None = None  # the last step's, kept while their layout holds
-        self._version = 0
+        self.layout = layout
 
     @property
     def rows(self) -> int:
         """Hypotheses being decoded (a source has one per beam)."""
-        return self.cache.rows
+        return self.layout.rows
 
     def __len__(self) -> int:
-        return len(self.searches)
+        return len(self.layout)
 
     @property
     def cache_bytes(self) -> int:
         """Self-attention cache allocated now (paged in as it is written)."""
-        return self.cache.nbytes
+        return self.layout.cache_bytes
 
     @property
     def cross_bytes(self) -> int:
         """Cross-attention keys/values held now."""
-        return self.sources.nbytes
+        return self.layout.cross_bytes
 
     def step_inputs(self) -> StepInputs:
         """The next step's inputs: the last step's value while the feeds keep their shapes and memory."""
-        layout = (self._version, *self.cache.layout)
-        inputs = self._inputs
-        if inputs is None or inputs.layout != layout:
-            inputs = self._inputs = StepInputs(self._feeds(), self.rows, self._key, layout)
-        return inputs
-
-    def _feeds(self) -> dict[str, Any]:
-        cross, src_mask = self.sources.step_inputs()
-        layers = self.cache.layers
-        feeds = {
-            "tokens": self.tokens,
-            "lengths": self.cache.live_lengths,
-            "total_length": self.total_length,
-            "groups": self.groups,
-            "row_position": self.row_position,
-            "src_mask": src_mask,
-            "top_k": self.top_k,
-            "row_scores": self.row_scores,
-            "candidate_bias": self.candidate_bias,
-        }
-        feeds.update(zip(layer_names("past", layers), self.cache.views(), strict=True))
-        if cross:  # none when sources joined without keys/values (a step that reads none: model/translate.py)
-            feeds.update(zip(layer_names("cross", layers), cross, strict=True))
-        return feeds
+        return self.layout.step_inputs()
 
     def add(
         self,
@@ -177,81 +201,57 @@ class DecodeBatch:
     ) -> Joined:
         """Join sources encoded together, each with its beam size and longest output (tokens with eos), one row
         each with an empty cache; they decode from the next step on."""
+        searches = [self.decoding.search(beam, max_length) for beam, max_length in zip(beams, max_lengths, strict=True)]
+        self.layout.add(keys, searches, encoded, self.chunk - 1)
         mask = encoded.src_mask
-        self.sources.add(encoded.cross_k, encoded.cross_v, mask)
-        for key, beam, max_length in zip(keys, beams, max_lengths, strict=True):
-            assert key not in self.searches, key
-            self.searches[key] = self.decoding.search(beam, max_length)
-        # Room for every beam and the longest output at once: the cache never grows (and copies) mid-decode
-        # (growing it on beam search's first step cost 3% of batch-32 beam-4 time). Its buffers are zeroed
-        # lazily by the OS, so rows and slots are paged in only as they are written.
-        widest = sum(search.width for search in self.searches.values())
-        self.cache.reserve(widest, max(max_lengths) + self.chunk - 1)  # a chunk's rows write up to k past the end
-        self.cache.add_rows(len(keys))
-        self.tokens = np.concatenate([self.tokens, np.full(len(keys), self.start_id, np.int64)])
-        self._changed()
         return Joined(encoded.seconds, mask.size, int(mask.sum()))
 
     def step(self) -> list[tuple[Any, Hypothesis]]:
         """One decoder step for every row; returns the sources finished by it, with their hypotheses."""
-        self.total_length[()] = self.cache.longest + 1
-        if self.chunk > 1 and self.top_k[0] == 1:  # every source greedy: k steps in one run
-            return self._greedy_chunk()
-        outputs = self.step_fn(self.step_inputs())
-        top_log_probs, top_ids, eos_log_probs = outputs[:3]
-        self.cache.advance()
-        if self.top_k[0] == 1:  # every source greedy: one row each
+        layout = self.layout
+        inputs = layout.begin_step(self.chunk)
+        if self.chunk > 1 and layout.greedy_only():  # every source greedy: k steps in one run
+            tokens, log_probs = self.chunk_fn(inputs)
+            layout.advance(self.chunk)
+            return self._greedy_step(log_probs, tokens)
+        outputs = self.step_fn(inputs)
+        top_log_probs, top_ids = outputs[0], outputs[1]
+        layout.advance(1)
+        if layout.greedy_only():  # every source greedy: one row each (a device's eos output is never copied)
             return self._greedy_step(top_log_probs[:, :1], top_ids[:, :1])
+        eos_log_probs = outputs[2]
         # Each source's candidates, ranked by the step (CANDIDATE_OUTPUTS), if it does: as lists, once.
         ranked = [output.tolist() for output in outputs[3:]]
-        rows, tokens, kept, finished, offset = [], [], [], [], 0
-        for position, (key, search) in enumerate(list(self.searches.items())):
-            part = slice(offset, offset + search.rows)
-            offset += search.rows
+        advanced, finished, results = [], [], []
+        for placed in layout.placed():
+            search, before = placed.search, placed.search.rows
+            part = slice(placed.first_row, placed.first_row + before)
             if ranked and search.width > 1:
-                values, origins, candidates = (output[position] for output in ranked)
+                values, origins, candidates = (output[placed.index] for output in ranked)
                 origins, next_tokens = search.advance_ranked(values, origins, candidates, eos_log_probs[part])
             else:
                 origins, next_tokens = search.advance(top_log_probs[part], top_ids[part], eos_log_probs[part])
             if search.rows:
-                rows.append([part.start + origin for origin in origins])
-                tokens.append(next_tokens)
-                kept.append(position)
+                advanced.append(Advanced(placed, before, origins, next_tokens))
             else:
-                finished.append((key, search.result()))
-                del self.searches[key]
-        self._keep(rows, tokens, kept)
-        return finished
+                finished.append(placed)
+                results.append((placed.key, search.result()))
+        layout.after_beam_step(advanced, finished)
+        return results
 
     def _greedy_step(self, top_log_probs: np.ndarray, top_ids: np.ndarray) -> list[tuple[Any, Hypothesis]]:
-        """Every source greedy, one row each (the order of rows is the order of sources): each row's search
-        takes the row's tokens, a column per step the run made (one, or a chunk's), until it ends; a row that
-        ended leaves, and what the run wrote for it after its end is never read."""
-        finished, kept = [], []
+        """Every source greedy, one row each: each row's search takes the row's tokens, a column per step the run
+        made (one, or a chunk's), until it ends; a row that ended leaves, and what the run wrote for it after its
+        end is never read."""
+        finished, results = [], []
         best, best_log_probs = top_ids.tolist(), top_log_probs.tolist()
-        for row, (key, search) in enumerate(list(self.searches.items())):
-            if all(map(search.take, best[row], best_log_probs[row])):
-                kept.append(row)
-            else:
-                finished.append((key, search.result()))
-                del self.searches[key]
-        if len(kept) == self.rows:  # nothing changes shape: the next step reuses its binding
-            if self.rows <= FEW_ROWS:
-                tokens = memoryview(self.tokens)
-                for row, taken in enumerate(best):
-                    tokens[row] = taken[-1]
-            else:
-                self.tokens[:] = top_ids[:, -1]
-        else:
-            self._keep([np.array([row]) for row in kept], [top_ids[row, -1:] for row in kept], kept)
-        return finished
-
-    def _greedy_chunk(self) -> list[tuple[Any, Hypothesis]]:
-        """``chunk`` greedy steps of every row in one run (runtime/step_graphs.py)."""
-        tokens, log_probs = self.chunk_fn(self.step_inputs())
-        for _ in range(self.chunk):
-            self.cache.advance()
-        return self._greedy_step(log_probs, tokens)
+        for placed in self.layout.placed():
+            row = placed.first_row
+            if not all(map(placed.search.take, best[row], best_log_probs[row])):
+                finished.append(placed)
+                results.append((placed.key, placed.search.result()))
+        self.layout.after_greedy_step(top_ids[:, -1], best, finished)
+        return results
 
     def drain(self) -> dict[Any, Hypothesis]:
         """Step until every source is done (no more joining): each source's hypothesis, by key."""
@@ -262,80 +262,4 @@ class DecodeBatch:
 
     def remove(self, key: Any) -> None:
         """Drop a source mid-way (its caller went away); its rows and cache go at once."""
-        rows, kept, offset = [], [], 0
-        for position, (k, search) in enumerate(self.searches.items()):
-            if k != key:
-                rows.append(np.arange(offset, offset + search.rows))
-                kept.append(position)
-            offset += search.rows
-        del self.searches[key]
-        self._keep(rows, [self.tokens[part] for part in rows], kept)
-
-    def _select_rows(self, rows: np.ndarray) -> None:
-        self.cache.select(rows)
-
-    def _keep_sources(self, positions: np.ndarray) -> None:
-        self.sources.keep(positions)
-
-    def _keep(self, rows: list[Sequence[int]], tokens: list[Sequence[int]], sources: list[int]) -> None:
-        """Go on with these sources (positions before the step, increasing; ``self.searches`` holds just
-        them, in that order), each with its rows (by their index before the step) and their next tokens.
-        When sources left, those from the end fill their places (``gap_filling_order``)."""
-        if not self.searches:  # empty: it holds no buffers, nor do its last inputs and bindings (a new key)
-            self.sources.clear()
-            self.cache.clear()
-            self._inputs, self._key = None, BatchKey()
-            self._changed(np.zeros(0, np.int64))
-            return
-        if len(sources) != self.sources.count:
-            order = gap_filling_order(sources)
-            rows, tokens, sources = [rows[i] for i in order], [tokens[i] for i in order], [sources[i] for i in order]
-            items = list(self.searches.items())
-            self.searches = dict(items[i] for i in order)
-            self._keep_sources(np.array(sources, np.int64))
-        if self.rows <= FEW_ROWS and sum(map(len, rows)) <= FEW_ROWS:  # in Python: no numpy call (FEW_ROWS)
-            kept_rows, next_tokens = list(itertools.chain(*rows)), list(itertools.chain(*tokens))
-            if kept_rows != list(range(self.rows)):
-                self._select_rows(kept_rows)
-            self._changed(next_tokens)
-            return
-        kept_rows = np.fromiter(itertools.chain.from_iterable(rows), np.int64)
-        if len(kept_rows) != self.rows or not np.array_equal(kept_rows, np.arange(self.rows)):
-            self._select_rows(kept_rows)
-        self._changed(np.fromiter(itertools.chain.from_iterable(tokens), np.int64))
-
-    def _changed(self, tokens: Sequence[int] | None = None) -> None:
-        """Rows or sources changed: feeds are rebound, and each row gets the candidates it needs; or, when
-        every source kept its number of rows (beam search's usual step), only the tokens change, in place
-        (through a memoryview for a few rows, see FEW_ROWS)."""
-        searches = self.searches.values()
-        counts = [search.rows for search in searches]
-        beam_search = any(search.width > 1 for search in searches)  # greedy rows keep score 0
-        scores = list(itertools.chain.from_iterable(search.scores for search in searches)) if beam_search else None
-        if tokens is not None and len(tokens) == len(self.tokens) and counts == self._count_list:
-            if len(tokens) <= FEW_ROWS:
-                token_view = memoryview(self.tokens)
-                for row, token in enumerate(tokens):
-                    token_view[row] = token
-                if scores is not None:
-                    score_view = memoryview(self.row_scores)
-                    for row, score in enumerate(scores):
-                        score_view[row, 0] = score
-            else:
-                self.tokens[:] = tokens
-                if scores is not None:
-                    self.row_scores[:, 0] = scores
-            return
-        if tokens is not None:
-            self.tokens = np.asarray(tokens, np.int64)
-        self._count_list = counts
-        self._set_groups()
-        self.row_scores = (np.zeros(sum(counts)) if scores is None else np.array(scores, np.float64))[:, None].copy()
-        self._version += 1
-
-    def _set_groups(self) -> None:
-        """The step's view of which rows are whose, how many candidates it keeps per row and per source, and
-        which of them each source takes (``step_layout``)."""
-        counts, wanted = tuple(self._count_list), tuple(search.top_k for search in self.searches.values())
-        make = step_layout if sum(counts) <= FEW_ROWS else step_layout.__wrapped__  # kept only while small
-        self.groups, self.row_position, self.source_index, self.candidate_bias, self.top_k[0] = make(counts, wanted)
+        self.layout.remove(key)

@@ -1,4 +1,4 @@
-"""A bucket's shape (``Bucket``) and where its caches and sources' keys live (runtime/buckets.py):
+"""A bucket's shape (``Bucket``) and where its caches and sources' keys live (runtime/slotted_rows.py):
 ``HostBuffers``, numpy arrays the CPU provider steps on in place, or ``DeviceBuffers``, ONNX Runtime values on
 the step's device whose rows are copied there (``CacheOps.copy_rows``) and never visit the host. A device's
 buffer sets are kept for the next batch that takes the same bucket: the buffers, and the step's binding and

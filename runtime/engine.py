@@ -12,7 +12,6 @@ import numpy as np
 
 from runtime.backend import OrtBackend
 from runtime.batch import DecodeBatch, EncodedSources
-from runtime.buckets import BucketedBatch
 from runtime.memory import MemoryModel, bound_process_memory
 from runtime.options import RuntimeOptions
 from runtime.search import RepetitionGuard, default_max_output
@@ -80,7 +79,7 @@ class Engine(ModelText):
         Runtime's sessions take concurrent runs, so this may run on another thread while the batch steps)."""
         return self.backend.encode_sources(sources)
 
-    def new_batch(self) -> DecodeBatch | BucketedBatch:
+    def new_batch(self) -> DecodeBatch:
         return self.backend.new_batch(self.backend.decoding(self.guard))
 
     def warmup(self, lengths: Sequence[int] = (8, 32, 128), beams: Sequence[int] = (1, 4)) -> None:

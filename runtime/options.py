@@ -11,7 +11,7 @@ from typing import Literal
 from common.flags import choice_problems, setting, type_problems
 from runtime.manifest import Provider, VariantChoice
 
-BatchLayout = Literal["compact", "buckets"]  # runtime/buckets.py
+BatchLayout = Literal["compact", "buckets"]  # runtime/slotted_rows.py
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -19,8 +19,9 @@ from safetensors.torch import load_file
 
 from model.checkpoint import load_checkpoint, save_checkpoint
 from model.marian import MarianError, load_marian, main
-from model.translate import TorchTranslator
+from model.translate import TorchTranslator, row_shape
 from runtime.batch import DecodeBatch, EncodedSources, pad_sources
+from runtime.compact_rows import CompactRows
 from runtime.search import Decoding
 from runtime.tokenizer import Tokenizer
 from testkit.sentences import own_sentences
@@ -112,8 +113,8 @@ def test_beam_equals_generate_without_length_penalty(marian):
         cross_k, cross_v = (
             t.numpy() for t in model.cross_kv(model.encode(torch.from_numpy(src), torch.from_numpy(mask)))
         )
-        layout = (c.n_decoder_layers, c.n_heads, c.d_head, c.decoder_start_id)
-        batch = DecodeBatch(translator._step, *layout, Decoding(c.eos_id, alpha=0.0))
+        rows = CompactRows(row_shape(c))
+        batch = DecodeBatch(translator._step, Decoding(c.eos_id, alpha=0.0), rows)
         batch.add(list(range(len(ids))), EncodedSources(cross_k, cross_v, mask), [beam] * len(ids), [limit] * len(ids))
         results = batch.drain()
         rows = reference.generate(

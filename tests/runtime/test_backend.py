@@ -56,7 +56,7 @@ def test_the_step_ranks_each_sources_candidates_as_the_search_does(tiny_export: 
         def step(inputs: StepInputs):
             outputs = runtime.step(inputs)
             offset = 0
-            for position, search in enumerate(batch.searches.values()):
+            for position, search in enumerate(batch.layout.searches.values()):
                 rows = slice(offset, offset + search.rows)
                 offset += search.rows
                 if search.width == 1:
@@ -96,8 +96,8 @@ def test_sources_join_a_running_batch_with_io_binding(tiny_export: Path, beam: i
     arrivals = {step: [(key, beam) for key in keys] for step, keys in {0: [0, 1], 1: [2], 3: [3, 4], 5: [5]}.items()}
 
     def on_the_device(batch) -> None:  # noqa: ANN001
-        assert isinstance(batch.sources.step_inputs()[0][0], ort.OrtValue)
-        assert isinstance(batch.cache.keys[0], ort.OrtValue if device_cache else np.ndarray)
+        assert isinstance(batch.layout.sources.step_inputs()[0][0], ort.OrtValue)
+        assert isinstance(batch.layout.cache.keys[0], ort.OrtValue if device_cache else np.ndarray)
 
     decoded = decode_arriving(
         runtime.new_batch(),

@@ -39,7 +39,7 @@ LONG_TEXT = " ".join(
     ids=["static", "continuous", "continuous-buckets"],
 )
 def scheduled(request, tiny_export: Path):
-    """A server under each scheduler, and continuous batching on both batch layouts (runtime/buckets.py)."""
+    """A server under each scheduler, and continuous batching on both batch layouts (runtime/slotted_rows.py)."""
     scheduler, layout = request.param
     server = RunningServer(
         server_config(

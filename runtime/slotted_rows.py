@@ -1,4 +1,5 @@
-"""A running batch in fixed-capacity buffers (``BucketedBatch``): the layout a captured decoder step needs.
+"""A running batch's rows in fixed-capacity buffers (``SlottedRows``, ``--batch-layout buckets``): the row layout a
+captured decoder step needs.
 
 A ``Bucket`` has room for N sources of up to S tokens, G rows each (the widest beam it holds), and T
 self-attention slots per row. Every buffer the step binds (tokens, lengths, the caches, the sources' keys,
@@ -9,8 +10,9 @@ reorders a source's rows within its slot. The batch moves to a larger bucket onl
 not fit (slots, beam, source or output length), and to a smaller one after SHRINK_AFTER steps with a quarter
 of its slots or fewer in use. Within a bucket the step's inputs keep their layout, so a step function binds
 them once: what lets a bucket's step be one captured CUDA graph (every bound buffer keeps its address and
-shape). The step graph and the searches are ``DecodeBatch``'s (runtime/batch.py), so the two decode the same
-tokens where the step computes each row as it would in a compact batch.
+shape). The searches and their loop are ``DecodeBatch``'s (runtime/batch.py), as for the compact layout
+(runtime/compact_rows.py), so the two decode the same tokens where the step computes each row as it would in a
+compact batch.
 
 The caches and sources' keys are host arrays or values on the step's device (runtime/bucket_buffers.py); the
 small feeds (tokens, lengths, masks, scores) are host arrays, which a device's step function copies across
@@ -25,34 +27,20 @@ from typing import Any
 
 import numpy as np
 
-from runtime.batch import BatchKey, ChunkFn, DecodeBatch, EncodedSources, Joined, StepFn, StepInputs
+from runtime.batch import Advanced, BatchKey, EncodedSources, Placed, RowShape, StepInputs
 from runtime.bucket_buffers import SHRINK_AFTER, Bucket, BufferSet, DeviceBuffers, HostBuffers
 from runtime.contract import layer_names
-from runtime.search import Decoding, Hypothesis, Search
+from runtime.search import Search
 
 
-class BucketedBatch:
-    """The running decode batch of ``runtime.batch.DecodeBatch`` (``server.interface.Batch``), in a bucket's
-    fixed buffers (see the module's doc): ``buffers`` says where they live (default: the host, where the CPU
-    provider steps on them in place); ``chunk_fn`` runs ``chunk`` greedy steps at once."""
+class SlottedRows:
+    """The ``RowLayout`` of ``runtime.batch.DecodeBatch`` in a bucket's fixed buffers (see the module's doc):
+    ``buffers`` says where they live (default: the host, where the CPU provider steps on them in place)."""
 
-    def __init__(
-        self,
-        step_fn: StepFn,
-        layers: int,
-        heads: int,
-        d_cache: int,
-        start_id: int,
-        decoding: Decoding,
-        dtype=np.float32,
-        buffers: HostBuffers | DeviceBuffers | None = None,
-        chunk_fn: ChunkFn | None = None,
-        chunk: int = 1,
-    ) -> None:
-        self.step_fn, self.layers, self.heads, self.d_cache = step_fn, layers, heads, d_cache
-        self.start_id, self.decoding, self.dtype = start_id, decoding, dtype
-        self.buffers = buffers or HostBuffers(dtype)
-        self.chunk_fn, self.chunk = chunk_fn, chunk if chunk_fn is not None else 1
+    def __init__(self, shape: RowShape, buffers: HostBuffers | DeviceBuffers | None = None) -> None:
+        self.layers, self.heads, self.d_cache = shape.layers, shape.heads, shape.d_cache
+        self.start_id = shape.start_id
+        self.buffers = buffers or HostBuffers(shape.dtype)
         self.set: BufferSet | None = None  # the bucket's caches and sources' keys
         self.bucket: Bucket | None = None
         self.slots: list[tuple[Hashable, Search] | None] = []
@@ -60,8 +48,6 @@ class BucketedBatch:
         self.buckets_used = 0  # buckets this batch has allocated (a test reads it: joins within one reuse it)
         self._small_steps = 0  # steps in a row with a quarter of the slots or fewer in use
         self._release()
-
-    # --- what the scheduler reads ----------------------------------------------------
 
     def __len__(self) -> int:
         return len(self.where)
@@ -89,31 +75,42 @@ class BucketedBatch:
     def cross_bytes(self) -> int:
         return sum(map(self.buffers.nbytes, self.cross))
 
+    def placed(self) -> list[Placed]:
+        group = self.bucket.group
+        return [Placed(*self.slots[n], n, n * group) for n in self.where.values()]
+
+    def greedy_only(self) -> bool:
+        return self.bucket.group == 1
+
     # --- the step ---------------------------------------------------------------------
 
     def step_inputs(self) -> StepInputs:
         """The step's inputs: the same value, over the same buffers, for as long as the bucket holds."""
         return self._inputs
 
-    def add(
-        self,
-        keys: Sequence[Hashable],
-        encoded: EncodedSources,
-        beams: Sequence[int],
-        max_lengths: Sequence[int],
-    ) -> Joined:
-        """Join sources encoded together into free slots, each with its beam size and longest output (tokens
-        with eos), one live row each; they decode from the next step on. A larger bucket is taken first when
-        they do not fit this one."""
+    def begin_step(self, chunk: int) -> StepInputs:
+        # GroupQueryAttention's total_sequence_length, a host value: the longest row's on the CPU, where a step's
+        # work follows it; on a device the bucket's (a captured step reads it once), less a chunk's later steps
+        if self.buffers.on_device:
+            self.total_length[()] = self.bucket.cache_len - chunk + 1
+        else:
+            self.total_length[()] = self.lengths.max() + 1
+        return self._inputs
+
+    def advance(self, steps: int) -> None:
+        self.lengths += steps * self.live if steps > 1 else self.live
+
+    def add(self, keys: Sequence[Hashable], searches: Sequence[Search], encoded: EncodedSources, overrun: int) -> None:
+        """Join sources into free slots, a larger bucket taken first when they do not fit this one."""
         cross_k, cross_v, mask = encoded.cross_k, encoded.cross_v, encoded.src_mask
         if cross_k is not None and not isinstance(cross_k, np.ndarray):
             cross_k, cross_v = cross_k.numpy(), cross_v.numpy()  # values on a device: to the host, once
-        live = [self.slots[n][1] for n in self.where.values()]
+        live = [self.slots[n][1] for n in self.where.values()] + list(searches)
         need = Bucket.fitting(
-            len(self.where) + len(keys),
-            max([search.width for search in live] + list(beams)),
+            len(live),
+            max(search.width for search in live),
             max(mask.shape[1], self._longest_source()),
-            max([search.max_length for search in live] + list(max_lengths)) + self.chunk - 1,  # a chunk's overrun
+            max(search.max_length for search in live) + overrun,
         )
         if self.bucket is None or not self.bucket.holds(need):
             current = self.bucket or need
@@ -128,11 +125,10 @@ class BucketedBatch:
             )
         free = (n for n, slot in enumerate(self.slots) if slot is None)
         length, slots = mask.shape[1], []
-        for i, (key, beam, max_length) in enumerate(zip(keys, beams, max_lengths, strict=True)):
+        for i, (key, search) in enumerate(zip(keys, searches, strict=True)):
             assert key not in self.where, key
             n = next(free)
             slots.append(n)
-            search = self.decoding.search(beam, max_length)
             self.slots[n], self.where[key] = (key, search), n
             self.src_mask[n] = 0
             self.src_mask[n, :length] = mask[i]
@@ -142,42 +138,12 @@ class BucketedBatch:
         for layer in range(self.layers if cross_k is not None else 0):
             self.buffers.copy_rows(cross_k[layer], self.cross[2 * layer], joining, slots)
             self.buffers.copy_rows(cross_v[layer], self.cross[2 * layer + 1], joining, slots)
-        return Joined(encoded.seconds, mask.size, int(mask.sum()))
 
-    def step(self) -> list[tuple[Any, Hypothesis]]:
-        """One decoder step for every row; returns the sources finished by it, with their hypotheses."""
-        # GroupQueryAttention's total_sequence_length, a host value: the longest row's on the CPU, where a step's
-        # work follows it; on a device the bucket's (a captured step reads it once), less a chunk's later steps
-        if self.buffers.on_device:
-            self.total_length[()] = self.bucket.cache_len - self.chunk + 1
-        else:
-            self.total_length[()] = self.lengths.max() + 1
-        if self.chunk > 1 and self.bucket.group == 1:  # greedy sources only: k steps in one run
-            tokens, log_probs = self.chunk_fn(self._inputs)
-            self.lengths += self.chunk * self.live
-            return self._greedy(tokens, log_probs)
-        outputs = self.step_fn(self._inputs)
-        top_log_probs, top_ids = outputs[0], outputs[1]
-        self.lengths += self.live
-        group, finished = self.bucket.group, []
-        if group == 1:  # greedy sources only, one row each: a slot is a row
-            return self._greedy(top_ids[:, :1], top_log_probs[:, :1])
-        eos_log_probs = outputs[2]
-        ranked = [output.tolist() for output in outputs[3:]]
+    def after_beam_step(self, advanced: list[Advanced], finished: list[Placed]) -> None:
+        for placed in finished:
+            self._free(placed.index)
         origins_all, targets_all = [], []
-        for n in list(self.where.values()):
-            key, search = self.slots[n]
-            base, before = n * group, search.rows
-            part = slice(base, base + before)
-            if ranked and search.width > 1:
-                values, origins, candidates = (output[n] for output in ranked)
-                origins, next_tokens = search.advance_ranked(values, origins, candidates, eos_log_probs[part])
-            else:
-                origins, next_tokens = search.advance(top_log_probs[part], top_ids[part], eos_log_probs[part])
-            if not search.rows:
-                finished.append((key, search.result()))
-                self._free(n)
-                continue
+        for (_, search, n, base), before, origins, next_tokens in advanced:
             if list(origins) != list(range(len(origins))):
                 origins_all.extend(base + origin for origin in origins)
                 targets_all.extend(range(base, base + len(origins)))
@@ -190,24 +156,12 @@ class BucketedBatch:
         if origins_all:  # every origin is read before any target is written
             self.buffers.reorder(self.cache, origins_all, targets_all, int(self.lengths.max()))
         self._after_step()
-        return finished
 
-    def _greedy(self, tokens: np.ndarray, log_probs: np.ndarray) -> list[tuple[Any, Hypothesis]]:
-        """Greedy sources, a slot a row: each row's search takes its tokens, a column per step the run made (one,
-        or a chunk's), until it ends; a row that ended leaves, and what the run wrote after its end is never
-        read."""
-        finished = []
-        best, best_log_probs = tokens.tolist(), log_probs.tolist()
-        for n in list(self.where.values()):
-            key, search = self.slots[n]
-            if not all(map(search.take, best[n], best_log_probs[n])):
-                finished.append((key, search.result()))
-                self._free(n)
-        self.tokens[:] = tokens[:, -1]  # free rows' too: nothing reads them, and a join sets its own
+    def after_greedy_step(self, last: np.ndarray, best: list[list[int]], finished: list[Placed]) -> None:
+        for placed in finished:
+            self._free(placed.index)
+        self.tokens[:] = last  # free rows' too: nothing reads them, and a join sets its own
         self._after_step()
-        return finished
-
-    drain = DecodeBatch.drain  # the one fill-and-drain loop
 
     def remove(self, key: Hashable) -> None:
         """Drop a source mid-way (its caller went away): its slot is free from the next step on."""

@@ -1,7 +1,8 @@
-"""The bucketed batch (runtime/buckets.py): it decodes what the compact batch decodes while sources join, leave
-and are removed mid-way, with its buffers on the host or on the step's device (runtime/bucket_buffers.py, run
-here on the CPU provider as on CUDA), one or several greedy steps per run, and within a bucket every buffer the
-step binds keeps its memory and shape, as a captured CUDA step needs (runtime/captured.py)."""
+"""A batch's rows in buckets (runtime/slotted_rows.py): it decodes what the compact batch decodes while sources
+join, leave and are removed mid-way, with its buffers on the host or on the step's device
+(runtime/bucket_buffers.py, run here on the CPU provider as on CUDA), one or several greedy steps per run, and
+within a bucket every buffer the step binds keeps its memory and shape, as a captured CUDA step needs
+(runtime/captured.py)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime import bucket_buffers, buckets
+from runtime import bucket_buffers, slotted_rows
 from runtime.backend import OrtBackend
 from runtime.bucket_buffers import Bucket
-from runtime.buckets import BucketedBatch
 from runtime.options import EngineSettings, RuntimeOptions
 from runtime.search import default_max_output
+from runtime.slotted_rows import SlottedRows
 from testkit.arrivals import decode_arriving
 from tests.conftest import own_sentences
 
@@ -78,7 +79,7 @@ def test_buckets_decode_what_a_compact_batch_decodes(tiny_export: Path, beams: s
     removed = {5: 3}
     compact, _ = decode(backend(tiny_export, "compact"), sources, arrivals, removed)
     bucketed, batch = decode(backend(tiny_export, "buckets", **ENGINES[engine]), sources, arrivals, removed)
-    assert isinstance(batch, BucketedBatch) and batch.buckets_used >= 2  # it grew past its first bucket
+    assert isinstance(batch.layout, SlottedRows) and batch.layout.buckets_used >= 2  # it grew past its first bucket
     assert set(compact) == set(range(10)) - {3}
     assert bucketed == compact
 
@@ -90,7 +91,7 @@ def test_within_a_bucket_joining_leaving_and_stepping_keep_every_bound_buffer(ti
     batch.add([0, 1, 2], engine.encode_sources(sources[:3]), [2, 2, 1], [40, 40, 30])  # 4 slots
     inputs = batch.step_inputs()
     bound = {name: (address(value), shape(value)) for name, value in inputs.feeds.items()}
-    sizes = [batch.bucket, batch.cache_bytes, batch.cross_bytes]
+    sizes = [batch.layout.bucket, batch.cache_bytes, batch.cross_bytes]
     tracemalloc.start()
     try:
         batch.step()
@@ -103,9 +104,9 @@ def test_within_a_bucket_joining_leaving_and_stepping_keep_every_bound_buffer(ti
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert batch.step_inputs() is inputs and batch.buckets_used == 1
+    assert batch.step_inputs() is inputs and batch.layout.buckets_used == 1
     assert {name: (address(value), shape(value)) for name, value in inputs.feeds.items()} == bound
-    assert [batch.bucket, batch.cache_bytes, batch.cross_bytes] == sizes
+    assert [batch.layout.bucket, batch.cache_bytes, batch.cross_bytes] == sizes
     # Nothing the size of a buffer was made: the encoder's outputs and the step's small arrays at most.
     assert peak < min(value.nbytes for name, value in inputs.feeds.items() if name.startswith("past_"))
     kept = engine.step_bindings._kept[inputs.batch]
@@ -115,21 +116,21 @@ def test_within_a_bucket_joining_leaving_and_stepping_keep_every_bound_buffer(ti
 def test_a_batch_takes_a_larger_bucket_when_sources_do_not_fit_and_a_smaller_one_when_few_are_left(
     tiny_export: Path, monkeypatch
 ):
-    monkeypatch.setattr(buckets, "SHRINK_AFTER", 2)
+    monkeypatch.setattr(slotted_rows, "SHRINK_AFTER", 2)
     engine = backend(tiny_export, "buckets")
     sources = engine.tokenizer.encode_source(own_sentences(9))
     batch = engine.new_batch()
     batch.add(list(range(4)), engine.encode_sources(sources[:4]), [1] * 4, [60] * 4)
-    assert batch.bucket == Bucket(sources=4, group=1, src_len=batch.bucket.src_len, cache_len=64)
+    assert batch.layout.bucket == Bucket(sources=4, group=1, src_len=batch.layout.bucket.src_len, cache_len=64)
     batch.add(list(range(4, 9)), engine.encode_sources(sources[4:9]), [1] * 5, [60] * 5)
-    assert batch.bucket.sources == 16 and batch.buckets_used == 2
+    assert batch.layout.bucket.sources == 16 and batch.layout.buckets_used == 2
     for key in range(1, 9):
         batch.remove(key)
     batch.step()
     batch.step()
-    assert batch.bucket.sources == 2 and batch.buckets_used == 3  # room for twice the one left
+    assert batch.layout.bucket.sources == 2 and batch.layout.buckets_used == 3  # room for twice the one left
     batch.drain()
-    assert batch.bucket is None and batch.cache_bytes == 0  # an empty batch holds no buffers
+    assert batch.layout.bucket is None and batch.cache_bytes == 0  # an empty batch holds no buffers
 
 
 @pytest.mark.parametrize("steps_per_run", [1, 3])
