@@ -50,7 +50,7 @@ class Lane:
 
     # --- its life, on its own thread: the scheduler calls these and assigns none of its fields ----------
 
-    def attach(self, lock: threading.RLock) -> None:
+    def attach(self, lock: threading.Lock) -> None:
         """Share the scheduler's ``lock``: the lane is woken on a condition of it, for work of its own."""
         self.wake = threading.Condition(lock)
 

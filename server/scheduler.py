@@ -70,7 +70,8 @@ class Scheduler:
             metrics.lane_rows.labels(lane.model, lane.name).set(0)
             if policy.splits_lanes and lane.size_class < len(self.bounds):
                 metrics.lane_paused.labels(lane.model, lane.name)
-        self.lock = threading.RLock()  # over the queues, the batches' members, the budget and the jobs
+        # Over the queues, the batches' members, the budget and the jobs: a plain lock, taken once on every path.
+        self.lock = threading.Lock()
         for lane in self.lanes:  # each lane is woken alone, for work of its own
             lane.attach(self.lock)
         self.accepting = True
@@ -219,7 +220,9 @@ class Scheduler:
         return admission.admitted
 
     def apply(self, lane: Lane, decision: Leaving | Admission | Pause) -> None:
-        """On ``lane``'s thread: do what was decided for it (server/decisions.py)."""
+        """On ``lane``'s thread: do what was decided for it (server/decisions.py). An ``Admission`` is applied
+        with the lock held, as it was decided (other lanes would otherwise take from the same queues and
+        budget between); the others take the lock where they need it."""
         match decision:
             case Leaving():
                 for job in decision.answered:
@@ -227,8 +230,7 @@ class Scheduler:
                 for job, error in decision.ending:
                     self._end_job(job, error, lane)
             case Admission():
-                with self.lock:
-                    self.admissions.apply(lane, decision)
+                self.admissions.apply(lane, decision)
             case Pause():
                 lane.owe(decision)
                 if decision.seconds:

@@ -36,7 +36,8 @@ def test_an_admission_is_decided_without_changing_the_queues_and_applied_at_once
     assert decision == Admission(joining=(jobs[0].segments[0], jobs[1].segments[0]))  # max_batch_size
     assert len(lane.waiting) == 3 and scheduler.memory.reserved_bytes == 0  # deciding changed nothing
     assert scheduler.admissions.decide(lane, time.monotonic()) == decision
-    scheduler.apply(lane, decision)
+    with scheduler.lock:  # an admission is applied under the lock it was decided under
+        scheduler.apply(lane, decision)
     assert list(lane.waiting) == jobs[2].segments
     assert scheduler.memory.reserved_bytes == sum(s.reserved_bytes for s in decision.admitted)
 
@@ -51,7 +52,8 @@ def test_a_replica_out_of_work_takes_what_another_has_no_room_for_when_the_admis
     decision = scheduler.admissions.decide(idle, time.monotonic())
     assert decision == Admission(joining=(jobs[2].segments[0],))  # beyond the busy replica's room of 2
     assert jobs[2].segments[0].lane == busy.index  # deciding changed nothing
-    scheduler.apply(idle, decision)
+    with scheduler.lock:
+        scheduler.apply(idle, decision)
     assert jobs[2].segments[0].lane == idle.index and list(busy.waiting) == jobs[0].segments + jobs[1].segments
 
 
@@ -65,7 +67,8 @@ def test_a_starving_sentence_is_part_of_the_decision_and_leaves_with_its_job():
     scheduler.memory.reserved_bytes = scheduler.memory.budget_bytes  # others hold all the room
     decision = scheduler.admissions.decide(long_lane, time.monotonic())
     assert decision == Admission(starving=long) and scheduler.admissions.starving is None
-    scheduler.apply(long_lane, decision)
+    with scheduler.lock:
+        scheduler.apply(long_lane, decision)
     assert scheduler.admissions.starving is long
     short = fake_job(engine, ["A cat sleeps."])
     scheduler.submit(short)

@@ -4,6 +4,7 @@ changing them, and each decision applied in one call (``Scheduler.apply``); no i
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from pathlib import Path
 
@@ -70,3 +71,18 @@ def test_applying_a_pause_sleeps_it_counts_it_and_the_lane_owes_nothing_after():
     assert time.perf_counter() - start >= 0.01
     assert paused._value.get() - before == pytest.approx(0.01)
     assert lane.owed_seconds == 0.0 and lane.off_cpu_since >= start + 0.01
+
+
+def test_a_step_takes_the_schedulers_lock_once_on_each_path():
+    """A plain lock: a path that took it twice would hang here (and in every server test), not pass."""
+    engine, scheduler = _unstarted(max_batch_size=1)
+    assert type(scheduler.lock) is type(threading.Lock())
+    lane = scheduler.lanes[0]
+    lane.load(engine)
+    job = fake_job(engine, ["A dog runs.", "A cat sleeps."])
+    scheduler.submit(job)
+    admitted = scheduler._admit(lane)  # decided and applied under one acquisition
+    assert len(admitted) == 1 and scheduler.waiting == 1 and not scheduler.lock.locked()
+    job.cancelled = True
+    scheduler.apply(lane, leaving([job], time.monotonic()))
+    assert scheduler.waiting == 0 and not scheduler.lock.locked()
