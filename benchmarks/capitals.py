@@ -22,7 +22,7 @@ from runtime import offline  # noqa: E402
 from runtime.backend import OrtBackend  # noqa: E402
 from runtime.cpu import describe_cpu  # noqa: E402
 from runtime.options import RuntimeOptions  # noqa: E402
-from runtime.search import RepetitionGuard  # noqa: E402
+from runtime.stops import stop_rules  # noqa: E402
 from server.config import ServerConfig  # noqa: E402
 from testkit.servers import RunningServer, free_port, server_config  # noqa: E402
 
@@ -81,8 +81,8 @@ def main() -> int:
             capitals = [s.upper() for s in sources]
             backend = OrtBackend(model, RuntimeOptions(settings=defaults.engine))
             variants.add(backend.variant)
-            guard = RepetitionGuard(defaults.max_repeats)  # the server's
-            raw = offline.translate(backend, capitals, beam=defaults.default_beam_size, guard=guard)
+            rules = stop_rules(defaults.max_repeats)  # the server's
+            raw = offline.translate(backend, capitals, beam=defaults.default_beam_size, stop_rules=rules)
             bleu = caseless_bleu(raw, references)
             rows.append(f"| {pair} | in capitals | the model reading them as sent (before) | {bleu:.2f} | |")
             print(rows[-1], flush=True)

@@ -22,7 +22,7 @@ from common.corpus import MULTI30K, corpus_path, read_lines
 from runtime import offline
 from runtime.backend import OrtBackend
 from runtime.options import EngineSettings, RuntimeOptions
-from runtime.search import RepetitionGuard
+from runtime.stops import RepetitionGuard
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,7 +46,7 @@ def main() -> int:
     ids = model.tokenizer.encode_source(sources)
     hypotheses = []
     for start in range(0, len(ids), 64):
-        hypotheses += offline.hypotheses(model, ids[start : start + 64], 1, 256, RepetitionGuard())
+        hypotheses += offline.hypotheses(model, ids[start : start + 64], 1, 256, (RepetitionGuard(),))
     outputs = model.tokenizer.decode([h.tokens for h in hypotheses])
     scores = np.array([h.score for h in hypotheses])
     chrf = np.array([sacrebleu.sentence_chrf(o, [r]).score for o, r in zip(outputs, references, strict=True)])

@@ -2,8 +2,9 @@
 
 - ``manifest``: what a model folder holds, and reading it; ``model_config``: the model's architecture;
 - ``tokenizer``: SentencePiece pieces and ids; ``contract``: the decoder step's inputs and outputs by name;
-- ``search``: the searches of one source (greedy, beam, the length penalty) and the stop rules they take
-  (``RepetitionGuard``, the runaway-output guard);
+- ``search``: the searches of one source (greedy, beam, the length penalty), which end on eos, at their longest
+  output, or by the stop rules they take; ``stops``: the stop rules (``StopRule``; ``RepetitionGuard``, the
+  runaway-output guard);
 - ``caches``: the self-attention cache and its pool, the cross-attention cache, on the host;
 - ``device_cache``: the self-attention cache on the step's device, moved by one-node graphs there;
 - ``batch``: the running batch (``DecodeBatch``: add / step / remove, and ``drain``, the one fill-and-drain

@@ -34,8 +34,9 @@ from runtime.model_config import ModelConfig
 from runtime.options import RuntimeOptions
 from runtime.plan import plan_engine
 from runtime.providers import PROVIDERS, ProviderUnavailable, open_session, resolve_provider
-from runtime.search import LENGTH_PENALTY, Decoding, RepetitionGuard
+from runtime.search import LENGTH_PENALTY, Decoding
 from runtime.slotted_rows import SlottedRows
+from runtime.stops import StopRules
 from runtime.tokenizer import Tokenizer, TokenizerError
 
 log = logging.getLogger(__name__)
@@ -246,9 +247,9 @@ class OrtBackend:
 
     # --- decoding ----------------------------------------------------------------
 
-    def decoding(self, guard: RepetitionGuard | None = None) -> Decoding:
-        """How this model's searches end: its eos, its length penalty, and ``guard``."""
-        return Decoding(self.config.eos_id, self.length_penalty, guard)
+    def decoding(self, stop_rules: StopRules = ()) -> Decoding:
+        """How this model's searches end: its eos, its length penalty, and ``stop_rules``."""
+        return Decoding(self.config.eos_id, self.length_penalty, stop_rules)
 
     def new_batch(self, decoding: Decoding | None = None) -> DecodeBatch:
         """An empty running batch over this model's decoder step (``decoding``: how its searches are made; None:

@@ -14,7 +14,8 @@ from runtime.backend import OrtBackend
 from runtime.batch import DecodeBatch, EncodedSources
 from runtime.memory import MemoryModel, bound_process_memory
 from runtime.options import RuntimeOptions
-from runtime.search import RepetitionGuard, default_max_output
+from runtime.search import default_max_output
+from runtime.stops import StopRules
 from runtime.tokenizer import Tokenizer
 
 
@@ -41,13 +42,11 @@ class Engine(ModelText):
     """An exported model on ONNX Runtime sessions (``server.interface.Engine``): its batches are
     ``runtime.batch.DecodeBatch``es over its backend's step."""
 
-    def __init__(
-        self, folder: str | Path, options: RuntimeOptions | None = None, guard: RepetitionGuard | None = None
-    ) -> None:
-        """``guard``: the runaway-output guard its batches' searches stop by (None: off)."""
+    def __init__(self, folder: str | Path, options: RuntimeOptions | None = None, stop_rules: StopRules = ()) -> None:
+        """``stop_rules``: what its batches' searches stop by besides eos and length (runtime/stops.py)."""
         bound_process_memory()
         options = options or RuntimeOptions()
-        self.folder, self.options, self.guard = Path(folder), options, guard
+        self.folder, self.options, self.stop_rules = Path(folder), options, stop_rules
         self.backend = OrtBackend(self.folder, options)
         self.config = self.backend.config
         self.tokenizer = self.backend.tokenizer
@@ -80,7 +79,7 @@ class Engine(ModelText):
         return self.backend.encode_sources(sources)
 
     def new_batch(self) -> DecodeBatch:
-        return self.backend.new_batch(self.backend.decoding(self.guard))
+        return self.backend.new_batch(self.backend.decoding(self.stop_rules))
 
     def warmup(self, lengths: Sequence[int] = (8, 32, 128), beams: Sequence[int] = (1, 4)) -> None:
         """Run every length bucket once (greedy and beam) so first requests find warm allocators."""

@@ -7,7 +7,8 @@ import concurrent.futures
 from collections.abc import Callable, Sequence
 
 from runtime.backend import OrtBackend
-from runtime.search import Hypothesis, RepetitionGuard, default_max_output
+from runtime.search import Hypothesis, default_max_output
+from runtime.stops import StopRules
 
 # Sources encoded together by ``hypotheses``, sorted by length: a batch of 32 test_2016_flickr sentences pads
 # less in two groups (the encoder's work is its padded tokens): beam 4 +3-8%, greedy even.
@@ -19,11 +20,11 @@ def hypotheses(
     sources: Sequence[Sequence[int]],
     beam: int = 1,
     max_output_tokens: int = 256,
-    guard: RepetitionGuard | None = None,
+    stop_rules: StopRules = (),
 ) -> list[Hypothesis]:
-    """Decode sources together to completion (``guard``: the runaway-output guard, runtime/search.py). They are
+    """Decode sources together to completion (``stop_rules``: runtime/stops.py). They are
     encoded in groups of ENCODER_GROUP by length (padding is encoder work) and all decode in one batch."""
-    batch = backend.new_batch(backend.decoding(guard))
+    batch = backend.new_batch(backend.decoding(stop_rules))
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     for start in range(0, len(order), ENCODER_GROUP):
         group = order[start : start + ENCODER_GROUP]
@@ -39,10 +40,10 @@ def translate_ids(
     sources: Sequence[Sequence[int]],
     beam: int = 1,
     max_output_tokens: int = 256,
-    guard: RepetitionGuard | None = None,
+    stop_rules: StopRules = (),
 ) -> list[list[int]]:
     """Decode sources together to completion: token ids without start and eos."""
-    return [hypothesis.tokens for hypothesis in hypotheses(backend, sources, beam, max_output_tokens, guard)]
+    return [hypothesis.tokens for hypothesis in hypotheses(backend, sources, beam, max_output_tokens, stop_rules)]
 
 
 def translate(
@@ -51,10 +52,10 @@ def translate(
     beam: int = 1,
     batch_size: int = 64,
     max_output_tokens: int = 256,
-    guard: RepetitionGuard | None = None,
+    stop_rules: StopRules = (),
 ) -> list[str]:
     """Texts translated in batches of ``batch_size`` by length."""
-    translate_batch = lambda ids: translate_ids(backend, ids, beam, max_output_tokens, guard)  # noqa: E731
+    translate_batch = lambda ids: translate_ids(backend, ids, beam, max_output_tokens, stop_rules)  # noqa: E731
     return translate_in_batches(backend.tokenizer, texts, translate_batch, batch_size)
 
 

@@ -3,9 +3,9 @@
 - ``GreedySearch`` / ``BeamSearch``: each step a search receives the best candidates of its live rows and says
   which rows go on (by origin) with which tokens; it is done when it returns no rows, with a ``Hypothesis``: the
   tokens, a confidence score and why it stopped.
-- Stop rules are objects the searches take, as CTranslate2's logits processors and TGI's stopping criteria are:
-  ``RepetitionGuard`` (the runaway-output guard) ends a hypothesis whose tail repeats an n-gram too often.
-- ``Decoding``: how a batch's searches are made (the model's eos, beam search's length penalty, the stop rule).
+- Besides eos and its longest output, a search ends a hypothesis by the stop rules it takes (runtime/stops.py),
+  as CTranslate2's logits processors and TGI's stopping criteria: the runaway-output guard among them.
+- ``Decoding``: how a batch's searches are made (the model's eos, beam search's length penalty, the stop rules).
 
 The running batch that steps them is runtime/batch.py.
 """
@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 import numpy as np
+
+from runtime.stops import StopRules
 
 
 def default_max_output(source_tokens: int, cap: int) -> int:
@@ -36,36 +38,6 @@ class Hypothesis(NamedTuple):
     # Beam search's other finished hypotheses of the source, best first, each output once and none the
     # same as this one's (LibreTranslate's alternatives); greedy search has none.
     alternatives: tuple[Hypothesis, ...] = ()
-
-
-# The runaway-output guard: an n-gram of up to REPEAT_NGRAM tokens repeated consecutively more than
-# max_repeats times (after its first occurrence) ends its hypothesis, which keeps the first occurrence.
-REPEAT_NGRAM = 4
-MAX_REPEATS = 4  # the server's and translate-file's limit: "ha ha ha ha ha" passes, "ch" six times does not
-
-
-@dataclass(frozen=True)
-class RepetitionGuard:
-    """The runaway-output guard, a stop rule the searches take (None: no guard, as the reference engines have
-    none): a hypothesis whose tail repeats an n-gram of up to ``ngram`` tokens more than ``max_repeats`` times
-    in a row ends there, cut back to the n-gram's first occurrence."""
-
-    max_repeats: int = MAX_REPEATS
-    ngram: int = REPEAT_NGRAM
-
-    def excess(self, tokens: Sequence[int]) -> int:
-        """How many tokens to drop from the end: when the tail repeats an n-gram (n ≤ ngram) more than
-        max_repeats times in a row after its first occurrence, all its occurrences but the first; 0 otherwise."""
-        for n in range(1, self.ngram + 1):
-            span = n * (self.max_repeats + 2)
-            if len(tokens) < span or tokens[-1] != tokens[-1 - n]:  # the cheap test first
-                continue
-            start = len(tokens) - span
-            if all(tokens[i] == tokens[i - n] for i in range(start + n, len(tokens))):
-                while start >= n and tokens[start - n : start] == tokens[start : start + n]:
-                    start -= n
-                return len(tokens) - start - n
-        return 0
 
 
 class Search(Protocol):
@@ -88,7 +60,7 @@ class Search(Protocol):
 class GreedySearch:
     max_length: int  # tokens including eos
     eos_id: int
-    guard: RepetitionGuard | None = None  # the runaway-output guard (None: off)
+    stop_rules: StopRules = ()  # asked after each token it takes (runtime/stops.py)
     tokens: list[int] = field(default_factory=list)
     rows: int = 1
     width: int = 1
@@ -115,12 +87,13 @@ class GreedySearch:
             return False
         self.tokens.append(token)
         self.log_prob += log_prob
-        if self.guard is not None and (drop := self.guard.excess(self.tokens)):
-            scored = len(self.tokens)
-            del self.tokens[-drop:]
-            self.log_prob *= len(self.tokens) / scored  # the kept tokens' share, at the same mean
-            self.stopped, self.rows = "repetition", 0
-            return False
+        for rule in self.stop_rules:
+            if (drop := rule.ends(self.tokens)) is not None:
+                scored = len(self.tokens)
+                del self.tokens[scored - drop :]
+                self.log_prob *= len(self.tokens) / scored  # the kept tokens' share, at the same mean
+                self.stopped, self.rows = rule.reason, 0
+                return False
         return True
 
     def result(self) -> Hypothesis:
@@ -159,11 +132,11 @@ class BeamSearch:
     max_length: int
     eos_id: int
     alpha: float = LENGTH_PENALTY
-    guard: RepetitionGuard | None = None  # the runaway-output guard (None: off)
+    stop_rules: StopRules = ()  # asked of each extension that may go on (runtime/stops.py)
     scores: list[float] = field(default_factory=lambda: [0.0])  # each live row's (float64, as the step's)
     # steps[t] = (origins, tokens): after step t, row i continues row origins[i] of the step before with tokens[i]
     steps: list[tuple[list[int], list[int]]] = field(default_factory=list)
-    tails: list[tuple[int, ...]] = field(default_factory=lambda: [()])  # each row's last guard.ngram tokens
+    tails: list[tuple[int, ...]] = field(default_factory=lambda: [()])  # each row's last tokens the rules read
     # (length-normalized score, hypothesis) of each finished hypothesis
     finished: list[tuple[float, Hypothesis]] = field(default_factory=list)
     rows: int = 1
@@ -210,7 +183,7 @@ class BeamSearch:
             ends = np.asarray(self.scores) + eos_log_probs.reshape(rows)
             ranked = np.argsort(-ends, kind="stable")[: 2 * beam]
             values, origins, tokens = ends[ranked].tolist(), ranked.tolist(), [self.eos_id] * len(ranked)
-        elif self.eos_id not in tokens[:beam] and not self._may_run_away(origins[:beam], tokens[:beam]):
+        elif self.eos_id not in tokens[:beam] and not self._may_stop(origins[:beam], tokens[:beam]):
             # The usual step: the best beam extensions go on, and nothing finishes.
             return self._go_on(origins[:beam], tokens[:beam], values[:beam])
         kept_origins, kept_tokens, kept_scores = [], [], []
@@ -221,10 +194,11 @@ class BeamSearch:
                     stopped = "length" if at_limit else "eos"
                     hypothesis = Hypothesis(self.output(origin), value / length, stopped)
                     self.finished.append((length_normalized(value, length, self.alpha), hypothesis))
-            elif self.guard is not None and (kept := self._runaway(origin, token)) is not None:
-                # It ends here, cut back to the repeated n-gram's first occurrence; at any rank, so that a
-                # step whose candidates all run away still leaves a hypothesis.
-                hypothesis = Hypothesis(kept, value / length, "repetition")
+            elif self.stop_rules and (stop := self._stopped(origin, token)) is not None:
+                # It ends here, cut back as the rule says (the runaway guard: to the repeated n-gram's first
+                # occurrence); at any rank, so that a step whose candidates all stop still leaves a hypothesis.
+                kept, reason = stop
+                hypothesis = Hypothesis(kept, value / length, reason)
                 self.finished.append((length_normalized(value, length, self.alpha), hypothesis))
             elif len(kept_origins) < beam:
                 kept_origins.append(origin)
@@ -244,28 +218,31 @@ class BeamSearch:
         order = in_place_order(origins)
         origins, tokens = [origins[i] for i in order], [tokens[i] for i in order]
         self.scores = [scores[i] for i in order]
-        if self.guard is not None:
-            self.tails = [(*self.tails[o], t)[-self.guard.ngram :] for o, t in zip(origins, tokens, strict=True)]
+        if self.stop_rules:
+            window = max(rule.window for rule in self.stop_rules)
+            self.tails = [(*self.tails[o], t)[-window:] for o, t in zip(origins, tokens, strict=True)]
         self.steps.append((origins, tokens))
         self.rows = len(origins)
         return origins, tokens
 
-    def _may_run_away(self, origins: Sequence[int], tokens: Sequence[int]) -> bool:
-        """Whether the guard must look closer at these extensions: one repeats a token of its row's last
-        guard.ngram (without which no n-gram of the tail can repeat)."""
-        if self.guard is None:
-            return False
-        return any(token in self.tails[origin] for origin, token in zip(origins, tokens, strict=True))
+    def _may_stop(self, origins: Sequence[int], tokens: Sequence[int]) -> bool:
+        """Whether a stop rule must look closer at these extensions (``StopRule.may_stop`` on its row's tail)."""
+        return any(
+            rule.may_stop(self.tails[origin], token)
+            for rule in self.stop_rules
+            for origin, token in zip(origins, tokens, strict=True)
+        )
 
-    def _runaway(self, origin: int, token: int) -> list[int] | None:
-        """The row's tokens and this one cut back to the first occurrence of an n-gram they repeat too often
-        (the guard), or None when they do not. Looks closer only when the token is among the row's last
-        guard.ngram, without which no n-gram of the tail can repeat."""
-        if token not in self.tails[origin]:
-            return None
-        output = [*self.output(origin), token]
-        drop = self.guard.excess(output)
-        return output[: len(output) - drop] if drop else None
+    def _stopped(self, origin: int, token: int) -> tuple[list[int], str] | None:
+        """The row's tokens and this one cut back as the first stop rule that ends them says, and its reason; None
+        when none does. A rule looks closer only where its ``may_stop`` says it may end them."""
+        output = None
+        for rule in self.stop_rules:
+            if rule.may_stop(self.tails[origin], token):
+                output = output or [*self.output(origin), token]
+                if (drop := rule.ends(output)) is not None:
+                    return output[: len(output) - drop], rule.reason
+        return None
 
     def result(self) -> Hypothesis:
         """The best finished hypothesis (the first of equals), the others as its alternatives."""
@@ -294,14 +271,14 @@ def in_place_order(origins: Sequence[int]) -> list[int]:
 
 @dataclass(frozen=True)
 class Decoding:
-    """How a batch's searches are made: the model's eos, beam search's length penalty (α) and the stop rule."""
+    """How a batch's searches are made: the model's eos, beam search's length penalty (α) and the stop rules."""
 
     eos_id: int
     alpha: float = LENGTH_PENALTY
-    guard: RepetitionGuard | None = None
+    stop_rules: StopRules = ()
 
     def search(self, beam: int, max_length: int) -> Search:
         """A search of ``beam`` rows (1: greedy) for at most ``max_length`` tokens, eos included."""
         if beam == 1:
-            return GreedySearch(max_length, self.eos_id, self.guard)
-        return BeamSearch(beam, max_length, self.eos_id, self.alpha, self.guard)
+            return GreedySearch(max_length, self.eos_id, self.stop_rules)
+        return BeamSearch(beam, max_length, self.eos_id, self.alpha, self.stop_rules)

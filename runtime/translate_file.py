@@ -26,7 +26,7 @@ from runtime.manifest import ModelFolderError
 from runtime.offline import translate_ids, translate_in_batches
 from runtime.options import EngineSettings, RuntimeOptions
 from runtime.providers import resolve_provider
-from runtime.search import MAX_REPEATS, RepetitionGuard
+from runtime.stops import MAX_REPEATS, stop_rules
 
 # Small batches step on the same sessions as large ones: offline, a second thread pays in fp32, whose steps
 # read more weight bytes than one core can stream (1, 4, 8 and 12 rows: fp32 1.27-1.50x the tokens/s of one
@@ -97,11 +97,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     lines = [line.rstrip("\n") for line in sys.stdin]
     todo = [i for i, line in enumerate(lines) if line.strip()]
-    guard = RepetitionGuard(args.max_repeats) if args.max_repeats else None
+    rules = stop_rules(args.max_repeats)
     counted: list[int] = []  # output tokens per batch (list.append is atomic: workers append at once)
 
     def translate_batch(ids: list[list[int]]) -> list[list[int]]:
-        outputs = translate_ids(backend, ids, args.beam, args.max_output_tokens, guard)
+        outputs = translate_ids(backend, ids, args.beam, args.max_output_tokens, rules)
         counted.append(sum(len(output) + 1 for output in outputs))
         return outputs
 

@@ -18,7 +18,7 @@ from grpc_reflection.v1alpha import reflection
 from proto import translate_pb2
 from runtime.engine import Engine
 from runtime.options import RuntimeOptions
-from runtime.search import RepetitionGuard
+from runtime.stops import stop_rules
 from server.access import AccessLog
 from server.config import ServerConfig
 from server.http import HttpApi
@@ -164,12 +164,11 @@ def _translator_handlers(servicer: TranslatorService) -> grpc.GenericRpcHandler:
 
 def serving_engines(config: ServerConfig) -> list[Engine]:
     """Each of ``config``'s models on the sessions all its lanes run on (their threads: ``plan_threads``), with the
-    guard as configured."""
+    stop rules as configured (the runaway-output guard)."""
     plan = plan_threads(config)
     settings = dataclasses.replace(config.engine, intra_op_threads=plan.session_threads)
     options = RuntimeOptions(settings=settings, spinning=config.intra_op_spinning)
-    guard = RepetitionGuard(config.max_repeats) if config.max_repeats else None
-    return [Engine(folder, options, guard) for folder in config.model]
+    return [Engine(folder, options, stop_rules(config.max_repeats)) for folder in config.model]
 
 
 def create_server(config: ServerConfig, metrics: Metrics | None = None) -> Server:

@@ -13,7 +13,7 @@ from typing import Literal
 from common import flags
 from common.flags import setting
 from runtime.options import EngineSettings
-from runtime.search import MAX_REPEATS
+from runtime.stops import MAX_REPEATS
 
 ROOT = Path(__file__).resolve().parent.parent
 # The default models, each exported folder with the checkpoint it is exported from: English→German, German→English.
@@ -192,7 +192,7 @@ class ServerConfig:
     max_output_tokens: int = setting(256, "the longest output per sentence a request may ask for (eos included)")
     max_repeats: int = setting(
         MAX_REPEATS,
-        "the runaway-output guard (runtime/search.py, RepetitionGuard): repetitions of an n-gram allowed in a row; "
+        "the runaway-output guard (runtime/stops.py, RepetitionGuard): repetitions of an n-gram allowed in a row; "
         "0: off",
     )
     max_message_bytes: int = setting(4 * MIB, "the largest request message")

@@ -70,8 +70,7 @@ class Scheduler:
             metrics.lane_rows.labels(lane.model, lane.name).set(0)
             if policy.splits_lanes and lane.size_class < len(self.bounds):
                 metrics.lane_paused.labels(lane.model, lane.name)
-        # Over the queues, the batches' members, the budget and the jobs: a plain lock, taken once on every path.
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # over the queues, the batches' members, the budget and the jobs; taken once
         for lane in self.lanes:  # each lane is woken alone, for work of its own
             lane.attach(self.lock)
         self.accepting = True

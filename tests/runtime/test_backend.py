@@ -20,7 +20,8 @@ from runtime.device_cache import device_cache_for
 from runtime.manifest import ModelFolderError, read_manifest
 from runtime.options import EngineSettings, RuntimeOptions
 from runtime.providers import ProviderUnavailable
-from runtime.search import RepetitionGuard, default_max_output
+from runtime.search import default_max_output
+from runtime.stops import RepetitionGuard
 from testkit.arrivals import decode_arriving
 from tests.conftest import own_sentences
 
@@ -51,7 +52,7 @@ def test_the_step_ranks_each_sources_candidates_as_the_search_does(tiny_export: 
     checked = []
 
     def translate(rank_in_graph: bool) -> dict[int, list[int]]:
-        batch = runtime.new_batch(runtime.decoding(RepetitionGuard(max_repeats=2)))
+        batch = runtime.new_batch(runtime.decoding((RepetitionGuard(max_repeats=2),)))
 
         def step(inputs: StepInputs):
             outputs = runtime.step(inputs)

@@ -15,7 +15,7 @@ from runtime import offline
 from runtime import translate_file as translate_file_module
 from runtime.backend import OrtBackend
 from runtime.options import EngineSettings
-from runtime.search import RepetitionGuard
+from runtime.stops import RepetitionGuard
 from runtime.translate_file import main, parallelism, runtime_options
 from tests.conftest import ROOT, own_sentences
 
@@ -43,7 +43,7 @@ def test_translates_line_by_line_in_the_input_order(tiny_export, reference, monk
     code, out, err = translate_file(monkeypatch, capsys, lines, *flags)
     assert (code, err) == (0, "")
     expected = offline.translate(
-        reference, SENTENCES, beam, batch_size=4, max_output_tokens=LIMIT, guard=RepetitionGuard()
+        reference, SENTENCES, beam, batch_size=4, max_output_tokens=LIMIT, stop_rules=(RepetitionGuard(),)
     )
     assert out == "".join(f"{line}\n" for line in expected[:5] + [""] + expected[5:])
 
@@ -83,7 +83,7 @@ def test_stats_count_each_output_and_its_eos(tiny_export, reference, monkeypatch
     [line] = err.splitlines()
     stats = json.loads(line)
     assert set(stats) == {"sentences", "output_tokens", "seconds", "tokens_per_second"}
-    outputs = offline.translate_ids(reference, [ids[i] for i in by_length], 1, LIMIT, RepetitionGuard())
+    outputs = offline.translate_ids(reference, [ids[i] for i in by_length], 1, LIMIT, (RepetitionGuard(),))
     assert stats["sentences"] == len(sentences)
     assert stats["output_tokens"] == sum(len(output) + 1 for output in outputs)
     assert stats["tokens_per_second"] == pytest.approx(stats["output_tokens"] / stats["seconds"], rel=1e-3)

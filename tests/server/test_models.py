@@ -16,7 +16,7 @@ from proto import translate_pb2
 from runtime import offline
 from runtime.backend import OrtBackend
 from runtime.options import EngineSettings, RuntimeOptions
-from runtime.search import RepetitionGuard
+from runtime.stops import RepetitionGuard
 from server.errors import InvalidRequest
 from server.jobs import DecodeOptions, Job
 from server.metrics import Metrics
@@ -83,7 +83,7 @@ def two(tiny_export: Path, tiny_reverse_export: Path) -> Iterator[RunningServer]
 
 def reference(folder: Path, texts: list[str], beam: int = 1) -> list[str]:
     runtime = OrtBackend(folder, RuntimeOptions(settings=EngineSettings(provider="cpu")))
-    return offline.translate(runtime, texts, beam, max_output_tokens=LIMIT, guard=RepetitionGuard())
+    return offline.translate(runtime, texts, beam, max_output_tokens=LIMIT, stop_rules=(RepetitionGuard(),))
 
 
 def translate(server: RunningServer, texts: list[str], **choice) -> translate_pb2.TranslateResponse:

@@ -15,7 +15,7 @@ from proto import translate_pb2
 from runtime import offline
 from runtime.backend import OrtBackend
 from runtime.options import EngineSettings, RuntimeOptions
-from runtime.search import RepetitionGuard
+from runtime.stops import RepetitionGuard
 from testkit.sentences import own_sentences
 from testkit.servers import RunningServer, server_config
 
@@ -28,7 +28,7 @@ def test_translations_equal_the_runtime_decoder(running: RunningServer, tiny_exp
         sentences,
         beam=beam,
         max_output_tokens=24,
-        guard=RepetitionGuard(),  # the server's runaway-output guard
+        stop_rules=(RepetitionGuard(),),  # the server's runaway-output guard
     )
     response = running.translate(sentences, beam=beam, mirror_formatting=False)  # as the decoder wrote them
     assert [t.text for t in response.translations] == expected

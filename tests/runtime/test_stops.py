@@ -1,13 +1,17 @@
-"""The runaway-output guard and the confidence score of a hypothesis, on scripted decoder steps."""
+"""Stop rules (runtime/stops.py): the runaway-output guard, rules asked as a list, and the confidence score of a
+hypothesis they end, on scripted decoder steps."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
 
-from runtime.search import BeamSearch, GreedySearch, Hypothesis, RepetitionGuard
+from runtime.search import BeamSearch, GreedySearch, Hypothesis
+from runtime.stops import RepetitionGuard, stop_rules
 
 GUARD = RepetitionGuard()  # the server's and translate-file's
 
@@ -43,7 +47,7 @@ def script(search, steps: list[tuple[int, float]], eos_log_prob: float = -5.0) -
 
 def test_greedy_stops_a_repetition_loop_and_keeps_the_first_occurrence():
     loop = [(11, -0.5), (12, -0.5)] + [(13, -0.1), (14, -0.1)] * 10
-    guarded = script(GreedySearch(100, EOS, guard=GUARD), loop)
+    guarded = script(GreedySearch(100, EOS, stop_rules=(GUARD,)), loop)
     assert guarded.tokens == [11, 12, 13, 14] and guarded.stopped == "repetition"
     generated = 2 + 12  # the bigram's sixth occurrence stops it
     assert guarded.score == pytest.approx((2 * -0.5 + 12 * -0.1) / generated)
@@ -52,13 +56,13 @@ def test_greedy_stops_a_repetition_loop_and_keeps_the_first_occurrence():
 
 
 def test_greedy_confidence_is_the_mean_log_probability_with_eos():
-    hypothesis = script(GreedySearch(100, EOS, GUARD), [(11, -0.2), (12, -0.4), (EOS, -0.3)])
+    hypothesis = script(GreedySearch(100, EOS, (GUARD,)), [(11, -0.2), (12, -0.4), (EOS, -0.3)])
     assert hypothesis == Hypothesis([11, 12], pytest.approx(-0.3), "eos")
     assert math.exp(hypothesis.score) == pytest.approx(math.exp(-0.3))
 
 
 def test_beam_search_ends_a_runaway_hypothesis_as_finished():
-    search = BeamSearch(2, 100, EOS, alpha=0.0, guard=GUARD)
+    search = BeamSearch(2, 100, EOS, alpha=0.0, stop_rules=(GUARD,))
     steps = 0
     while search.rows and steps < 20:  # every row keeps choosing 7 (best) or 8; eos is never likely
         rows = search.rows
@@ -70,3 +74,35 @@ def test_beam_search_ends_a_runaway_hypothesis_as_finished():
     assert result.stopped == "repetition" and result.tokens[-1] == 7
     assert GUARD.excess(result.tokens) == 0 and steps < 15  # long before max_length
     assert -2.0 < result.score < 0
+
+
+@dataclass(frozen=True)
+class StopAfter:
+    """A stop rule of another kind: a hypothesis ends after ``token``, which it keeps."""
+
+    token: int
+    reason: str = "stop token"
+    window: int = 1
+
+    def may_stop(self, tail: Sequence[int], token: int) -> bool:
+        return token == self.token
+
+    def ends(self, tokens: Sequence[int]) -> int | None:
+        return 0 if tokens[-1] == self.token else None  # it ends keeping every token
+
+
+def test_the_searches_ask_each_rule_of_the_list_in_order():
+    steps = [(11, -0.5), (12, -0.5), (21, -0.1), (13, -0.1)] + [(14, -0.1)] * 10
+    rules = (*stop_rules(4), StopAfter(21))
+    greedy = script(GreedySearch(100, EOS, stop_rules=rules), steps)
+    assert greedy.tokens == [11, 12, 21] and greedy.stopped == "stop token"
+    assert script(GreedySearch(100, EOS, stop_rules=rules[:1]), steps).stopped == "repetition"
+    beam = BeamSearch(2, 100, EOS, alpha=0.0, stop_rules=rules)
+    for step in range(3):
+        rows = beam.rows
+        best = 21 if step == 2 else 11 + step
+        top_ids = np.tile(np.array([[best, 30, 31, 32]]), (rows, 1))
+        top_log_probs = np.tile(np.array([[-0.1, -2.0, -3.0, -4.0]], np.float32), (rows, 1))
+        beam.advance(top_log_probs, top_ids, np.full(rows, -9.0, np.float32))
+    assert any(h.stopped == "stop token" and h.tokens[-1] == 21 for _, h in beam.finished)
+    assert stop_rules(0) == ()
