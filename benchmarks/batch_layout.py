@@ -39,7 +39,7 @@ SOURCE = {"default": "en", "default-de-en": "de"}
 def continuous(backend: OrtBackend, sources: list[list[int]], beam: int, in_flight: int) -> list[list[int]]:
     """Every source decoded, joining in groups of 1-3 whenever fewer than ``in_flight`` decode."""
     rng = np.random.default_rng(0)
-    batch = backend.new_batch(backend.decoding(None))
+    batch = backend.new_batch(backend.decoding())
     pending, results = list(range(len(sources))), {}
     while pending or len(batch):
         room = in_flight - len(batch)
