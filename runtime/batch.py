@@ -122,8 +122,9 @@ class RowLayout(Protocol):
 
     def __len__(self) -> int: ...
 
-    def placed(self) -> list[Placed]:
-        """The live sources, in the order of the step's per-source outputs."""
+    def placed(self) -> list[tuple[Hashable, Search, int, int]]:
+        """The live sources, in the order of the step's per-source outputs, as ``Placed``'s fields (plain tuples:
+        made at every step)."""
 
     def greedy_only(self) -> bool:
         """Whether every row is a greedy source's, one a source (a row's index is its source's)."""
@@ -223,19 +224,19 @@ class DecodeBatch:
         # Each source's candidates, ranked by the step (CANDIDATE_OUTPUTS), if it does: as lists, once.
         ranked = [output.tolist() for output in outputs[3:]]
         advanced, finished, results = [], [], []
-        for placed in layout.placed():
-            search, before = placed.search, placed.search.rows
-            part = slice(placed.first_row, placed.first_row + before)
+        for key, search, index, first in layout.placed():
+            before = search.rows
+            part = slice(first, first + before)
             if ranked and search.width > 1:
-                values, origins, candidates = (output[placed.index] for output in ranked)
+                values, origins, candidates = (output[index] for output in ranked)
                 origins, next_tokens = search.advance_ranked(values, origins, candidates, eos_log_probs[part])
             else:
                 origins, next_tokens = search.advance(top_log_probs[part], top_ids[part], eos_log_probs[part])
             if search.rows:
-                advanced.append(Advanced(placed, before, origins, next_tokens))
+                advanced.append(Advanced(Placed(key, search, index, first), before, origins, next_tokens))
             else:
-                finished.append(placed)
-                results.append((placed.key, search.result()))
+                finished.append(Placed(key, search, index, first))
+                results.append((key, search.result()))
         layout.after_beam_step(advanced, finished)
         return results
 
@@ -245,11 +246,10 @@ class DecodeBatch:
         end is never read."""
         finished, results = [], []
         best, best_log_probs = top_ids.tolist(), top_log_probs.tolist()
-        for placed in self.layout.placed():
-            row = placed.first_row
-            if not all(map(placed.search.take, best[row], best_log_probs[row])):
-                finished.append(placed)
-                results.append((placed.key, placed.search.result()))
+        for key, search, index, row in self.layout.placed():
+            if not all(map(search.take, best[row], best_log_probs[row])):
+                finished.append(Placed(key, search, index, row))
+                results.append((key, search.result()))
         self.layout.after_greedy_step(top_ids[:, -1], best, finished)
         return results
 

@@ -60,12 +60,9 @@ class CompactRows:
     def cross_bytes(self) -> int:
         return self.sources.nbytes
 
-    def placed(self) -> list[Placed]:
-        placed, first = [], 0
-        for position, (key, search) in enumerate(self.searches.items()):
-            placed.append(Placed(key, search, position, first))
-            first += search.rows
-        return placed
+    def placed(self) -> list[tuple[Hashable, Search, int, int]]:
+        searches, firsts = self.searches, itertools.accumulate(self._count_list, initial=0)  # counts as of now
+        return list(zip(searches, searches.values(), range(len(searches)), firsts, strict=False))
 
     def greedy_only(self) -> bool:
         return self.top_k[0] == 1
