@@ -50,10 +50,10 @@ from runtime.options import EngineSettings  # noqa: E402
 from runtime.translate_file import parallelism, runtime_options  # noqa: E402
 from server.app import serving_engines  # noqa: E402
 from server.config import DEFAULT_MODEL_DIR, parse_config  # noqa: E402
-from server.jobs import decode_options  # noqa: E402
-from server.metrics import Metrics  # noqa: E402
+from server.operations.metrics import Metrics  # noqa: E402
 from server.options import TranslateOptions  # noqa: E402
-from server.scheduler import Scheduler  # noqa: E402
+from server.scheduling.jobs import decode_options  # noqa: E402
+from server.scheduling.scheduler import Scheduler  # noqa: E402
 from server.translations import Translations  # noqa: E402
 from testkit.servers import start_subprocess_server  # noqa: E402
 
@@ -185,7 +185,7 @@ def offline(model: OrtBackend, texts: list[str], batch: int, workers: int, by_le
     """CPU seconds per sentence of translate-file's translation (its defaults: batches of 32, ``workers``);
     ``by_length=False``: the same batches in the order the texts come (arrival order, as the server sees them),
     not sorted by length."""
-    translate_batch = lambda ids: translate_ids(model, ids, 1, 256, None)  # noqa: E731 (--max-repeats 0, as served)
+    translate_batch = lambda ids: translate_ids(model, ids, 1, 256, ())  # noqa: E731 (--max-repeats 0, as served)
     started = time.process_time()
     translate_in_batches(model.tokenizer, texts, translate_batch, batch, workers, by_length)
     return (time.process_time() - started) / len(texts)
