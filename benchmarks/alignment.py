@@ -4,7 +4,7 @@ the step that predicted an output word (offset 0) or the step that read it (offs
 No gold alignments exist for Multi30k, so a small English→German lexicon of words the demo model
 knows stands in for them: for every source word in the lexicon whose translation appears exactly
 once in the output, an inline tag around the source word should land exactly on that output word.
-Reported: the share of such tags placed exactly (the span server.markup would give it is that one
+Reported: the share of such tags placed exactly (the span server.documents.markup would give it is that one
 word), and the share whose span contains it.
 
     python benchmarks/alignment.py --model exported/default --data ../shared/data/multi30k
@@ -28,7 +28,7 @@ from runtime import offline
 from runtime.backend import OrtBackend
 from runtime.cpu import describe_cpu
 from runtime.options import EngineSettings, RuntimeOptions
-from server.aligned import align_units, source_words, unit_spans
+from server.documents.aligned import align_units, source_words, unit_spans
 
 # English word -> the starts of its German translations (lower case).
 LEXICON = {

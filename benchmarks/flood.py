@@ -59,8 +59,8 @@ from client.loadtest_report import percentile  # noqa: E402
 from common.corpus import MULTI30K, corpus_path, read_lines  # noqa: E402
 from proto import translate_pb2, translate_pb2_grpc  # noqa: E402
 from runtime.cpu import describe_cpu  # noqa: E402
-from server.access import REQUEST_ID_HEADER  # noqa: E402
 from server.config import DEFAULT_MODELS, ServerConfig  # noqa: E402
+from server.operations.access import REQUEST_ID_HEADER  # noqa: E402
 from testkit.servers import free_port, start_subprocess_server  # noqa: E402
 
 MIB = 1 << 20

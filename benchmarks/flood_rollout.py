@@ -59,8 +59,8 @@ from client.channel import aio_channel  # noqa: E402
 from common.corpus import MULTI30K  # noqa: E402
 from proto import translate_pb2_grpc  # noqa: E402
 from runtime.cpu import describe_cpu  # noqa: E402
-from server.access import ATTEMPT_HEADER  # noqa: E402
 from server.config import DEFAULT_MODELS  # noqa: E402
+from server.operations.access import ATTEMPT_HEADER  # noqa: E402
 from testkit.fault_client import calls_started  # noqa: E402
 from testkit.servers import free_port, start_subprocess_server  # noqa: E402
 

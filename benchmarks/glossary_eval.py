@@ -5,13 +5,13 @@ what does BLEU do?
     python benchmarks/glossary_eval.py --model exported/default-de-en --data ../shared/data/multi30k
 
 Each sentence gets its own glossary of 1 to 3 entries, source word → the word its reference uses for it. The
-pairs come from the model's aligner (runtime/aligner.py, the heads server/placement.py places markup with) run on
-the source and the *reference* (forced alignment): a source word and a reference word (server/placement.py's
-units) are paired where each is the other's best-attended word, both are alphabetic, at least 3 letters, appear
-once in their sentence and neither is a stop word (a short list per language below). That is a
-precise dictionary heuristic, not a gold lexicon: it keeps only confident one-to-one pairs, which is what a
-glossary's user would write. The sentences are translated through an in-process server (testkit), over gRPC,
-each with its glossary in ``options.glossary`` and once without; the report gives
+pairs come from the model's aligner (runtime/aligner.py, the heads server/documents/placement.py places markup with) run
+on the source and the *reference* (forced alignment): a source word and a reference word
+(server/documents/placement.py's units) are paired where each is the other's best-attended word, both are alphabetic, at
+least 3 letters, appear once in their sentence and neither is a stop word (a short list per language below). That is a
+precise dictionary heuristic, not a gold lexicon: it keeps only confident one-to-one pairs, which is what a glossary's
+user would write. The sentences are translated through an in-process server (testkit), over gRPC, each with its glossary
+in ``options.glossary`` and once without; the report gives
 
 - the share of expected target terms present, once per occurrence of the source term matched (a term counts as
   present where the output holds it verbatim, or with its first letter made a capital at a sentence's start, as
@@ -39,8 +39,8 @@ sys.path.insert(0, str(ROOT))
 
 from common.corpus import MULTI30K, corpus_path, read_lines  # noqa: E402
 from proto import translate_pb2  # noqa: E402
-from server.aligned import source_words, unit_spans  # noqa: E402
-from server.glossary import Glossary  # noqa: E402
+from server.documents.aligned import source_words, unit_spans  # noqa: E402
+from server.documents.glossary import Glossary  # noqa: E402
 from testkit.servers import start_server  # noqa: E402
 
 MAX_TERMS = 3
@@ -50,7 +50,7 @@ STOP_WORDS = {"en": frozenset(EN_STOP.split(" ")), "de": frozenset(DE_STOP.split
 
 
 def words_of(pieces: list[str]) -> list[str]:
-    """The words (server/placement.py's units) of token pieces."""
+    """The words (server/documents/placement.py's units) of token pieces."""
     return ["".join(pieces[a:b]).replace("▁", "") for a, b in unit_spans(pieces)]
 
 

@@ -1,5 +1,5 @@
-"""Language detection (not a test): what server/detect.py's LanguageDetector costs and gets right for the default
-models' languages (en and de served), in each ``--language-detection`` mode.
+"""Language detection (not a test): what server/documents/detect.py's LanguageDetector costs and gets right for the
+default models' languages (en and de served), in each ``--language-detection`` mode.
 
     python benchmarks/language_detection.py --data ../shared/data/multi30k --out benchmarks/language_detection.md
 
@@ -8,7 +8,7 @@ Resident memory: a fresh process's VmRSS after building the detector, against be
 (testkit.sentences.first_words), that source "auto" (LanguageDetector.best) takes as their language; French ones,
 which no model reads, that it refuses as French. Time: per English or German sentence, one thread. Confidence
 (accurate mode): the top confidence /detect gives each English and German sentence at each calibration power
-(server/detect.py's SHARPNESS; 1 is lingua's own), and what it gives the first 1-3 words it takes wrongly.
+(server/documents/detect.py's SHARPNESS; 1 is lingua's own), and what it gives the first 1-3 words it takes wrongly.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from common.corpus import MULTI30K, corpus_path, read_lines  # noqa: E402
 from runtime.cpu import describe_cpu  # noqa: E402
-from server.detect import SHARPNESS, Detected, LanguageDetector  # noqa: E402
+from server.documents.detect import SHARPNESS, Detected, LanguageDetector  # noqa: E402
 from server.errors import InvalidRequest  # noqa: E402
 from testkit.sentences import first_words  # noqa: E402
 

@@ -1,5 +1,5 @@
 """A subtitle's line break: each line translated as a text of its own, or the cue one text with the break an
-atom the aligner places (what /translate_file does, server/subtitles.py) (not a test).
+atom the aligner places (what /translate_file does, server/documents/subtitles.py) (not a test).
 
     python benchmarks/subtitle_breaks.py --model exported/default --data ../shared/data/multi30k
 
@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from common.corpus import MULTI30K, corpus_path, read_lines  # noqa: E402
 from runtime.cpu import describe_cpu  # noqa: E402
-from server.files import read_document  # noqa: E402
+from server.documents.files import read_document  # noqa: E402
 from testkit.servers import http, start_server  # noqa: E402
 
 LINE_CHARACTERS = 42  # the usual limit of a subtitle line

@@ -3,7 +3,7 @@
 [--batch LINES] [--api-key KEY]``.
 
 Reads source lines on stdin and prints one translation per line (a blank line stays blank). On error it
-prints the gRPC status code and message and exits non-zero. Where the server has API keys (server/keys.py),
+prints the gRPC status code and message and exits non-zero. Where the server has API keys (server/operations/keys.py),
 the key goes as the ``x-api-key`` metadata: ``--api-key``, or the TRANSLATE_API_KEY environment variable,
 which keeps it out of the shell's history and the process list.
 """
@@ -19,7 +19,7 @@ import grpc
 
 from client.channel import channel, target_problem
 from proto import translate_pb2, translate_pb2_grpc
-from server.keys import KEY_METADATA
+from server.operations.keys import KEY_METADATA
 
 API_KEY_VARIABLE = "TRANSLATE_API_KEY"
 

@@ -56,9 +56,9 @@ from common import flags
 from common.corpus import read_lines
 from common.flags import setting
 from proto import translate_pb2, translate_pb2_grpc
-from server.access import ATTEMPT_HEADER
 from server.config import DEFAULT_MODEL_DIR
 from server.errors import grpc_code_of_http
+from server.operations.access import ATTEMPT_HEADER
 
 FILLER = [
     "A man in a blue shirt is walking down the street with his dog.",

@@ -11,7 +11,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from runtime.cpu import describe_cpu
-from server.metrics import length_bucket
+from server.operations.metrics import length_bucket
 
 
 @dataclass

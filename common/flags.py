@@ -2,7 +2,7 @@
 These entry points parse their flags with it: ``python -m model.train``, ``python -m model.translate``,
 ``python -m export``, ``python -m export.check``, ``python -m server``, ``translate-file`` and
 ``translate-loadtest``. These write their argparse by hand: ``translate-client`` (its ``--from`` is a Python
-keyword, which no field can be named), ``python -m model.marian`` and ``python -m server.keys`` (subcommands,
+keyword, which no field can be named), ``python -m model.marian`` and ``python -m server.operations.keys`` (subcommands,
 which this has no way to say), the benchmarks (``python -m export.benchmark`` and the scripts in benchmarks/)
 and the test tools (tests/server/fuzz.py, testkit/fault_client.py).
 

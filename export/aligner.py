@@ -2,7 +2,7 @@
 
 A teacher-forced pass of the decoder over a finished translation (``Transformer.alignment``),
 written node by node from the weights like the other graphs. It is not on the decoding path:
-the server runs it only for texts with markup or placeholders (server/markup.py), once per
+the server runs it only for texts with markup or placeholders (server/documents/markup.py), once per
 sentence after the search, so the decoder step stays as fast as it is.
 
 Inputs:   tgt_tokens (B, T) int64: the start token, then the output (right-padded: causal

@@ -92,7 +92,7 @@ class Transformer(nn.Module):
 
         Teacher-forced over target inputs tgt (B, T) (the start token, then the output): row t is
         where the step that predicted output token t+1 looked in the source. The server places markup
-        and placeholders with them (server/markup.py); the ONNX aligner graph (export/aligner.py)
+        and placeholders with them (server/documents/markup.py); the ONNX aligner graph (export/aligner.py)
         is checked against this.
         """
         memory = self.encode(src, src_mask)

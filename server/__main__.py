@@ -17,8 +17,8 @@ from runtime.manifest import MANIFEST_FILE, ModelFolderError
 from runtime.providers import ProviderUnavailable
 from server.app import serve
 from server.config import DEFAULT_MODELS, parse_config
-from server.threads import GIL_SWITCH_INTERVAL_S
-from server.tracing import configure_from_environment
+from server.operations.tracing import configure_from_environment
+from server.scheduling.threads import GIL_SWITCH_INTERVAL_S
 
 
 def event_loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:

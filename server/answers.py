@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from runtime.search import Hypothesis
-from server import casing
+from server.documents import casing, markup
 from server.interface import Engine
-from server.text import AfterSplit, SplitSentence
+from server.sentences import AfterSplit, SplitSentence
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class TextTranslation:
     low_confidence: bool  # a sentence of it scored under the request's min_confidence
     # Other translations of it, best first, none the same as text (see Translations.translate)
     alternatives: tuple[str, ...] = ()
-    # The glossary entries (their source terms) written into it, one per occurrence (server/glossary.py)
+    # The glossary entries (their source terms) written into it, one per occurrence (server/documents/glossary.py)
     glossary_applied: tuple[str, ...] = ()
 
 
@@ -98,7 +98,7 @@ def plain(engine: Engine, texts: Sequence[str], segments: Sequence[DecodedSenten
 
 
 def detokenized(engine: Engine, segments: Sequence[DecodedSentence]) -> dict[int, str]:
-    """Each segment's translation as its source was written (in capitals where it was: server/casing.py), by
+    """Each segment's translation as its source was written (in capitals where it was: server/documents/casing.py), by
     the segment's id."""
     texts = engine.detokenize([s.output for s in segments])
     return {id(s): casing.written(text, s.spec.capitals) for s, text in zip(segments, texts, strict=True)}
@@ -142,3 +142,11 @@ def variants(segments: list[DecodedSentence], alternatives: int) -> list[list[De
         [replace(s, result=s.result.alternatives[i]) if i < len(s.result.alternatives) else s for s in segments]
         for i in range(count)
     ]
+
+
+def unchanged(texts: Sequence[str], format: str) -> list[TextTranslation]:
+    """Texts already in the target language as their own translations, their format and markup checked as a
+    translation's are; confidence 0, the most a mean log-probability can be."""
+    for text in texts:
+        markup.parse(text, format)
+    return [as_sent(text) for text in texts]

@@ -19,18 +19,18 @@ from proto import translate_pb2
 from runtime.engine import Engine
 from runtime.options import RuntimeOptions
 from runtime.stops import stop_rules
-from server.access import AccessLog
 from server.config import ServerConfig
-from server.http import HttpApi
-from server.keys import RELOAD_CHECK_SECONDS as KEYS_RELOAD_SECONDS
-from server.keys import KeyGuard
-from server.listen import BACKLOG, MetricsEndpoint, bound, grpc_address, hostport, listen, local_address
-from server.metrics import Metrics
+from server.doors.http import HttpApi
+from server.doors.listen import BACKLOG, MetricsEndpoint, bound, grpc_address, hostport, listen, local_address
+from server.doors.service import MALFORMED, TranslatorService
 from server.models import Models
-from server.scheduler import Scheduler
-from server.service import MALFORMED, TranslatorService
-from server.threads import plan_threads
-from server.tls import RELOAD_CHECK_SECONDS, Certificates
+from server.operations.access import AccessLog
+from server.operations.keys import RELOAD_CHECK_SECONDS as KEYS_RELOAD_SECONDS
+from server.operations.keys import KeyGuard
+from server.operations.metrics import Metrics
+from server.operations.tls import RELOAD_CHECK_SECONDS, Certificates
+from server.scheduling.scheduler import Scheduler
+from server.scheduling.threads import plan_threads
 from server.translations import Translations
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ class Server:
     http_port: int = 0  # the bound HTTP API port once started; 0 when disabled
     http_addresses: tuple[str, ...] = ()  # what the HTTP API listens on once started (host:port each)
     certificates: Certificates | None = None  # TLS for both front ends, reloaded when the files change
-    keys: KeyGuard | None = None  # API keys and limits (server/keys.py), reloaded when their file changes
+    keys: KeyGuard | None = None  # API keys and limits (server/operations/keys.py), reloaded when their file changes
     http_api: HttpApi | None = None  # its /health turns ok with gRPC's health service
     _reloading_keys: asyncio.Task | None = None
     _reloading: asyncio.Task | None = None

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from runtime.search import Hypothesis
 from server.interface import Engine
-from server.jobs import DecodeOptions
+from server.scheduling.jobs import DecodeOptions
 
 STOPPED = ("eos", "length", "repetition")  # Hypothesis.stopped, stored as its index
 HEADER = struct.Struct("<dBI")  # a hypothesis' score, stop reason and token count, before its tokens

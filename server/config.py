@@ -42,13 +42,13 @@ CHAR_LIMIT = 100_000
 # took 5 s alone on a 2-core AMD EPYC), and 16-sentence requests under 32 closed-loop clients at beam 4 (p99 2.6 s,
 # benchmarks/every_core.md), which no bound should refuse.
 MAX_QUEUE_WAIT_S = (1.0, 30.0)
-# The front door (server/door.py). --door-requests: a short request holds at least one sentence in the scheduler's
+# The front door (server/doors/door.py). --door-requests: a short request holds at least one sentence in the scheduler's
 # queue or batch, so twice --max-queue-size's default bounds what short requests can wait for. --door-long-chars:
 # one document at --char-limit with shorter long ones beside it. Memory does not bind it: a 99,465-character HTML
 # document parsed and split holds 2.6 MiB (tracemalloc, 28 bytes a character), its decoding is the memory budget's;
 # time does: documents held together finish one after another, and each must within --http-timeout-s.
 # --max-loop-lag-ms: /health must answer within 100 ms while the loop sheds load (32 closed-loop HTTP clients ran
-# the loop up to 58 ms late on a 2-core AMD EPYC: server/door.py's SHED_FLOOR keeps such a loop from shedding).
+# the loop up to 58 ms late on a 2-core AMD EPYC: server/doors/door.py's SHED_FLOOR keeps such a loop from shedding).
 MAX_LOOP_LAG_MS = 40.0
 DOOR_REQUESTS = 2048
 DOOR_LONG_CHARS = 150_000
@@ -70,12 +70,13 @@ Scheduling = Literal["continuous", "static"]
 LongInput = Literal["split", "truncate", "reject"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 EventLoop = Literal["auto", "uvloop", "asyncio"]
-LanguageDetection = Literal["accurate", "light", "off"]  # server/detect.py measures each
+LanguageDetection = Literal["accurate", "light", "off"]  # server/documents/detect.py measures each
 
 
 @dataclass(frozen=True)
 class SchedulerSettings:
-    """How the scheduler queues and batches sentences, and splits its work into lanes (server/scheduler.py)."""
+    """How the scheduler queues and batches sentences, and splits its work into lanes
+    (server/scheduling/scheduler.py)."""
 
     scheduler: Scheduling = setting("continuous", "continuous (sources join and leave a running batch) or static")
     lanes: tuple[int, ...] = setting(
@@ -145,7 +146,9 @@ class ServerConfig:
     )
     port: int = setting(50051, "the gRPC port")
     metrics_port: int = setting(9464, "the Prometheus metrics port (plain HTTP)")
-    http_port: int = setting(5000, "the LibreTranslate-compatible HTTP API's port (server/http.py); 0 turns it off")
+    http_port: int = setting(
+        5000, "the LibreTranslate-compatible HTTP API's port (server/doors/http.py); 0 turns it off"
+    )
     http_timeout_s: float = setting(60.0, "an HTTP request's deadline, as gRPC's (504 after it): HTTP sends none")
     intra_op_spinning: bool = setting(
         False, "let ONNX Runtime's threads spin between a run's tasks (they steal cores from the other lanes' runs)"
@@ -162,7 +165,7 @@ class ServerConfig:
     max_concurrent_rpcs: int = setting(512, "RPCs in flight")
     door_requests: int = setting(
         DOOR_REQUESTS,
-        "requests both front ends hold at once, from their headers to their answer (server/door.py); more are "
+        "requests both front ends hold at once, from their headers to their answer (server/doors/door.py); more are "
         "refused at once (429 with Retry-After, RESOURCE_EXHAUSTED) before their body is read",
     )
     max_loop_lag_ms: float = setting(
@@ -196,7 +199,9 @@ class ServerConfig:
         "0: off",
     )
     max_message_bytes: int = setting(4 * MIB, "the largest request message")
-    access_log: bool = setting(True, "one JSON line per request on the server.access logger (server/access.py)")
+    access_log: bool = setting(
+        True, "one JSON line per request on the server.operations.access logger (server/operations/access.py)"
+    )
     access_log_texts: bool = setting(False, "the request's texts in its access-log line (off: no content in logs)")
     access_log_sample: float = setting(1.0, "the share of successful requests logged, 0..1 (errors always are)")
     log_level: LogLevel = setting("INFO", "the log level")
@@ -220,8 +225,8 @@ class ServerConfig:
     )
     api_keys: Path | None = setting(
         None,
-        "the API keys file (server/keys.py: sha256 digests and per-key limits, reread when it changes); none: every "
-        "caller is anonymous and unlimited",
+        "the API keys file (server/operations/keys.py: sha256 digests and per-key limits, reread when it changes); "
+        "none: every caller is anonymous and unlimited",
     )
     redis_url: str = setting(
         "", "Redis for the per-key request counts that replicas share, e.g. redis://redis:6379/0 (none: per process)"
@@ -250,8 +255,8 @@ class ServerConfig:
     )
     language_detection: LanguageDetection = setting(
         "accurate",
-        "source auto and /detect (server/detect.py): accurate (+184 MiB resident for en and de; 86-99% right on "
-        "1-3 words), light (+77 MiB; 64-98% on 1-3 words), or off (auto refused; lingua not loaded)",
+        "source auto and /detect (server/documents/detect.py): accurate (+184 MiB resident for en and de; 86-99% right "
+        "on 1-3 words), light (+77 MiB; 64-98% on 1-3 words), or off (auto refused; lingua not loaded)",
     )
     warmup: bool = setting(True, "decode a few inputs before reporting SERVING, so first requests are not slow")
     tls_cert: Path | None = setting(None, "TLS certificate (PEM) for gRPC and HTTPS; reloaded when the file changes")

@@ -4,11 +4,13 @@
 |------------------|--------------------|------|---------------------------------------------------------------|
 | InvalidRequest   | INVALID_ARGUMENT   | 400  | empty/too many texts, too long input, bad options, languages   |
 |                  |                    |      | or markup (MarkupError)                                       |
-| NotFound         | NOT_FOUND          | 404  | a stored glossary the caller does not have (server/glossaries.py) |
+| NotFound         | NOT_FOUND          | 404  | a stored glossary the caller does not have                    |
+|                  |                    |      | (server/documents/glossaries.py)                              |
 | Unauthenticated  | UNAUTHENTICATED    | 403  | no API key where the keys file admits no anonymous callers    |
-| PermissionDenied | PERMISSION_DENIED  | 403  | an API key the keys file does not hold (server/keys.py)       |
-| Overloaded       | RESOURCE_EXHAUSTED | 429  | front door or queue full or behind (server/door.py), or the   |
-|                  |                    |      | request needs more memory than the budget                     |
+| PermissionDenied | PERMISSION_DENIED  | 403  | an API key the keys file does not hold                        |
+|                  |                    |      | (server/operations/keys.py)                                   |
+| Overloaded       | RESOURCE_EXHAUSTED | 429  | front door or queue full or behind (server/doors/door.py), or |
+|                  |                    |      | the request needs more memory than the budget                 |
 |                  |                    |      | or a key over its requests per minute (HTTP adds Retry-After) |
 | ShuttingDown     | UNAVAILABLE        | 503  | the server is draining (SIGTERM; HTTP adds Retry-After)       |
 | Unavailable      | UNAVAILABLE        | 503  | a store the request needs is out of reach (Redis, /suggest)   |

@@ -32,7 +32,7 @@ class Encoded(Protocol):
 
 
 class Memory(Protocol):
-    """What sentences hold while they decode (the memory budget's sizes, server/budget.py)."""
+    """What sentences hold while they decode (the memory budget's sizes, server/scheduling/budget.py)."""
 
     def sequence_bytes(self, source_tokens: int, target_tokens: int, beam: int) -> int:
         """Memory one source holds while decoding with ``beam`` rows at ``target_tokens`` steps."""

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from server.config import LanguageDetection
-from server.detect import Detected, LanguageDetector
+from server.documents.detect import Detected, LanguageDetector
+from server.documents.formatting import nothing_to_translate
 from server.errors import InvalidRequest
-from server.formatting import nothing_to_translate
 from server.interface import Engine
 
 AUTO = "auto"  # the source language that asks the server to detect it
@@ -82,7 +82,7 @@ class Models:
         """A translation request's model (codes in any case), and what was detected for source "auto"; no
         model where LibreTranslate answers the texts as sent: a source that is the target, "auto" detecting
         the target's language, or "auto" on texts that pass through whole (``pass_through`` in format "text":
-        no letter in any, server/formatting.py), which have no language to detect and are reported as the
+        no letter in any, server/documents/formatting.py), which have no language to detect and are reported as the
         target's with confidence 0. InvalidRequest names the detected language when no model takes it, and the
         server's pairs whenever detection fails."""
         source, target = source.lower(), target.lower()

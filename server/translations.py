@@ -20,32 +20,26 @@ from opentelemetry.trace import INVALID_SPAN
 
 from runtime.manifest import ModelFolderError
 from runtime.search import Hypothesis
-from server import aligned, answers, formatting, markup, placement
-from server.access import Exchange
+from server import answers
 from server.answers import DecodedSentence, TextTranslation
 from server.cache import TranslationCache
 from server.config import ServerConfig
-from server.door import SHORT, Door, DoorLimits, kind_of
+from server.documents import aligned, formatting, markup, placement
+from server.documents.glossaries import GlossaryStore
+from server.documents.glossary import Glossary
+from server.documents.text import NO_LIMIT, TextLimits, check_texts, segment_texts
+from server.doors.door import SHORT, Door, DoorLimits, kind_of
 from server.errors import InvalidRequest, ServiceError
-from server.glossaries import GlossaryStore
-from server.glossary import Glossary
 from server.interface import Engine
-from server.jobs import Job, QueuedSentence
-from server.metrics import Metrics, length_bucket
+from server.operations.access import Exchange
+from server.operations.metrics import Metrics, length_bucket
+from server.operations.tracing import child_span, record_sentences
 from server.options import TranslateOptions
-from server.scheduler import Scheduler
-from server.text import NO_LIMIT, SplitSentence, TextLimits, check_texts, segment_texts
-from server.tracing import child_span, record_sentences
+from server.scheduling.jobs import Job, QueuedSentence
+from server.scheduling.scheduler import Scheduler
+from server.sentences import SplitSentence
 
 T = TypeVar("T")
-
-
-def unchanged(texts: Sequence[str], format: str) -> list[TextTranslation]:
-    """Texts already in the target language as their own translations, their format and markup checked as a
-    translation's are; confidence 0, the most a mean log-probability can be."""
-    for text in texts:
-        markup.parse(text, format)
-    return [answers.as_sent(text) for text in texts]
 
 
 class Translations:
@@ -180,14 +174,14 @@ class Translations:
         trailing whitespace; an empty text kept with ``options.keep_empty`` translates to itself. A text with
         a sentence under ``options.min_confidence`` is flagged ``low_confidence``. Format "html" keeps the
         texts' markup; in both formats placeholders, URLs, e-mail addresses and numbers with units come
-        back as sent (server/markup.py). With ``options.decode.alternatives``, up to that many other
+        back as sent (server/documents/markup.py). With ``options.decode.alternatives``, up to that many other
         translations of each text (``answers.variants``), laid out and with their markup placed as the
         translation is. In format "text", ``options.pass_through`` and ``options.mirror_formatting`` finish the
-        texts as LibreTranslate does (server/formatting.py). No ``engine``: the texts are in the target language
-        already (``Models.choose``) and come back as sent, limits and markup checked as a translation's are."""
+        texts as LibreTranslate does (server/documents/formatting.py). No ``engine``: the texts are in the target
+        language already (``Models.choose``) and come back as sent, limits and markup checked as a translation's are."""
         check_texts(texts, self.limits, options.field, options.keep_empty)  # bounds what the rest costs
         if engine is None:
-            return unchanged(texts, options.format)
+            return answers.unchanged(texts, options.format)
         if options.glossary is not None:
             options.glossary.check_pair(engine.source_language, engine.target_language)
         if options.format == "text" and options.pass_through:

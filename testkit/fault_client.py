@@ -21,7 +21,7 @@ from grpc_channelz.v1.channelz import ChannelzServicer
 
 from client.channel import aio_channel
 from proto import translate_pb2, translate_pb2_grpc
-from server.access import ATTEMPT_HEADER
+from server.operations.access import ATTEMPT_HEADER
 from testkit.sentences import own_sentences
 
 SAMPLE_SECONDS = 0.1

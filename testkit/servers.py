@@ -27,7 +27,7 @@ from server.app import Server, create_server
 from server.config import ServerConfig
 
 # The status codes Translate documents: whatever it is sent, it answers with one of these.
-# NOT_FOUND: a glossary_id the caller has not stored (server/glossaries.py)
+# NOT_FOUND: a glossary_id the caller has not stored (server/documents/glossaries.py)
 DOCUMENTED_CODES = {
     grpc.StatusCode.OK,
     grpc.StatusCode.INVALID_ARGUMENT,
@@ -109,7 +109,7 @@ def server_config(model: Path | tuple[Path, ...], **overrides) -> ServerConfig:
         grace_seconds=0.0,  # closed by its test with nothing in flight (tests/server/test_lifecycle.py drains)
         cache_mib=0,  # the engine answers every sentence (tests/server/test_cache.py turns the cache on)
         # An in-process server's event loop shares the interpreter with the test's own threads: its lag is theirs
-        # too, so it sheds nothing (tests/server/test_door.py tests the shedding).
+        # too, so it sheds nothing (tests/server/doors/test_door.py tests the shedding).
         max_loop_lag_ms=0.0,
     )
     return flags.replace(base, **overrides)

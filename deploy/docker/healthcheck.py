@@ -21,7 +21,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from server.config import ServerConfig, parse_config
-from server.listen import hostport, local_address
+from server.doors.listen import hostport, local_address
 
 TRANSLATOR_SERVICE = "translation.v1.Translator"
 

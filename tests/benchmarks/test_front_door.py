@@ -37,8 +37,8 @@ def test_every_request_shape_is_served_and_its_cpu_counted(tiny_export: Path, mu
 def test_a_sample_goes_to_the_innermost_stage_of_its_stack(tmp_path: Path):
     raw = tmp_path / "raw.txt"
     raw.write_text(
-        "lane0;run (server/scheduler.py:1);decode (sentencepiece/__init__.py:2) 3\n"
-        "loop;run (asyncio/base_events.py:1);finish (server/access.py:9);emit (logging/__init__.py:4) 2\n"
+        "lane0;run (server/scheduling/scheduler.py:1);decode (sentencepiece/__init__.py:2) 3\n"
+        "loop;run (asyncio/base_events.py:1);finish (server/operations/access.py:9);emit (logging/__init__.py:4) 2\n"
         "loop;run (asyncio/base_events.py:1) 5\n"
         "loop;somewhere (elsewhere.py:1) 1\n"
     )

@@ -13,7 +13,7 @@ import pytest
 from client import loadtest
 from client.channel import target_problem
 from client.client import API_KEY_VARIABLE, main
-from server.keys import digest
+from server.operations.keys import digest
 from testkit.servers import RunningServer, server_config
 
 KEY = "k-client-test-1234567890"

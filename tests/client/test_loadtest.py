@@ -8,8 +8,8 @@ import sentencepiece as spm
 
 from client import loadtest
 from runtime.cpu import describe_cpu
+from server.documents.text import split_sentences
 from server.errors import ServiceError, grpc_code_of_http
-from server.text import split_sentences
 from testkit.servers import RunningServer, start_server
 
 

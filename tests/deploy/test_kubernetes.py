@@ -106,7 +106,7 @@ def test_selectors_select_the_pods(overlays, overlay):
 @pytest.mark.parametrize("overlay", OVERLAY_NAMES)
 def test_probes_use_the_grpc_health_service(overlays, overlay):
     """Natively over plaintext; with TLS on (the tls overlay) through the image's health check, which
-    speaks TLS (tests/server/test_tls.py runs it against TLS servers) and reads the server's settings."""
+    speaks TLS (tests/server/operations/test_tls.py runs it against TLS servers) and reads the server's settings."""
     main = container(overlays[overlay])
     config = server_environment(overlays[overlay])
     services = {"startupProbe": SERVICE_NAME, "readinessProbe": SERVICE_NAME, "livenessProbe": ""}

@@ -22,11 +22,11 @@ ALLOWED = {  # docs/architecture.md, "may import (ours)"
         "proto",
         "common",
         "runtime.cpu",
-        "server.access",
+        "server.operations.access",
         "server.config",
         "server.errors",
-        "server.keys",
-        "server.metrics",
+        "server.operations.keys",
+        "server.operations.metrics",
     },
     "testkit": {"testkit", "server", "client", "runtime", "proto", "common"},
 }
@@ -68,6 +68,37 @@ def test_each_package_imports_what_the_architecture_allows(package: str):
     assert not wrong, "\n".join(wrong)
 
 
+SERVER_FOLDERS = {  # docs/architecture.md, "Inside server/": each folder of the server, and what it never imports
+    "doors": set(),
+    "documents": {"server.doors", "server.scheduling", "server.operations"},
+    "scheduling": {"server.doors", "server.documents"},
+    "operations": {"server.doors", "server.documents", "server.scheduling"},
+}
+
+
+@pytest.mark.parametrize("folder", sorted(SERVER_FOLDERS))
+def test_each_folder_of_the_server_says_its_idea_and_imports_in_its_direction(folder: str):
+    package = ROOT / "server" / folder
+    assert ast.get_docstring(ast.parse((package / "__init__.py").read_text())), f"server/{folder}/__init__.py"
+    assert (ROOT / "docs" / "architecture.md").read_text().count(f"| `server/{folder}/` |") == 1
+    wrong = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in sorted(package.rglob("*.py"))
+        for name in imports(path)
+        if allowed(name, SERVER_FOLDERS[folder])
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_every_module_of_the_server_is_in_a_folder_or_shared_at_its_top():
+    """The top of server/ holds only what every part shares and the assembly: a new module goes in a folder."""
+    top = {path.stem for path in (ROOT / "server").glob("*.py")}
+    shared = "__init__ __main__ answers app cache config errors interface models options sentences translations"
+    assert top == set(shared.split())
+    folders = {path.name for path in (ROOT / "server").iterdir() if (path / "__init__.py").is_file()}
+    assert folders == set(SERVER_FOLDERS)
+
+
 MOST_LINES = 350  # the house's bound on a module of the engine and the server: one idea a module
 
 
@@ -82,10 +113,10 @@ def test_neither_front_door_imports_the_other():
     """Both front doors take what they share from modules of its own (options, models, request reading): the HTTP
     API never imports the gRPC service, nor the service the HTTP API."""
     crossing = {
-        "server/http.py": "server.service",
-        "server/http_request.py": "server.service",
-        "server/http_glossaries.py": "server.service",
-        "server/service.py": "server.http",
+        "server/doors/http.py": "server.doors.service",
+        "server/doors/http_request.py": "server.doors.service",
+        "server/doors/http_glossaries.py": "server.doors.service",
+        "server/doors/service.py": "server.doors.http",
     }
     wrong = [
         f"{path} imports {name}"

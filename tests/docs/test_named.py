@@ -82,7 +82,7 @@ def help_text(argv: tuple[str, ...]) -> str:
 
 
 def whose_flags(segment: str) -> tuple[str, ...] | None:
-    """The command whose --help the segment's flags must be in, its subcommand included (``-m server.keys
+    """The command whose --help the segment's flags must be in, its subcommand included (``-m server.operations.keys
     new``); None for a segment that runs nothing of ours."""
     found = command(segment)
     if found is None:

@@ -43,7 +43,7 @@ PACKAGES = "|".join(name for name in FOLDERS if (ROOT / name / "__init__.py").ex
 # A module's name is lower case, what it defines need not be: client.Translate(...) in a Go example is a call.
 MODULE = re.compile(rf"(?<![\w./-])(?:{PACKAGES})\.[a-z_]\w*(?:\.[A-Za-z_]\w*)*")
 FILE_NAME = re.compile(r"\.(?:py|md|json|onnx|safetensors|model|proto|ya?ml|toml)$")  # model.safetensors
-BARE_NAME = re.compile(r"[\w-]+\.[a-z]+|[\w-]+/")  # search.py, cache_ops/: a name inside a package
+BARE_NAME = re.compile(r"(?:[\w-]+/)*[\w-]+\.[a-z]+|[\w-]+/")  # search.py, cache_ops/, doors/http.py: in a package
 PACKAGE = re.compile(r"`([\w-]+)/`")
 CODE = re.compile(r"`([^`]+)`")
 BLOCK = re.compile(r"(?:^[^\n]*\S[^\n]*(?:\n|$))+", re.M)  # lines between blank lines
@@ -154,7 +154,10 @@ def listed_modules(page: Path) -> list[tuple[int, str, str]]:
             row_package = PACKAGE.fullmatch(cells[0].strip())
             package = row_package.group(1) if row_package else table_package
             names = CODE.findall("|".join(cells[1:2] if row_package else cells[:2]))
-            listed += [(number, package, name) for name in names if package and BARE_NAME.fullmatch(name)]
+            inside = [
+                name for name in names if BARE_NAME.fullmatch(name) and not PATH.fullmatch(name)
+            ]  # not runtime/x.py
+            listed += [(number, package, name) for name in inside if package]
     return listed
 
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from runtime.batch import Joined
 from runtime.search import Hypothesis
 from server.errors import ServiceError
-from server.jobs import DecodeOptions, Job, QueuedSentence
-from server.text import SplitSentence
+from server.scheduling.jobs import DecodeOptions, Job, QueuedSentence
+from server.sentences import SplitSentence
 
 BYTES_PER_TOKEN = 1024
 

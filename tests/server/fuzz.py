@@ -26,14 +26,14 @@ from pathlib import Path
 import atheris
 
 with atheris.instrument_imports(include=["server"]):
-    from server.aligned import AlignedSentence
+    from server.documents.aligned import AlignedSentence
+    from server.documents.files import read_document
+    from server.documents.glossary import MAX_INLINE_ENTRIES, Glossary, checked_entries
+    from server.documents.html_tree import MarkupError
+    from server.documents.markup import WORD, ParsedText, Piece, parse
+    from server.documents.placement import place
+    from server.documents.text import TextLimits, segment_texts, split_sentences
     from server.errors import InvalidRequest
-    from server.files import read_document
-    from server.glossary import MAX_INLINE_ENTRIES, Glossary, checked_entries
-    from server.html_tree import MarkupError
-    from server.markup import WORD, ParsedText, Piece, parse
-    from server.placement import place
-    from server.text import TextLimits, segment_texts, split_sentences
     from testkit.servers import DOCUMENTED_CODES, RunningServer, free_port, server_config  # the rest of server/
 
 Provider = atheris.FuzzedDataProvider
@@ -58,9 +58,9 @@ def _translation(fdp: Provider, piece: Piece) -> AlignedSentence:
 
 
 def markup(data: bytes) -> None:
-    """HTML markup (server/markup.py) and its placement (server/placement.py): parsing raises nothing but
-    MarkupError; what parses renders back to what it was read as; any translation placed back is well-formed markup (it
-    parses again) holding every output word once, in order, and every atom (placeholders, URLs, <code>…)."""
+    """HTML markup (server/documents/markup.py) and its placement (server/documents/placement.py): parsing raises
+    nothing but MarkupError; what parses renders back to what it was read as; any translation placed back is well-formed
+    markup (it parses again) holding every output word once, in order, and every atom (placeholders, URLs, <code>…)."""
     text, fdp = _split(data)
     try:
         document = parse(text, "html")
@@ -98,7 +98,7 @@ def _assert_atoms_kept(piece: Piece, output: str) -> None:
 
 
 def glossary(data: bytes) -> None:
-    """Glossaries (server/glossary.py) over text or HTML: the input's text is a document and, after NUL bytes,
+    """Glossaries (server/documents/glossary.py) over text or HTML: the input's text is a document and, after NUL bytes,
     source terms; more terms are cut from the document itself (so they overlap, nest, hold placeholders, tags or
     regular-expression characters). Whatever the translation around them, each entry's target term is in the output
     exactly once per occurrence applied, every output word not tied to a term is there once and in order (one tied
@@ -140,7 +140,7 @@ def glossary(data: bytes) -> None:
 
 
 def placeholders(data: bytes) -> None:
-    """Protected spans in plain text (placeholders, URLs, e-mail addresses, amounts; server/markup.py's
+    """Protected spans in plain text (placeholders, URLs, e-mail addresses, amounts; server/documents/markup.py's
     PROTECTED): each comes back byte-identical, as often as it was sent, whatever the translation around it."""
     text, fdp = _split(data)
     document = parse(text, "text")
@@ -149,7 +149,7 @@ def placeholders(data: bytes) -> None:
 
 
 def sentences(data: bytes) -> None:
-    """Sentence splitting and limits (server/text.py): the sentences, with their separators, are the text; a
+    """Sentence splitting and limits (server/documents/text.py): the sentences, with their separators, are the text; a
     text becomes segments or an InvalidRequest, and no segment is longer than long_input_tokens or
     max_source_tokens, and a truncated text no longer than long_input_tokens in all."""
     text, fdp = _split(data)
@@ -178,7 +178,7 @@ def _characters(texts: list[str]) -> list[list[int]]:
 
 
 def files(data: bytes) -> None:
-    """Documents for /translate_file (server/files.py), of any name: reading raises nothing but
+    """Documents for /translate_file (server/documents/files.py), of any name: reading raises nothing but
     InvalidRequest; a document read is written back around its own texts, and that file reads back to the
     same texts."""
     name, _, content = data.partition(b"\n")  # the file's name on the first line, then the file
@@ -202,7 +202,7 @@ class Served:
 
 def http_target(served: Served) -> Callable[[bytes], None]:
     def request(data: bytes) -> None:
-        """The HTTP API (server/http.py): any method, path, query string, headers and body is answered, and
+        """The HTTP API (server/doors/http.py): any method, path, query string, headers and body is answered, and
         never 5xx: a refusal is 4xx with a JSON {"error": message} (or aiohttp's plain-text message for what is
         not HTTP at all)."""
         head, _, body = data.partition(b"\n\n")  # "METHOD /path?query", its headers, a blank line, the body
@@ -239,7 +239,7 @@ def grpc_target(served: Served) -> Callable[[bytes], None]:
     }
 
     def request(data: bytes) -> None:
-        """The gRPC API (server/service.py): any bytes as any method's request get OK or a documented code
+        """The gRPC API (server/doors/service.py): any bytes as any method's request get OK or a documented code
         (INVALID_ARGUMENT, RESOURCE_EXHAUSTED), never INTERNAL or UNKNOWN."""
         method = GRPC_METHODS[data[0] % len(GRPC_METHODS)] if data else "Translate"  # then the request's bytes
         try:

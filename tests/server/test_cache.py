@@ -12,7 +12,7 @@ from proto import translate_pb2
 from runtime.search import Hypothesis
 from server.cache import ENTRY_OVERHEAD_BYTES, HEADER, TranslationCache
 from server.config import ServerConfig
-from server.jobs import DecodeOptions
+from server.scheduling.jobs import DecodeOptions
 from testkit.sentences import own_sentences
 from testkit.servers import RunningServer, free_port, http, server_config
 from tests.server.fake_engine import FakeEngine

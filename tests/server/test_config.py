@@ -12,7 +12,7 @@ from common import flags
 from runtime.cpu import usable_cores
 from runtime.options import EngineSettings
 from server.config import DEFAULT_MODELS, SchedulerSettings, ServerConfig, parse_config
-from server.threads import ThreadPlan, plan_threads
+from server.scheduling.threads import ThreadPlan, plan_threads
 
 
 def plan(**settings):

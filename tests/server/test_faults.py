@@ -16,7 +16,7 @@ import grpc
 from client.channel import aio_channel
 from client.loadtest_report import percentile
 from proto import translate_pb2, translate_pb2_grpc
-from server.access import ATTEMPT_HEADER
+from server.operations.access import ATTEMPT_HEADER
 from testkit.faults import REPLICA_FLAGS
 from testkit.sentences import own_sentences
 from testkit.servers import free_port, start_subprocess_server

@@ -9,9 +9,9 @@ import os
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.html_tree import MarkupError
-from server.markup import parse
-from server.text import split_sentences
+from server.documents.html_tree import MarkupError
+from server.documents.markup import parse
+from server.documents.text import split_sentences
 
 # Text shaped like what callers send: words, punctuation, line breaks, markup and its special characters.
 ATOMS = st.sampled_from(

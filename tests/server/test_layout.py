@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from server.text import TextLimits, segment_texts, split_sentences
+from server.documents.text import TextLimits, segment_texts, split_sentences
 from testkit.sentences import own_sentences
 from testkit.servers import RunningServer, free_port, http, server_config
 

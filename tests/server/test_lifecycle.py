@@ -20,10 +20,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from proto import translate_pb2, translate_pb2_grpc
 from server import __main__ as server_main
 from server.errors import Overloaded
-from server.jobs import DecodeOptions, Job
-from server.metrics import Metrics
-from server.scheduler import Scheduler
-from server.text import SplitSentence
+from server.operations.metrics import Metrics
+from server.scheduling.jobs import DecodeOptions, Job
+from server.scheduling.scheduler import Scheduler
+from server.sentences import SplitSentence
 from testkit.sentences import own_sentences
 from testkit.servers import RunningServer, free_port, server_config, start_subprocess_server
 from tests.server.fake_engine import FakeEngine

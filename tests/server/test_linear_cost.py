@@ -1,9 +1,9 @@
 """A document's CPU stages around the model do work linear in its length: parsing (markup.parse, in
-server/markup.py and server/html_tree.py), segmentation (segment_texts, server/text.py) and placement
-(aligned.sentences_for and placement.place, server/aligned.py and server/placement.py), on documents of 10,000,
-50,000 and 100,000 characters. A step that walks the whole piece once per sentence, atom or element is
-quadratic: nothing on a tweet, a second of CPU on a 100,000-character piece, and the worst case is one huge
-piece (a long paragraph, a text sent as format "text", a run-on sentence cut into chunks).
+server/documents/markup.py and server/documents/html_tree.py), segmentation (segment_texts, server/documents/text.py)
+and placement (aligned.sentences_for and placement.place, server/documents/aligned.py and
+server/documents/placement.py), on documents of 10,000, 50,000 and 100,000 characters. A step that walks the whole piece
+once per sentence, atom or element is quadratic: nothing on a tweet, a second of CPU on a 100,000-character piece, and
+the worst case is one huge piece (a long paragraph, a text sent as format "text", a run-on sentence cut into chunks).
 
 Work is counted, not timed: the lines each stage executes in its own modules (sys.settrace's "line" events,
 every turn of a loop or a comprehension included) are the same on every machine, where the time a shared 2-core
@@ -25,9 +25,10 @@ from types import FrameType
 import numpy as np
 import pytest
 
-from server import aligned, html_tree, markup, placement, text
-from server.markup import WORD, Piece
-from server.text import NO_LIMIT, SplitSentence, TextLimits, segment_texts
+from server.documents import aligned, html_tree, markup, placement, text
+from server.documents.markup import WORD, Piece
+from server.documents.text import NO_LIMIT, TextLimits, segment_texts
+from server.sentences import SplitSentence
 
 SIZES = (10_000, 50_000, 100_000)  # characters; each document's first characters are the smaller ones'
 # Linear: the work grows with the length, by up to this factor more (a quadratic stage's grows by its square).

@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from proto import translate_pb2
-from server.markup import parse
+from server.documents.markup import parse
 from testkit.sentences import own_sentences
 from testkit.servers import RunningServer, http, start_server
 
@@ -47,7 +47,7 @@ def server(tiny_export: Path) -> Iterator[RunningServer]:
 
 
 def translate(server: RunningServer, texts: list[str], format: str) -> translate_pb2.TranslateResponse:
-    """Text as the model wrote it, as HTML is (not mirrored: server/formatting.py)."""
+    """Text as the model wrote it, as HTML is (not mirrored: server/documents/formatting.py)."""
     options = translate_pb2.TranslateOptions(format=format, mirror_formatting=False)
     return server.stub.Translate(translate_pb2.TranslateRequest(texts=texts, options=options))
 

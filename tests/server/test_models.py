@@ -18,11 +18,11 @@ from runtime.backend import OrtBackend
 from runtime.options import EngineSettings, RuntimeOptions
 from runtime.stops import RepetitionGuard
 from server.errors import InvalidRequest
-from server.jobs import DecodeOptions, Job
-from server.metrics import Metrics
 from server.models import Models
-from server.scheduler import Scheduler
-from server.text import SplitSentence
+from server.operations.metrics import Metrics
+from server.scheduling.jobs import DecodeOptions, Job
+from server.scheduling.scheduler import Scheduler
+from server.sentences import SplitSentence
 from testkit.sentences import own_sentences
 from testkit.servers import RunningServer, free_port, http, server_config
 from tests.server.fake_engine import FakeEngine
@@ -87,7 +87,7 @@ def reference(folder: Path, texts: list[str], beam: int = 1) -> list[str]:
 
 
 def translate(server: RunningServer, texts: list[str], **choice) -> translate_pb2.TranslateResponse:
-    """As the model wrote it (not mirrored: server/formatting.py), to compare with the reference decoder."""
+    """As the model wrote it (not mirrored: server/documents/formatting.py), to compare with the reference decoder."""
     options = translate_pb2.TranslateOptions(mirror_formatting=False)
     return server.stub.Translate(translate_pb2.TranslateRequest(texts=texts, options=options, **choice), timeout=60)
 

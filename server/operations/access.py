@@ -1,0 +1,88 @@
+"""One record per request, for both front ends: its request ID, what it asked, how it ended.
+
+A caller's ``x-request-id`` (gRPC metadata, HTTP header) names its request; without one (or with one
+that is not a short printable token) the server makes one. The ID goes back to the caller (gRPC trailing
+metadata, HTTP response header) and into the request's access-log line: one JSON object per request on
+the ``server.operations.access`` logger, with method, model, texts, tokens, queue wait, total time and status, and
+the texts themselves only with ``access_log_texts``. Finishing a record also counts the request in
+``translate_requests_total``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from opentelemetry import trace
+
+from server.interface import Engine
+from server.operations.metrics import Metrics
+
+REQUEST_ID_HEADER = "x-request-id"
+PREVIOUS_ATTEMPTS = "grpc-previous-rpc-attempts"  # what a retrying gRPC client sends with each retry
+ATTEMPT_HEADER = "x-attempt"  # the attempt that answered, in trailing metadata when it was a retry
+VALID_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")  # printable ASCII, no spaces: safe in logs and headers
+log = logging.getLogger("server.operations.access")
+
+
+def request_id(given: str | None) -> str:
+    """The caller's request ID when it is a valid one, else a new one (32 hex digits)."""
+    return given if given and VALID_REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+
+
+@dataclass
+class Exchange:
+    method: str  # the gRPC method, or "HTTP /path"
+    request_id: str
+    started: float = field(default_factory=time.monotonic)
+    engine: Engine | None = None  # the model that translates it, once known
+    caller: str = ""  # the name of its API key (never the key), or "anonymous", where keys are on
+    texts: list[str] = field(default_factory=list)
+    input_tokens: int = 0
+    output_tokens: int = 0
+    queue_seconds: float = 0.0  # the longest any of its sentences waited before decoding
+    previous_attempts: int = 0  # the caller's gRPC retried it this many times before (at some replica)
+    span: trace.Span = trace.INVALID_SPAN  # its trace span (server.operations.tracing), when traces are on
+    finished: bool = False
+
+
+class AccessLog:
+    def __init__(self, metrics: Metrics, enabled: bool = True, with_texts: bool = False, sample: float = 1.0) -> None:
+        self.metrics = metrics
+        self.enabled = enabled
+        self.with_texts = with_texts
+        self.sample = sample  # the share of OK requests logged; every error is
+
+    def finish(self, exchange: Exchange, code: str) -> None:
+        """Count the request and write its line (once, whatever path it ends on)."""
+        if exchange.finished:
+            return
+        exchange.finished = True
+        exchange.span.set_attribute("rpc.status", code)
+        exchange.span.end()
+        engine = exchange.engine
+        self.metrics.requests.labels(exchange.method, code, engine.name if engine else "").inc()
+        if not self.enabled or (code == "OK" and self.sample < 1.0 and random.random() >= self.sample):
+            return
+        record = {
+            "request_id": exchange.request_id,
+            "method": exchange.method,
+            "model": f"{engine.name}@{engine.version}" if engine else "",
+            "status": code,
+            "texts": len(exchange.texts),
+            "input_tokens": exchange.input_tokens,
+            "output_tokens": exchange.output_tokens,
+            "queue_wait_s": round(exchange.queue_seconds, 6),
+            "total_s": round(time.monotonic() - exchange.started, 6),
+            "attempt": exchange.previous_attempts + 1,
+        }
+        if exchange.caller:
+            record["caller"] = exchange.caller
+        if self.with_texts:
+            record["text"] = exchange.texts
+        log.info(json.dumps(record, ensure_ascii=False))

@@ -1,0 +1,2 @@
+"""Who decodes when: the scheduler and its lanes, admission and its policies, the jobs it answers, the
+memory budget, a step's decisions and the threads the lanes run on. No front door, no document."""
