@@ -75,14 +75,14 @@ class BatchKey:
 class StepInputs(NamedTuple):
     """One decoder step's inputs, as a value: the feeds by contract name (the caches' views are bound as the
     step's outputs too, so that it writes each row's new entry in place), the rows, which batch they come from
-    and their layout. ``layout`` changes whenever a feed's shape or memory does, so a step may keep its bindings
-    until then; its last part alone flips while beam search alternates between a device cache's two buffer
-    sets. The feeds the batch updates between steps (tokens, lengths, scores) are updated in place."""
+    and the feeds' key. ``feeds_key`` changes whenever a feed's shape or memory does, so a step may keep its
+    bindings until then; its last part alone flips while beam search alternates between a device cache's two
+    buffer sets. The feeds the batch updates between steps (tokens, lengths, scores) are updated in place."""
 
     feeds: dict[str, Any]
     rows: int
     batch: BatchKey
-    layout: tuple[int, ...]
+    feeds_key: tuple[int, ...]
 
 
 # top_log_probs (R, K), top_ids (R, K), eos_log_probs (R, 1), then CANDIDATE_OUTPUTS (runtime/contract.py)

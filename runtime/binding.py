@@ -1,6 +1,6 @@
 """A decoder step's bindings: its feeds bound by reference and its caches as its outputs too, so a step writes
 the new entries in place and costs one ``run_with_iobinding`` call; ``StepBindings`` keeps a session's bindings
-for each batch while its layout holds."""
+for each batch while its feeds keep their shapes and memory (``StepInputs.feeds_key``)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from runtime.device_cache import BufferView
 
 @dataclass
 class StepBinding:
-    """A decoder session's binding to one layout of one batch, and the values it needs kept alive."""
+    """A decoder session's binding to one batch's feeds (one ``feeds_key``), and the values it needs kept alive."""
 
     binding: ort.IOBinding
     outputs: tuple[np.ndarray, ...]  # STEP_OUTPUTS, then CANDIDATE_OUTPUTS
@@ -88,14 +88,14 @@ def run_in_place(session: ort.InferenceSession, feeds: dict[str, np.ndarray]) ->
 
 class StepBindings:
     """A decoder session's step, run over bindings it keeps for each batch (weakly, by the batch's key: they go
-    with the batch) while the batch's layout holds: a greedy batch between joins and departures binds once.
-    When a layout changes, the bindings that differ from it only in which of a device cache's two buffer sets
+    with the batch) while its feeds' key holds: a greedy batch between joins and departures binds once.
+    When the key changes, the bindings that differ from it only in which of a device cache's two buffer sets
     is live are kept (beam search alternates between them)."""
 
     def __init__(
         self, session: ort.InferenceSession, device: str, bind: Callable[..., StepBinding] | None = None
     ) -> None:
-        """``bind(session, feeds, device)``: how a layout's feeds are bound (``bind_step``; the k-step graph's
+        """``bind(session, feeds, device)``: how a key's feeds are bound (``bind_step``; the k-step graph's
         ``bind_k_steps``)."""
         self.session, self.device, self.bind = session, device, bind or bind_step
         self._kept: weakref.WeakKeyDictionary[Any, dict[tuple, StepBinding]] = weakref.WeakKeyDictionary()
@@ -103,7 +103,7 @@ class StepBindings:
 
     def run(self, inputs: StepInputs) -> StepOutputs:
         kept = self._kept.get(inputs.batch)
-        bound = None if kept is None else kept.get(inputs.layout)
+        bound = None if kept is None else kept.get(inputs.feeds_key)
         if bound is None:
             bound = self._bind(inputs)
         bound.run(self.session)
@@ -111,18 +111,18 @@ class StepBindings:
 
     def _bind(self, inputs: StepInputs) -> StepBinding:
         bound = self.bind(self.session, inputs.feeds, self.device)
-        family = inputs.layout[:-1]
+        family = inputs.feeds_key[:-1]
         with self._lock:
             kept = self._kept.get(inputs.batch, {})
-            kept = {layout: b for layout, b in kept.items() if layout[:-1] == family}
-            kept[inputs.layout] = bound
+            kept = {key: b for key, b in kept.items() if key[:-1] == family}
+            kept[inputs.feeds_key] = bound
             self._kept[inputs.batch] = kept
         return bound
 
 
 def bind_k_steps(session: ort.InferenceSession, feeds: dict[str, Any], device: str, k: int) -> StepBinding:
     """A k-step graph (runtime/step_graphs.py) bound as ``bind_step`` binds a step (host feeds by reference;
-    ``StepBindings`` keeps it per batch layout), with each past buffer bound as every copy's present output too,
+    ``StepBindings`` keeps it per feeds' key), with each past buffer bound as every copy's present output too,
     and the chunk's tokens and log-probabilities written into arrays that ``StepBindings.run`` returns."""
     assert device == "cpu", device  # host buffers only, for now
     declared = {value.name for value in session.get_inputs()}

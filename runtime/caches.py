@@ -26,7 +26,7 @@ class KVCache:
     0..lengths[r]-1 (rows may have different lengths: the lengths are the mask). The step
     writes each row's new entry at slot lengths[r] and the lengths then advance, so a step
     copies nothing. Buffers grow geometrically (rows) and in chunks (slots) when needed;
-    ``layout`` changes whenever they are replaced, so a step that bound them binds anew.
+    ``buffers_key`` changes whenever they are replaced, so a step that bound them binds anew.
     Reordering rows (beam search, sources leaving) copies the rows whose origin changed,
     in place; a device cache (``moves_in_place`` False) gathers into a spare set of
     buffers that then swaps in.
@@ -52,7 +52,7 @@ class KVCache:
         self.clear()
 
     @property
-    def layout(self) -> tuple[int, int]:
+    def buffers_key(self) -> tuple[int, int]:
         """Which buffers the live rows are in: beam search flips between two sets, so a step can keep a
         binding for each."""
         return self.generation, self.parity

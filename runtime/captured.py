@@ -1,7 +1,7 @@
 """A bucketed batch's steps on a device (``DeviceSteps``), each bucket's step one CUDA graph when asked
 (``graphs``): what ONNX Runtime's CUDA graphs need (docs/export.md, "Fixed shapes for CUDA graphs").
 
-Per buffer set (runtime/bucket_buffers.py; the set's key is StepInputs.layout[0]) the step is bound once: the
+Per buffer set (runtime/bucket_buffers.py; the set's key is StepInputs.feeds_key[0]) the step is bound once: the
 caches as their own present outputs and the sources' keys, by address, where they live; the small feeds in
 device buffers of their own, into which the host's arrays (tokens, lengths, scores, masks) are copied before
 each run; the outputs in device buffers, of which the host reads back what the search needs. With ``graphs``,
@@ -81,9 +81,9 @@ class DeviceSteps:
     def __call__(self, inputs: StepInputs) -> Outputs:
         feeds = inputs.feeds
         with self._lock:
-            bound = self._bound.get(inputs.layout[0])
+            bound = self._bound.get(inputs.feeds_key[0])
             if bound is None:
-                bound = self._bound[inputs.layout[0]] = self._bind(inputs)
+                bound = self._bound[inputs.feeds_key[0]] = self._bind(inputs)
             for name, value in bound.copies:
                 array = feeds[name]
                 if name in AFTER_JOINS:
@@ -129,7 +129,7 @@ class DeviceSteps:
         for name, value in zip(self.output_names, outputs, strict=True):
             binding.bind_ortvalue_output(name, value)
         keep.extend(outputs)
-        return _Bound(binding, copies, outputs, host, self._graph(inputs.layout[0]), keep)
+        return _Bound(binding, copies, outputs, host, self._graph(inputs.feeds_key[0]), keep)
 
     def _graph(self, graph_id: int) -> ort.RunOptions | None:
         """Run options naming a captured graph (-1: run without one), where graphs are on."""

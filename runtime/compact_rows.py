@@ -68,10 +68,10 @@ class CompactRows:
         return self.top_k[0] == 1
 
     def step_inputs(self) -> StepInputs:
-        layout = (self._version, *self.cache.layout)
+        key = (self._version, *self.cache.buffers_key)
         inputs = self._inputs
-        if inputs is None or inputs.layout != layout:
-            inputs = self._inputs = StepInputs(self._feeds(), self.rows, self._key, layout)
+        if inputs is None or inputs.feeds_key != key:
+            inputs = self._inputs = StepInputs(self._feeds(), self.rows, self._key, key)
         return inputs
 
     def begin_step(self, chunk: int) -> StepInputs:

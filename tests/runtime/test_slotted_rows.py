@@ -110,7 +110,7 @@ def test_within_a_bucket_joining_leaving_and_stepping_keep_every_bound_buffer(ti
     # Nothing the size of a buffer was made: the encoder's outputs and the step's small arrays at most.
     assert peak < min(value.nbytes for name, value in inputs.feeds.items() if name.startswith("past_"))
     kept = engine.step_bindings._kept[inputs.batch]
-    assert list(kept) == [inputs.layout]  # bound once, for every step of the bucket
+    assert list(kept) == [inputs.feeds_key]  # bound once, for every step of the bucket
 
 
 def test_a_batch_takes_a_larger_bucket_when_sources_do_not_fit_and_a_smaller_one_when_few_are_left(
@@ -143,7 +143,7 @@ def test_on_a_device_a_bucket_is_bound_once_and_its_buffers_and_graph_serve_the_
     batch = engine.new_batch()
     batch.add([0, 1, 2], engine.encode_sources(sources[:3]), [1, 1, 1], [40, 40, 30])  # 4 slots, greedy
     inputs = batch.step_inputs()
-    key = inputs.layout[0]
+    key = inputs.feeds_key[0]
     fed = {name: (address(value), shape(value)) for name, value in inputs.feeds.items()}
     batch.step()
     held = steps._bound[key]
@@ -166,7 +166,7 @@ def test_on_a_device_a_bucket_is_bound_once_and_its_buffers_and_graph_serve_the_
     # A new batch in the same bucket takes the same buffers, binding and graph: nothing is made again.
     again = engine.new_batch()
     again.add([0, 1, 2], engine.encode_sources(sources[:3]), [1, 1, 1], [40, 40, 30])
-    assert again.step_inputs().layout[0] == key
+    assert again.step_inputs().feeds_key[0] == key
     again.drain()
     assert engine.bucket_buffers.made == 1 and list(steps._bound) == [key]
 
