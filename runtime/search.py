@@ -140,6 +140,10 @@ class BeamSearch:
     # (length-normalized score, hypothesis) of each finished hypothesis
     finished: list[tuple[float, Hypothesis]] = field(default_factory=list)
     rows: int = 1
+    window: int = field(init=False)  # the most recent tokens any stop rule reads: each row's tail keeps them
+
+    def __post_init__(self) -> None:
+        self.window = max((rule.window for rule in self.stop_rules), default=0)
 
     @property
     def width(self) -> int:
@@ -219,8 +223,7 @@ class BeamSearch:
         origins, tokens = [origins[i] for i in order], [tokens[i] for i in order]
         self.scores = [scores[i] for i in order]
         if self.stop_rules:
-            window = max(rule.window for rule in self.stop_rules)
-            self.tails = [(*self.tails[o], t)[-window:] for o, t in zip(origins, tokens, strict=True)]
+            self.tails = [(*self.tails[o], t)[-self.window :] for o, t in zip(origins, tokens, strict=True)]
         self.steps.append((origins, tokens))
         self.rows = len(origins)
         return origins, tokens
