@@ -446,8 +446,8 @@ def bucket_section(args, engines, sources, references, expected, tokenizer, line
         return
     lines.append("")
     for name, engine in engines.items():
-        if engine.bucket_buffers is not None:
-            lines.append(f"- {name}: {engine.bucket_buffers.made} buffer sets made; {graphs_captured(engine)}")
+        if engine.device_steps is not None:
+            lines.append(f"- {name}: {engine.device_steps.buffers.made} buffer sets made; {graphs_captured(engine)}")
 
 
 def speed_table(args: argparse.Namespace, translators: dict[str, Translate], sources, lines: Report) -> bool:

@@ -14,7 +14,8 @@
 - ``slotted_rows``: a batch's rows in fixed-capacity buffers (``SlottedRows``): sources join and leave without
   moving others, and the step's inputs keep their memory and shape, as a captured CUDA step needs;
   ``bucket_buffers``: where a bucket's caches live (the host, or the step's device, kept per bucket shape);
-  ``captured``: a bucket's step on a device, bound once and replayed as one CUDA graph per bucket;
+  ``captured``: a bucket's step on a device (``DeviceSteps``), owning the device buffers it binds, bound once and
+  replayed as one CUDA graph per bucket;
 - ``binding``: a decoder step bound by reference and run in place, and the bindings a session keeps per batch;
 - ``step_graphs``: the graphs made at load time from the loaded step (several greedy steps per run, the step
   split for capture, the beam reorder on a device), in one place;

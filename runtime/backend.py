@@ -83,9 +83,9 @@ class OrtBackend:
         small_steps = self.small_decoder is not self.decoder
         self.small_step_bindings = StepBindings(self.small_decoder, self.device) if small_steps else self.step_bindings
         self.aligner = Aligner(self.folder, self.manifest, self.config, self.encode)
-        # Buckets on a device (io_binding): their buffers live there, and their steps run over them (DeviceSteps)
-        self.bucket_buffers: DeviceBuffers | None = None
-        self.device_steps = self.device_chunks = None
+        # Buckets on a device (io_binding): their steps (DeviceSteps) own the buffers there that they run over
+        self.device_steps: DeviceSteps | None = None
+        self.device_chunks: DeviceSteps | None = None
         if self.plan.device_buckets:
             self._device_buckets(options)
         self.k_steps = self._k_steps(options) if self.steps_per_run > 1 and self.device_chunks is None else None
@@ -175,7 +175,7 @@ class OrtBackend:
         run over them by DeviceSteps, each bucket's captured as a CUDA graph with ``cuda_graphs``."""
         self._onnx("batch_layout buckets on a device")  # its beam reorder's graph is made on first use
         ops = self._cache_ops or CacheOps(PROVIDERS[self.provider], self.device, self.cache_dtype)
-        self.bucket_buffers = DeviceBuffers(ops)
+        buffers = DeviceBuffers(ops)  # one set per bucket, which single steps and chunks of steps share
         graphs = self.plan.cuda_graphs
         session = self.decoder
 
@@ -188,13 +188,13 @@ class OrtBackend:
             from runtime.step_graphs import split_host_feeds
 
             session = opened(split_host_feeds(self._graph("cuda_graphs")))
-        self.device_steps = DeviceSteps(session, self.device, STEP_OUTPUTS + CANDIDATE_OUTPUTS, graphs)
+        self.device_steps = DeviceSteps(session, buffers, STEP_OUTPUTS + CANDIDATE_OUTPUTS, graphs)
         if self.steps_per_run > 1:
             graph = self._graph("steps_per_run > 1")
             from runtime.step_graphs import k_step_graph
 
             model = k_step_graph(graph, self.steps_per_run, host_totals=True)
-            self.device_chunks = DeviceSteps(opened(model), self.device, list(CHUNK_OUTPUTS), graphs)
+            self.device_chunks = DeviceSteps(opened(model), buffers, list(CHUNK_OUTPUTS), graphs)
 
     def _warn_if_int8_saturates(self) -> None:
         """An int8 export from before 7-bit weights loses BLEU on CPUs without VNNI (export/optimize.py)."""
@@ -259,9 +259,11 @@ class OrtBackend:
         shape = RowShape(c.n_decoder_layers, c.n_heads, self.d_cache, c.decoder_start_id, self.cache_dtype)
         step, chunk = self.step, self.k_steps.run if self.k_steps else None
         if self.batch_layout == "buckets":
-            if self.bucket_buffers is not None:
+            if self.device_steps is None:
+                rows = SlottedRows(shape)  # on host buffers, which the CPU provider steps on in place
+            else:  # on the device buffers that its steps own and bind
                 step, chunk = self.device_steps, self.device_chunks
-            rows = SlottedRows(shape, self.bucket_buffers)
+                rows = SlottedRows(shape, self.device_steps.buffers)
         else:
             place = self._on_device if self.io_binding else None
             if self._cache_ops is None:

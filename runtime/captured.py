@@ -22,6 +22,7 @@ import numpy as np
 import onnxruntime as ort
 
 from runtime.batch import StepInputs
+from runtime.bucket_buffers import DeviceBuffers
 from runtime.contract import HOST_FEEDS, ON_DEVICE
 
 EVERY_STEP = ("tokens", "lengths")  # copied before every run
@@ -63,11 +64,13 @@ class Outputs(Sequence):
 
 class DeviceSteps:
     """Runs a step graph (the decoder step, or runtime/step_graphs.py's k steps) over bucketed batches' device
-    buffers (see the module's doc). ``outputs``: the graph's outputs to read back, in the order the batch takes
-    them; ``graphs``: one captured CUDA graph per buffer set."""
+    buffers (see the module's doc), which it owns: ``buffers`` gives a batch's rows their buffer sets
+    (runtime/slotted_rows.py takes them from here). ``outputs``: the graph's outputs to read back, in the order the
+    batch takes them; ``graphs``: one captured CUDA graph per buffer set."""
 
-    def __init__(self, session: ort.InferenceSession, device: str, outputs: list[str], graphs: bool) -> None:
-        self.session, self.device, self.output_names, self.graphs = session, device, outputs, graphs
+    def __init__(self, session: ort.InferenceSession, buffers: DeviceBuffers, outputs: list[str], graphs: bool) -> None:
+        self.session, self.buffers, self.output_names, self.graphs = session, buffers, outputs, graphs
+        self.device = buffers.ops.device
         self.inputs = {value.name: value for value in session.get_inputs()}
         self.presents: dict[str, list[str]] = {}
         for value in session.get_outputs():

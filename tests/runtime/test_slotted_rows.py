@@ -141,6 +141,7 @@ def test_on_a_device_a_bucket_is_bound_once_and_its_buffers_and_graph_serve_the_
     steps = engine.device_chunks or engine.device_steps
     sources = engine.tokenizer.encode_source(own_sentences(6))
     batch = engine.new_batch()
+    assert batch.layout.buffers is steps.buffers is engine.device_steps.buffers  # the steps' own, shared
     batch.add([0, 1, 2], engine.encode_sources(sources[:3]), [1, 1, 1], [40, 40, 30])  # 4 slots, greedy
     inputs = batch.step_inputs()
     key = inputs.feeds_key[0]
@@ -162,13 +163,13 @@ def test_on_a_device_a_bucket_is_bound_once_and_its_buffers_and_graph_serve_the_
     ]
     assert held.options.get_run_config_entry("gpu_graph_id") == str(key)  # the bucket's own graph
     batch.drain()
-    assert engine.bucket_buffers.made == 1
+    assert engine.device_steps.buffers.made == 1
     # A new batch in the same bucket takes the same buffers, binding and graph: nothing is made again.
     again = engine.new_batch()
     again.add([0, 1, 2], engine.encode_sources(sources[:3]), [1, 1, 1], [40, 40, 30])
     assert again.step_inputs().feeds_key[0] == key
     again.drain()
-    assert engine.bucket_buffers.made == 1 and list(steps._bound) == [key]
+    assert engine.device_steps.buffers.made == 1 and list(steps._bound) == [key]
 
 
 def test_cuda_graphs_need_buckets_on_a_device(tiny_export: Path):
