@@ -227,7 +227,7 @@ class DecodeBatch:
         for key, search, index, first in layout.placed():
             before = search.rows
             part = slice(first, first + before)
-            if ranked and search.width > 1:
+            if ranked and search.width > 1:  # a RankedSearch
                 values, origins, candidates = (output[index] for output in ranked)
                 origins, next_tokens = search.advance_ranked(values, origins, candidates, eos_log_probs[part])
             else:
@@ -246,7 +246,7 @@ class DecodeBatch:
         end is never read."""
         finished, results = [], []
         best, best_log_probs = top_ids.tolist(), top_log_probs.tolist()
-        for key, search, index, row in self.layout.placed():
+        for key, search, index, row in self.layout.placed():  # each a OneRowSearch
             if not all(map(search.take, best[row], best_log_probs[row])):
                 finished.append(Placed(key, search, index, row))
                 results.append((key, search.result()))

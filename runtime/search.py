@@ -5,6 +5,8 @@
   tokens, a confidence score and why it stopped.
 - Besides eos and its longest output, a search ends a hypothesis by the stop rules it takes (runtime/stops.py),
   as CTranslate2's logits processors and TGI's stopping criteria: the runaway-output guard among them.
+- ``Search`` is what the running batch asks of each; ``OneRowSearch`` (greedy's ``take``) and ``RankedSearch``
+  (beam search's ``advance_ranked``) add what it asks of one width only.
 - ``Decoding``: how a batch's searches are made (the model's eos, beam search's length penalty, the stop rules).
 
 The running batch that steps them is runtime/batch.py.
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -40,20 +42,45 @@ class Hypothesis(NamedTuple):
     alternatives: tuple[Hypothesis, ...] = ()
 
 
+@runtime_checkable
 class Search(Protocol):
+    """What the running batch (runtime/batch.py) asks of every source's search."""
+
     rows: int  # live rows this source occupies
     width: int  # the most rows it may occupy (the beam)
     top_k: int  # candidates per row it needs from a step
     max_length: int  # tokens it may produce, eos included
+    scores: Sequence[float]  # each live row's score so far, which the step graph's search head ranks by
 
     def advance(
         self, top_log_probs: np.ndarray, top_ids: np.ndarray, eos_log_probs: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
+    ) -> tuple[Sequence[int], Sequence[int]]:
         """This step's best candidates of its live rows, (rows, top_k) each, best first (equal ones lower
         token first, as ONNX TopK returns them), and each row's eos log-probability (rows,) -> (origin of
         each next row, its token); none when done."""
 
     def result(self) -> Hypothesis: ...
+
+
+@runtime_checkable
+class OneRowSearch(Search, Protocol):
+    """A search of one row (width 1): when every source's is, the batch hands each its row's tokens, one per step
+    the run made, without ranking."""
+
+    def take(self, token: int, log_prob: float) -> bool:
+        """The step's best token and its log-probability: whether the row goes on."""
+
+
+@runtime_checkable
+class RankedSearch(Search, Protocol):
+    """A search of several rows (width > 1): the batch hands it the candidates the step graph's search head
+    ranked over its rows, when the step ranks them."""
+
+    def advance_ranked(
+        self, values: Sequence[float], origins: Sequence[int], tokens: Sequence[int], eos_log_probs: np.ndarray
+    ) -> tuple[Sequence[int], Sequence[int]]:
+        """This step's best extensions over the live rows, best first (their scores, rows and tokens), and each
+        row's eos log-probability -> (origin of each next row, its token); none when done."""
 
 
 @dataclass

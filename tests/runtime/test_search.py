@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from runtime.search import BeamSearch, GreedySearch, Hypothesis
+from runtime.search import BeamSearch, Decoding, GreedySearch, Hypothesis, OneRowSearch, RankedSearch, Search
 
 
 def test_beam_search_gives_its_other_outputs_as_alternatives_best_first_each_once():
@@ -25,3 +25,11 @@ def test_greedy_search_has_no_alternatives():
     search = GreedySearch(max_length=10, eos_id=2)
     search.advance(np.array([[-0.1]]), np.array([[2]]), np.array([-0.1]))
     assert search.rows == 0 and search.result().alternatives == ()
+
+
+def test_each_search_has_what_the_batch_asks_of_its_width():
+    greedy, beam = Decoding(eos_id=2).search(1, 10), Decoding(eos_id=2).search(4, 10)
+    assert isinstance(greedy, GreedySearch) and isinstance(beam, BeamSearch)
+    assert isinstance(greedy, OneRowSearch) and not isinstance(greedy, RankedSearch)
+    assert isinstance(beam, RankedSearch) and not isinstance(beam, OneRowSearch)
+    assert all(isinstance(search, Search) and len(search.scores) == search.rows == 1 for search in (greedy, beam))
