@@ -1,5 +1,5 @@
-"""The coverage-guided fuzz targets (tests/server/fuzz.py), each for FUZZ_SECONDS (12 by default: six
-targets, about a minute and a half in CI, which keeps the whole suite under its 15 minutes) from its seeds,
+"""The coverage-guided fuzz targets (tests/server/fuzz.py), each for FUZZ_SECONDS (6 by default: seven
+targets, under a minute in CI, which keeps the whole suite under its 15 minutes) from its seeds,
 with a fixed seed (FUZZ_RANDOM=1: a new one each run, as the property tests do). A crash fails the test with
 the input libFuzzer saved; replay it with ``python -m tests.server.fuzz TARGET FILE`` and keep it as a
 regression test beside the code it broke. FUZZ_SECONDS=600 FUZZ_RANDOM=1 explores for longer."""
@@ -20,7 +20,7 @@ from tests.conftest import ROOT  # noqa: E402
 from tests.server.fuzz import SERVED_TARGETS, TARGETS  # noqa: E402
 
 SEEDS = Path(__file__).parent / "fuzz_seeds"
-SECONDS = int(os.environ.get("FUZZ_SECONDS", "12"))
+SECONDS = int(os.environ.get("FUZZ_SECONDS", "6"))
 
 
 @pytest.mark.parametrize("target", [*TARGETS, *SERVED_TARGETS])
