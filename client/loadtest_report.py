@@ -11,7 +11,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from runtime.cpu import describe_cpu
-from server.operations.metrics import length_bucket
+from server.operations.metrics import length_label
 
 
 @dataclass
@@ -87,7 +87,7 @@ def summarize(run: Run) -> dict:
         codes[r.code] = codes.get(r.code, 0) + 1
     buckets: dict[str, list[float]] = {}
     for r in ok:
-        buckets.setdefault(length_bucket(r.input_tokens), []).append(r.latency)
+        buckets.setdefault(length_label(r.input_tokens), []).append(r.latency)
 
     def stats(latencies: list[float]) -> dict[str, float]:
         return {

@@ -82,7 +82,7 @@ class Engine(ModelText):
         return self.backend.new_batch(self.backend.decoding(self.stop_rules))
 
     def warmup(self, lengths: Sequence[int] = (8, 32, 128), beams: Sequence[int] = (1, 4)) -> None:
-        """Run every length bucket once (greedy and beam) so first requests find warm allocators."""
+        """Decode each of ``lengths`` once (greedy and beam) so that first requests find warm allocators."""
         rng = np.random.default_rng(0)
         for length in lengths:
             for beam in beams:

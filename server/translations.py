@@ -32,7 +32,7 @@ from server.doors.door import SHORT, Door, DoorLimits, kind_of
 from server.errors import InvalidRequest, ServiceError
 from server.interface import Engine
 from server.operations.access import Exchange
-from server.operations.metrics import Metrics, length_bucket
+from server.operations.metrics import Metrics, length_label
 from server.operations.tracing import child_span, record_sentences
 from server.options import TranslateOptions
 from server.scheduling.jobs import Job, QueuedSentence
@@ -329,7 +329,7 @@ class Translations:
     def observe(
         self, engine: Engine, segments: list[DecodedSentence], started: float, exchange: Exchange | None = None
     ) -> None:
-        """Request latency per text, by model and the text's length bucket; the request's tokens and queue
+        """Request latency per text, by model and the text's length class; the request's tokens and queue
         wait into its ``exchange`` (the access log's record)."""
         if exchange is not None:
             record_sentences(exchange.span, ((i, s.timings) for i, s in enumerate(segments) if s.timings))
@@ -341,4 +341,4 @@ class Translations:
             per_text[s.spec.text_index] = per_text.get(s.spec.text_index, 0) + s.source_tokens
         elapsed = time.monotonic() - started
         for tokens in per_text.values():
-            self.metrics.request_latency.labels(engine.name, length_bucket(tokens)).observe(elapsed)
+            self.metrics.request_latency.labels(engine.name, length_label(tokens)).observe(elapsed)

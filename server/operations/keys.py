@@ -67,7 +67,7 @@ class Limits:
 class Caller:
     name: str  # the key's name, or "anonymous"
     limits: Limits
-    bucket: str  # what its requests per minute are counted under
+    quota: str  # what its requests per minute are counted under (its key's name, or anonymous@address)
 
 
 def digest(key: str) -> str:
@@ -103,10 +103,10 @@ class LocalWindows:
     def __init__(self) -> None:
         self.counts: dict[tuple[str, int], int] = {}
 
-    async def hit(self, bucket: str, window: int) -> int:
+    async def hit(self, quota: str, window: int) -> int:
         if len(self.counts) > 10_000:  # drop past windows
             self.counts = {k: v for k, v in self.counts.items() if k[1] >= window}
-        self.counts[bucket, window] = count = self.counts.get((bucket, window), 0) + 1
+        self.counts[quota, window] = count = self.counts.get((quota, window), 0) + 1
         return count
 
 
@@ -121,10 +121,10 @@ class SharedWindows:
         self.up: bool | None = None  # not asked yet
         self.retry_at = 0.0  # time.monotonic() from which an unreachable store is asked again
 
-    async def hit(self, bucket: str, window: int) -> int:
+    async def hit(self, quota: str, window: int) -> int:
         if self.up is not False or time.monotonic() >= self.retry_at:
             try:
-                count = await self.store.hit(bucket, window)
+                count = await self.store.hit(quota, window)
             except Exception as error:  # noqa: BLE001 -- any failure of the store: connection, timeout, its errors
                 self._unreachable(error)
             else:
@@ -132,7 +132,7 @@ class SharedWindows:
                 return count
         if self.when_down == "refuse":
             raise Unavailable("the rate limits' shared store is out of reach; retry in a few seconds")
-        return await self.local.hit(bucket, window)
+        return await self.local.hit(quota, window)
 
     async def check(self) -> None:
         """Ask the store once (at start-up), so the log and the gauge say where the limits count from the start."""
@@ -168,7 +168,7 @@ class SharedWindows:
 
 
 class RedisWindows:
-    """Requests per fixed window, in Redis: one counter per bucket and window, shared by every replica."""
+    """Requests per fixed window, in Redis: one counter per quota and window, shared by every replica."""
 
     def __init__(self, url: str) -> None:
         import redis.asyncio
@@ -177,8 +177,8 @@ class RedisWindows:
         where = self.redis.connection_pool.connection_kwargs  # host and port: the URL may hold a password
         self.where = f"Redis at {where.get('host', 'localhost')}:{where.get('port', 6379)}"
 
-    async def hit(self, bucket: str, window: int) -> int:
-        name = f"translate:requests:{bucket}:{window}"
+    async def hit(self, quota: str, window: int) -> int:
+        name = f"translate:requests:{quota}:{window}"
         async with self.redis.pipeline(transaction=True) as pipe:
             count, _ = await pipe.incr(name).expire(name, 2 * WINDOW_SECONDS).execute()
         return int(count)
@@ -260,7 +260,7 @@ class KeyGuard:
         if limits.requests_per_minute:
             now = time.time()
             window = int(now // WINDOW_SECONDS)
-            count = await self.windows.hit(caller.bucket, window)
+            count = await self.windows.hit(caller.quota, window)
             if count > limits.requests_per_minute:
                 retry = max(1, math.ceil((window + 1) * WINDOW_SECONDS - now))
                 raise Overloaded(

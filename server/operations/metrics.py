@@ -27,9 +27,9 @@ GLOSSARY_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256)
 LENGTH_CLASSES = (16, 32, 64, 128, 256, 512, 1024)
 
 
-def length_bucket(tokens: int) -> str:
-    """The input-length label (source tokens): the scheduler's length classes (a fixed, small set), '1-16',
-    '17-32', ..., '513-1024', '1025+'."""
+def length_label(tokens: int) -> str:
+    """The value of the input-length label (named length_bucket; source tokens): the scheduler's length classes
+    (a fixed, small set), '1-16', '17-32', ..., '513-1024', '1025+'."""
     low = 1
     for high in LENGTH_CLASSES:
         if tokens <= high:
@@ -207,7 +207,7 @@ class Metrics:
     ) -> None:
         """An encoder call (a group of arrivals joining a running batch), and its attention scores' bytes
         (the gauge keeps the largest)."""
-        self.encoder_latency.labels(length_bucket(longest)).observe(seconds)
+        self.encoder_latency.labels(length_label(longest)).observe(seconds)
         self.batch_sentences.observe(sentences)
         self.batch_tokens.observe(padded)
         self.padding_ratio.observe(1 - real / padded)

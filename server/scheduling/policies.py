@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 # Sources of one length class pad each other little when encoded or decoded together (a batch pads to its
 # longest): classes double, so a batch of one class pads at most about half of its tokens. The metrics label
-# lengths by the same classes (server/operations/metrics.py, length_bucket).
+# lengths by the same classes (server/operations/metrics.py, length_label).
 
 # continuous: a sentence that waited this long for room other lanes hold stops them from admitting.
 STARVATION_SECONDS = 1.0

@@ -68,7 +68,7 @@ def test_who_the_caller_is(tmp_path: Path):
     with pytest.raises(PermissionDenied, match="not valid"):
         guard.caller("k-guessed", "10.0.0.1")
     open_guard = KeyGuard(write_keys(tmp_path / "open.json", anonymous={"requests_per_minute": 5}))
-    assert open_guard.caller("", "10.0.0.1").bucket == "anonymous@10.0.0.1"
+    assert open_guard.caller("", "10.0.0.1").quota == "anonymous@10.0.0.1"
     no_keys = KeyGuard(None)  # no keys file: every caller unlimited, whatever key it sends
     assert no_keys.caller(None, "x").limits == no_keys.caller("k-any", "x").limits == Limits()
 

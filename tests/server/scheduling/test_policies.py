@@ -107,6 +107,6 @@ def test_continuous_joins_a_busy_batch_once_the_wait_pays_and_a_starving_sentenc
     assert policy.choose([short], lambda group: True, 0, waiting[0], now=0.0) == ([], waiting[0])  # others wait
 
 
-def test_length_groups_cut_sorted_sentences_where_the_length_bucket_changes():
+def test_length_groups_cut_sorted_sentences_where_the_length_class_changes():
     sentences = [Sentence(n) for n in (3, 10, 16, 17, 30, 200)]
     assert [[s.source_tokens for s in g] for g in length_groups(sentences)] == [[3, 10, 16], [17, 30], [200]]
