@@ -123,11 +123,11 @@ def ct2_translator(work: Path, device: str) -> tuple[Translate | None, str]:
     _, converted, to_piece, to_id = prepare(argparse.Namespace(base_sized=False, checkpoint=DEFAULT_CHECKPOINT), work)
     translator = ctranslate2.Translator(str(converted), device, compute_type=compute)
 
-    def translate(chunk: list[list[int]], beam: int) -> list[list[int]]:
-        pieces = [[to_piece(t) for t in row] + ["</s>"] for row in chunk]
-        limit = max(default_max_output(len(row), 256) for row in chunk) - 1
+    def translate(batch_ids: list[list[int]], beam: int) -> list[list[int]]:
+        pieces = [[to_piece(t) for t in row] + ["</s>"] for row in batch_ids]
+        limit = max(default_max_output(len(row), 256) for row in batch_ids) - 1
         results = translator.translate_batch(
-            pieces, beam_size=beam, max_batch_size=len(chunk), max_decoding_length=limit
+            pieces, beam_size=beam, max_batch_size=len(batch_ids), max_decoding_length=limit
         )
         return [[to_id(p) for p in r.hypotheses[0]] for r in results]
 
@@ -422,7 +422,7 @@ def bucket_section(args, engines, sources, references, expected, tokenizer, line
     """Agreement, BLEU and speed of the bucketed engines against the compact one (and ONNX Runtime's BeamSearch
     node, where given)."""
     translators: dict[str, Translate] = {
-        name: (lambda chunk, beam, engine=engine: offline.translate_ids(engine, chunk, beam))
+        name: (lambda batch_ids, beam, engine=engine: offline.translate_ids(engine, batch_ids, beam))
         for name, engine in engines.items()
     }
     op, why = beam_search_op(args, next(iter(engines.values())).config)
@@ -595,7 +595,7 @@ def main(argv: list[str] | None = None) -> int:
             args.model, RuntimeOptions(settings=EngineSettings(variant="fp32", provider="cpu"), spinning=False)
         )
     engines: dict[str, Translate] = {
-        f"ours {name}": (lambda chunk, beam, model=model: offline.translate_ids(model, chunk, beam))
+        f"ours {name}": (lambda batch_ids, beam, model=model: offline.translate_ids(model, batch_ids, beam))
         for name, model in models.items()
     }
     ct2, ct2_name = ct2_translator(args.ct2, args.provider) if args.ct2 else (None, "not run: no --ct2")

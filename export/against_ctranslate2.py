@@ -170,31 +170,31 @@ def run_benchmark(args) -> int:
     texts = read_lines(corpus_path(args.data, "test_2016_flickr", "en"))
     tokenizer = ours["fp32"].tokenizer
 
-    def in_chunks(translate: Callable[[list[list[int]], int], list[list[int]]]) -> Run:
-        """The sources in chunks of ``batch``, in order, ``--workers`` chunks at once."""
+    def in_batches(translate: Callable[[list[list[int]], int], list[list[int]]]) -> Run:
+        """The sources in batches of ``batch``, in order, ``--workers`` batches at once."""
 
         def run(sources: list[list[int]], batch: int, beam: int) -> list[list[int]]:
-            chunks = [sources[i : i + batch] for i in range(0, len(sources), batch)]
+            batches = [sources[i : i + batch] for i in range(0, len(sources), batch)]
             if args.workers == 1:
-                return [out for chunk in chunks for out in translate(chunk, beam)]
+                return [out for batch_ids in batches for out in translate(batch_ids, beam)]
             with concurrent.futures.ThreadPoolExecutor(args.workers) as pool:
-                return [out for outs in pool.map(lambda chunk: translate(chunk, beam), chunks) for out in outs]
+                return [out for outs in pool.map(lambda batch_ids: translate(batch_ids, beam), batches) for out in outs]
 
         return run
 
     def run_ours(model: OrtBackend) -> Run:
-        return in_chunks(lambda chunk, beam: offline.translate_ids(model, chunk, beam, cap))
+        return in_batches(lambda batch_ids, beam: offline.translate_ids(model, batch_ids, beam, cap))
 
     def run_theirs(translator) -> Run:
-        def translate(chunk: list[list[int]], beam: int) -> list[list[int]]:
-            pieces = [[to_piece(t) for t in row] + ["</s>"] for row in chunk]
-            limit = max(default_max_output(len(row), cap) for row in chunk) - 1
+        def translate(batch_ids: list[list[int]], beam: int) -> list[list[int]]:
+            pieces = [[to_piece(t) for t in row] + ["</s>"] for row in batch_ids]
+            limit = max(default_max_output(len(row), cap) for row in batch_ids) - 1
             results = translator.translate_batch(
-                pieces, beam_size=beam, max_batch_size=len(chunk), max_decoding_length=limit
+                pieces, beam_size=beam, max_batch_size=len(batch_ids), max_decoding_length=limit
             )
             return [[to_id(p) for p in r.hypotheses[0]] for r in results]
 
-        return in_chunks(translate)
+        return in_batches(translate)
 
     def rate(run: Run, sources: list[list[int]], batch: int, beam: int) -> tuple[float, list[list[int]]]:
         start = time.perf_counter()
@@ -230,7 +230,7 @@ def run_benchmark(args) -> int:
 
         checkpoint = work / "checkpoint" if args.base_sized else args.checkpoint
         op = BeamSearchOp(load_checkpoint(checkpoint)[0], threads)
-        engines[ORT_OP] = in_chunks(lambda chunk, beam: op.translate_ids(chunk, beam, cap))
+        engines[ORT_OP] = in_batches(lambda batch_ids, beam: op.translate_ids(batch_ids, beam, cap))
     extra = f" {ORT_OP} |" if args.ort_beam_search else ""
     columns = f"| case | ours fp32 | ours int8 | {ct2} |{extra}"
     print(f"{columns} best ours / CT2 | fp32 / {ct2} | identical (best ours vs CT2) |")

@@ -73,15 +73,15 @@ def translate_in_batches(
     server sees its arrivals; benchmarks/service_overhead.py)."""
     ids = tokenizer.encode_source(texts)
     order = sorted(range(len(ids)), key=lambda i: len(ids[i])) if by_length else list(range(len(ids)))
-    chunks = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
-    translate = lambda chunk: translate_ids([ids[i] for i in chunk])  # noqa: E731
+    batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+    translate = lambda batch: translate_ids([ids[i] for i in batch])  # noqa: E731
     if workers > 1:
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-            results = list(pool.map(translate, chunks))
+            results = list(pool.map(translate, batches))
     else:
-        results = list(map(translate, chunks))
+        results = list(map(translate, batches))
     outputs: list[list[int]] = [[] for _ in ids]
-    for chunk, translated in zip(chunks, results, strict=True):
-        for i, out in zip(chunk, translated, strict=True):
+    for batch, translated in zip(batches, results, strict=True):
+        for i, out in zip(batch, translated, strict=True):
             outputs[i] = out
     return tokenizer.decode(outputs)

@@ -261,13 +261,13 @@ class HttpApi:
     ) -> list[str]:
         """Every text, in requests of at most batch_limit decoding at once (none: as sent, Models.choose)."""
         step = self.config.batch_limit if self.config.batch_limit > 0 else max(len(texts), 1)
-        chunks = await asyncio.gather(
+        parts = await asyncio.gather(
             *(
                 self.translations.translate(engine, texts[i : i + step], options, exchange)
                 for i in range(0, len(texts), step)
             )
         )
-        return [result.text for chunk in chunks for result in chunk]
+        return [result.text for part in parts for result in part]
 
     async def download_file(self, request: web.Request) -> web.Response:
         """A translated file, once; then it is gone (or after file_ttl_s)."""
