@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from common.corpus import MULTI30K
 from testkit.sentences import OWN_SENTENCES, own_sentences
 
+if TYPE_CHECKING:
+    from runtime.tokenizer import Tokenizer
+
 pytest_plugins = ["tests.torch_fixtures"]
 
 ROOT = Path(__file__).resolve().parent.parent
+TOKENIZER_TEXTS = ["a man rides a horse", "zwei hunde spielen im schnee", "a dog runs", "ein mann fährt fahrrad"] * 50
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -35,6 +40,14 @@ def multi30k() -> Path:
     if not (MULTI30K / "test_2016_flickr.en.gz").exists():
         pytest.skip(f"Multi30k corpus not found at {MULTI30K} (common/corpus.py's MULTI30K: place it there)")
     return MULTI30K
+
+
+@pytest.fixture(scope="session")
+def trained_tokenizer() -> tuple[Tokenizer, bytes]:
+    """A joint sentencepiece tokenizer trained on a few English and German phrases, and its serialized model."""
+    from runtime.tokenizer import Tokenizer
+
+    return Tokenizer.train(TOKENIZER_TEXTS, vocab_size=40)
 
 
 def make_tiny_checkpoint(directory: Path, seed: int, metadata: dict) -> Path:

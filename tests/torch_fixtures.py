@@ -1,5 +1,6 @@
 """The tiny PyTorch model shared by the model tests and the search tests (which decode with it as a reference),
-and the random Hugging Face Marian folders (OPUS-MT's layout) that the Marian import and export tests read."""
+and the random Hugging Face Marian folders (OPUS-MT's layout) that the Marian import and export tests and the
+tokenizer's tests read."""
 
 from __future__ import annotations
 
@@ -51,14 +52,9 @@ def _train_spm(texts: list[str], vocab_size: int) -> bytes:
     return buffer.getvalue()
 
 
-def build_marian_folder(directory: Path, activation: str = "swish", seed: int = 2) -> Path:
-    """A random MarianMTModel with OPUS-MT's tokenizer layout, saved as a Hugging Face folder.
-
-    Random tied-embedding models tend to repeat one token; with this seed's weights the translations of
-    tests/model/test_marian.py's SENTENCES differ in content and length (some end early, some run to the limit).
-    """
-    import transformers  # the Marian tests skip without it
-
+def build_marian_tokenizer(directory: Path) -> dict[str, int]:
+    """OPUS-MT's tokenizer files in directory (separate source and target sentencepiece models and the vocabulary
+    they share, with </s> = 0, <unk> = 1 and <pad> last); returns the vocabulary."""
     directory.mkdir(parents=True, exist_ok=True)
     source, target = _train_spm(own_sentences(240), 80), _train_spm([de for _, de in OWN_SENTENCES] * 5, 80)
     vocab = {"</s>": 0, "<unk>": 1}
@@ -67,10 +63,23 @@ def build_marian_folder(directory: Path, activation: str = "swish", seed: int = 
         for i in range(processor.get_piece_size()):
             if not (processor.is_control(i) or processor.is_unknown(i)):
                 vocab.setdefault(processor.id_to_piece(i), len(vocab))
-    vocab["<pad>"] = pad = len(vocab)
+    vocab["<pad>"] = len(vocab)
     (directory / "source.spm").write_bytes(source)
     (directory / "target.spm").write_bytes(target)
     (directory / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
+    return vocab
+
+
+def build_marian_folder(directory: Path, activation: str = "swish", seed: int = 2) -> Path:
+    """A random MarianMTModel with OPUS-MT's tokenizer layout, saved as a Hugging Face folder.
+
+    Random tied-embedding models tend to repeat one token; with this seed's weights the translations of
+    tests/model/test_marian.py's SENTENCES differ in content and length (some end early, some run to the limit).
+    """
+    import transformers  # the Marian tests skip without it
+
+    vocab = build_marian_tokenizer(directory)
+    pad = vocab["<pad>"]
     (directory / "tokenizer_config.json").write_text(json.dumps({"source_lang": "en", "target_lang": "de"}))
     config = transformers.MarianConfig(
         vocab_size=len(vocab),

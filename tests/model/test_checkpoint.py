@@ -7,24 +7,6 @@ import torch
 
 from model.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from model.transformer import Transformer
-from runtime.model_config import ModelConfig
-from runtime.tokenizer import Tokenizer
-
-TEXTS = ["a man rides a horse", "zwei hunde spielen im schnee", "a dog runs", "ein mann fährt fahrrad"] * 50
-
-
-@pytest.fixture(scope="module")
-def trained_tokenizer() -> tuple[Tokenizer, bytes]:
-    return Tokenizer.train(TEXTS, vocab_size=40)
-
-
-def test_tokenizer_round_trip(trained_tokenizer):
-    tokenizer, _ = trained_tokenizer
-    ids = tokenizer.encode_source(["a man rides a horse", "zwei hunde"])
-    assert all(isinstance(i, int) for row in ids for i in row)
-    assert tokenizer.decode(ids) == ["a man rides a horse", "zwei hunde"]
-    special = tokenizer.special_ids
-    assert (special.pad, special.unk, special.bos, special.eos) == (0, 1, 2, 3)
 
 
 def test_checkpoint_round_trip(tmp_path, trained_tokenizer, tiny_config):
@@ -46,10 +28,3 @@ def test_missing_weights_name_the_file(tmp_path, trained_tokenizer, tiny_config)
     (tmp_path / "model.safetensors").unlink()
     with pytest.raises(CheckpointError, match="model.safetensors is missing"):
         load_checkpoint(tmp_path)
-
-
-def test_config_rejects_unknown_fields_and_bad_values():
-    with pytest.raises(ValueError, match="unknown ModelConfig fields"):
-        ModelConfig.from_dict({"d_model": 8, "n_heads": 2, "colour": "red"})
-    with pytest.raises(ValueError, match="not divisible"):
-        ModelConfig(d_model=10, n_heads=4)

@@ -203,14 +203,6 @@ def test_checkpoints_without_a_tokenizer_record_load_as_joint(tiny_checkpoint: P
     assert json.loads((tmp_path / "new" / "config.json").read_text())["tokenizer"]["kind"] == "joint"
 
 
-def test_target_language_token_stays_one_piece(marian):
-    _, _, tokenizer, _ = marian()
-    vocab = {**tokenizer.vocab, ">>fr<<": len(tokenizer.vocab)}
-    multilingual = Tokenizer(tokenizer.source, tokenizer.target, vocab)
-    [with_code] = multilingual.encode_source([">>fr<< Two dogs are playing."])
-    assert with_code == [vocab[">>fr<<"], *tokenizer.encode_source(["Two dogs are playing."])[0]]
-
-
 @pytest.mark.parametrize("names", [{}, {"source_lang": "en"}], ids=["neither", "no target"])
 def test_an_import_whose_languages_nothing_names_is_refused(marian, tmp_path, capsys, names):
     """Served as "und", no request could choose the model by its languages: the flags must name them."""

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime import bucket_buffers, slotted_rows
+from runtime import slotted_rows
 from runtime.backend import OrtBackend
 from runtime.bucket_buffers import Bucket
 from runtime.options import EngineSettings, RuntimeOptions
@@ -20,6 +20,7 @@ from runtime.search import default_max_output
 from runtime.slotted_rows import SlottedRows
 from testkit.arrivals import decode_arriving
 from tests.conftest import own_sentences
+from tests.runtime.slotted import address, backend, shape
 
 ENGINES = {  # how a bucketed engine runs: its buffers' place, graphs and steps per run
     "host": {},
@@ -27,21 +28,6 @@ ENGINES = {  # how a bucketed engine runs: its buffers' place, graphs and steps 
     "device": {"io_binding": True},
     "device, graphs, 3 steps per run": {"io_binding": True, "cuda_graphs": True, "steps_per_run": 3},
 }
-
-
-def backend(folder: Path, layout: str, **extra) -> OrtBackend:
-    return OrtBackend(
-        folder,
-        RuntimeOptions(settings=EngineSettings(provider="cpu", intra_op_threads=1, batch_layout=layout), **extra),
-    )
-
-
-def address(value) -> int:  # noqa: ANN001 (a numpy array or an ONNX Runtime value)
-    return value.data_ptr() if hasattr(value, "data_ptr") else value.__array_interface__["data"][0]
-
-
-def shape(value) -> tuple[int, ...]:  # noqa: ANN001
-    return tuple(value.shape() if callable(value.shape) else value.shape)
 
 
 def decode(
@@ -133,45 +119,6 @@ def test_a_batch_takes_a_larger_bucket_when_sources_do_not_fit_and_a_smaller_one
     assert batch.layout.bucket is None and batch.cache_bytes == 0  # an empty batch holds no buffers
 
 
-@pytest.mark.parametrize("steps_per_run", [1, 3])
-def test_on_a_device_a_bucket_is_bound_once_and_its_buffers_and_graph_serve_the_next_batch(
-    tiny_export: Path, steps_per_run: int
-):
-    engine = backend(tiny_export, "buckets", io_binding=True, cuda_graphs=True, steps_per_run=steps_per_run)
-    steps = engine.device_chunks or engine.device_steps
-    sources = engine.tokenizer.encode_source(own_sentences(6))
-    batch = engine.new_batch()
-    assert batch.layout.buffers is steps.buffers is engine.device_steps.buffers  # the steps' own, shared
-    batch.add([0, 1, 2], engine.encode_sources(sources[:3]), [1, 1, 1], [40, 40, 30])  # 4 slots, greedy
-    inputs = batch.step_inputs()
-    key = inputs.feeds_key[0]
-    fed = {name: (address(value), shape(value)) for name, value in inputs.feeds.items()}
-    batch.step()
-    held = steps._bound[key]
-    on_device = [(address(value), shape(value)) for _, value in held.copies] + [
-        (address(value), shape(value)) for value in held.outputs
-    ]
-    batch.add([3], engine.encode_sources(sources[3:4]), [1], [30])
-    batch.step()
-    batch.remove(0)
-    batch.add([4], engine.encode_sources(sources[4:5]), [1], [20])
-    batch.step()
-    assert {name: (address(value), shape(value)) for name, value in inputs.feeds.items()} == fed
-    assert list(steps._bound) == [key] and steps._bound[key] is held  # one binding: one captured graph
-    assert on_device == [(address(value), shape(value)) for _, value in held.copies] + [
-        (address(value), shape(value)) for value in held.outputs
-    ]
-    assert held.options.get_run_config_entry("gpu_graph_id") == str(key)  # the bucket's own graph
-    batch.drain()
-    assert engine.device_steps.buffers.made == 1
-    # A new batch in the same bucket takes the same buffers, binding and graph: nothing is made again.
-    again = engine.new_batch()
-    again.add([0, 1, 2], engine.encode_sources(sources[:3]), [1, 1, 1], [40, 40, 30])
-    assert again.step_inputs().feeds_key[0] == key
-    again.drain()
-    assert engine.device_steps.buffers.made == 1 and list(steps._bound) == [key]
-
-
 def test_cuda_graphs_need_buckets_on_a_device(tiny_export: Path):
     with pytest.raises(
         ValueError, match="cuda_graphs=True captures each bucket's step: it needs batch_layout 'buckets'"
@@ -207,13 +154,6 @@ def test_the_captured_step_reads_host_feeds_where_their_kernels_want_them(tiny_e
     got = ort.InferenceSession(split.SerializeToString()).run(None, feeds | {"top_k" + ON_DEVICE: feeds["top_k"]})
     for a, b in zip(expected, got, strict=True):
         np.testing.assert_array_equal(a, b)
-
-
-def test_bucket_sizes_are_powers_of_two_from_their_least():
-    assert Bucket.fitting(sources=5, group=4, src_len=17, cache_len=3) == Bucket(8, 4, 32, 16)
-    assert Bucket.fitting(sources=1, group=1, src_len=1, cache_len=64).rows == bucket_buffers.MIN_SOURCES
-    assert Bucket(8, 4, 32, 64).top_k == 8 and Bucket(8, 1, 32, 64).top_k == 1
-    assert np.all([Bucket(8, 4, 32, 64).holds(Bucket(4, g, 16, 64)) for g in (1, 4)])
 
 
 def test_buckets_on_a_device_without_the_onnx_package_are_refused_at_load(tiny_export: Path, monkeypatch):

@@ -1,0 +1,87 @@
+"""The aligner (runtime/aligner.py) on the tiny model: its graph's cross-attention probabilities against PyTorch's
+``Transformer.alignment`` within 1e-5, one pair at a time, batched with padding on both sides and in groups;
+``align`` is the mean of the manifest's readings; a folder exported without the graph is refused with what to do."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from export.aligner import aligner_layers
+from model.checkpoint import load_checkpoint
+from runtime import aligner, offline
+from runtime.backend import OrtBackend
+from runtime.manifest import ModelFolderError, read_manifest, write_manifest
+from tests.conftest import own_sentences
+
+TOLERANCE = 1e-5
+
+
+def reference(model, source: list[int], output: list[int]) -> np.ndarray:
+    c = model.config
+    src = torch.tensor([[*source, c.eos_id]])
+    tgt = torch.tensor([[c.decoder_start_id, *output]])
+    with torch.no_grad():
+        return model.eval().alignment(src, torch.ones_like(src, dtype=torch.bool), tgt)[:, 0].numpy()
+
+
+@pytest.fixture(scope="module")
+def pairs(tiny_export: Path) -> list[tuple[list[int], list[int]]]:
+    runtime = OrtBackend(tiny_export)
+    sources = runtime.tokenizer.encode_source(own_sentences(6))
+    outputs = offline.translate_ids(runtime, sources, max_output_tokens=24)
+    # Teacher-forced: any output will do; cut to different lengths (the tiny model runs to its limit).
+    return [(source, output[: 4 + 3 * i]) for i, (source, output) in enumerate(zip(sources, outputs, strict=True))]
+
+
+def test_aligner_matches_pytorch_batched_with_padding(tiny_checkpoint: Path, tiny_export: Path, pairs):
+    model, _ = load_checkpoint(tiny_checkpoint)
+    assert len({len(s) for s, _ in pairs}) > 1 and len({len(o) for _, o in pairs}) > 1  # ragged on both sides
+    runtime = OrtBackend(tiny_export)
+    every = runtime.aligner.alignments(pairs)  # one batch: padded sources and outputs
+    for (source, output), got in zip(pairs, every, strict=True):
+        expected = reference(model, source, output)[: aligner_layers(model)]  # the layers the readings need
+        assert got.shape == expected.shape == (aligner_layers(model), len(output) + 1, len(source) + 1)
+        np.testing.assert_allclose(got, expected, atol=TOLERANCE)
+        np.testing.assert_allclose(got.sum(axis=-1), 1.0, atol=1e-5)  # each row is a distribution over the source
+
+
+def test_align_is_the_mean_of_the_manifests_readings(tiny_checkpoint: Path, tiny_export: Path, pairs):
+    model, _ = load_checkpoint(tiny_checkpoint)
+    readings = read_manifest(tiny_export)["aligner"]["readings"]
+    for (source, output), got in zip(pairs, OrtBackend(tiny_export).aligner.align(pairs), strict=True):
+        every = reference(model, source, output)
+        expected = np.mean([every[l, o : o + len(output), : len(source)] for l, o in readings], axis=0)  # noqa: E741
+        np.testing.assert_allclose(got, expected, atol=TOLERANCE)
+
+
+def test_pairs_aligned_in_several_groups_come_back_in_their_own_order(tiny_export: Path, pairs, monkeypatch):
+    """Pairs are aligned in groups of ALIGN_GROUP by length: each result is its own pair's, as in one group."""
+    runtime = OrtBackend(tiny_export)
+    shuffled = [pairs[i] for i in (3, 0, 5, 1, 4, 2)]
+    whole = runtime.aligner.alignments(shuffled)
+    encoded = []
+    encode = runtime.aligner.encode
+    runtime.aligner.encode = lambda tokens, mask: encoded.append(len(tokens)) or encode(tokens, mask)
+    monkeypatch.setattr(aligner, "ALIGN_GROUP", 2)
+    grouped = runtime.aligner.alignments(shuffled)
+    assert encoded == [2, 2, 2]
+    for (source, output), got, expected in zip(shuffled, grouped, whole, strict=True):
+        assert got.shape[1:] == (len(output) + 1, len(source) + 1)
+        np.testing.assert_allclose(got, expected, atol=TOLERANCE)
+
+
+def test_a_folder_without_an_aligner_says_to_export_again(tiny_export: Path, tmp_path: Path, pairs):
+    folder = tmp_path / "old"
+    folder.mkdir()
+    manifest = read_manifest(tiny_export)
+    for name in manifest["files"]:
+        if name != "aligner.onnx":
+            (folder / name).write_bytes((tiny_export / name).read_bytes())
+    del manifest["aligner"], manifest["files"], manifest["manifest_revision"]
+    write_manifest(folder, manifest)
+    with pytest.raises(ModelFolderError, match="exported without an aligner.*python -m export --out"):
+        OrtBackend(folder).aligner.align(pairs[:1])
