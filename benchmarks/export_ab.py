@@ -4,7 +4,7 @@ test): what a change to the graphs buys, as ratios that the machine's drift betw
     python benchmarks/export_ab.py --base /tmp/before --model exported/default [--variant fp32] [--threads 2]
 
 Make ``--base`` with the code before the change (``git worktree add /tmp/old COMMIT`` and its
-``python -m export --out /tmp/before``). Output tokens per second over test_2016_flickr sentences in chunks of the
+``python -m export --out /tmp/before``). Output tokens per second over test_2016_flickr sentences in batches of the
 batch size (as ``export.benchmark`` sends them), medians of ``--repeats``, and the share of identical outputs.
 """
 
@@ -31,7 +31,7 @@ CASES = ((32, 1, 1000), (32, 4, 1000), (1, 1, 150))  # (batch, beam, sentences),
 
 
 def rate(model: OrtBackend, sources: list[list[int]], batch: int, beam: int) -> tuple[float, list[list[int]]]:
-    """Output tokens (eos included) per second of decoding ``sources`` in chunks of ``batch``, and the outputs."""
+    """Output tokens (eos included) per second of decoding ``sources`` in batches of ``batch``, and the outputs."""
     outputs, start = [], time.perf_counter()
     for i in range(0, len(sources), batch):
         outputs += offline.translate_ids(model, sources[i : i + batch], beam, 256)

@@ -397,7 +397,7 @@ def bucket_engines(model_dir: Path, variant: str, provider: str) -> tuple[dict[s
 
 def graphs_captured(engine: OrtBackend) -> str:
     """How many buffer sets (one graph id each) a bucketed engine's steps ran over."""
-    steps = [s for s in (engine.device_steps, engine.device_chunks) if s is not None]
+    steps = [s for s in (engine.device_steps, engine.device_k_steps) if s is not None]
     if not steps:
         return ""
     return ", ".join(f"{len(s._bound)} graph ids, {s.runs} runs" for s in steps)

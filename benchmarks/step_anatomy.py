@@ -172,11 +172,11 @@ def optimized_nodes(model: Any, provider: str) -> Counter[str]:
     return Counter(node.op_type for node in graph.node)
 
 
-def step_session(engine: OrtBackend, chunks: bool) -> ort.InferenceSession:
-    """The session a greedy step runs (``chunks``: the k-step one)."""
+def step_session(engine: OrtBackend, k_steps: bool) -> ort.InferenceSession:
+    """The session a greedy step runs (``k_steps``: the k-step one)."""
     if engine.device_steps is not None:
-        return (engine.device_chunks if chunks and engine.device_chunks else engine.device_steps).session
-    if chunks and engine.k_steps is not None:
+        return (engine.device_k_steps if k_steps and engine.device_k_steps else engine.device_steps).session
+    if k_steps and engine.k_steps is not None:
         return engine.k_steps.session
     return engine.decoder
 
@@ -266,7 +266,7 @@ def anatomy(engine: OrtBackend, sources: int, beam: int, args, kernels: Kernels)
         inside.append(spy.run_seconds / runs)
     rows = batch.rows
     batch = fresh()  # its warm-up bound its buffer set
-    for steps in (engine.device_steps, engine.device_chunks):
+    for steps in (engine.device_steps, engine.device_k_steps):
         for bound in getattr(steps, "_bound", {}).values():
             spy.host_feeds.update(id(value) for _, value in bound.host)
     with spy.counting() as counts:
@@ -389,14 +389,14 @@ def main(argv: list[str] | None = None) -> int:
                 counted: dict[bool, Counter[str]] = {}
                 for size in args.sizes.split(","):
                     sources, beam = parse_size(size)
-                    chunks = beam == 1 and engine.steps_per_run > 1
-                    if chunks not in counted:
-                        model, provider = log.opened.get(id(step_session(engine, chunks)), (None, None))
-                        counted[chunks] = optimized_nodes(model, provider) if model else Counter()
+                    k_steps = beam == 1 and engine.steps_per_run > 1
+                    if k_steps not in counted:
+                        model, provider = log.opened.get(id(step_session(engine, k_steps)), (None, None))
+                        counted[k_steps] = optimized_nodes(model, provider) if model else Counter()
                     result = anatomy(engine, sources, beam, args, kernels)
-                    result |= {"engine": name, "nodes": dict(counted[chunks])}
+                    result |= {"engine": name, "nodes": dict(counted[k_steps])}
                     results.append(result)
-                    print(row_text(name, counted[chunks], result["steps_per_run"], result), flush=True)
+                    print(row_text(name, counted[k_steps], result["steps_per_run"], result), flush=True)
                     if result["kernels"] and args.top:
                         print(f"  <!-- top kernels, µs per run: {result['kernels']['top']} -->", flush=True)
                 if args.drain:

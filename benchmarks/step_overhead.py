@@ -2,7 +2,7 @@
 ``python benchmarks/step_overhead.py --model DIR [--variant int8] [--sentences 150] [--repeats 3]
 [--batch 32 --beam 4]``.
 
-test_2016_flickr sentences are translated in chunks of ``--batch`` in file order, as the CTranslate2
+test_2016_flickr sentences are translated in batches of ``--batch`` in file order, as the CTranslate2
 benchmark sends them (``runtime.offline.translate_ids``, translate-file's settings on 2 threads: one thread for
 small batches); every ``DecodeBatch.step`` is timed whole and so is the ``run_with_iobinding`` call inside
 it. What is left is the engine's own per-step work: the search, the cache bookkeeping and binding. Prints
@@ -70,11 +70,11 @@ def main() -> int:
         return batch
 
     model.new_batch = timed_batch
-    chunks = [sources[i : i + args.batch] for i in range(0, len(sources), args.batch)]
+    batches = [sources[i : i + args.batch] for i in range(0, len(sources), args.batch)]
     started = time.perf_counter()
     for _ in range(args.repeats):
-        for chunk in chunks:
-            offline.translate_ids(model, chunk, args.beam, 256)
+        for batch_ids in batches:
+            offline.translate_ids(model, batch_ids, args.beam, 256)
     translating = time.perf_counter() - started
     outside = [whole - run for whole, run in zip(steps, runs, strict=True)]
     print(f"command: python benchmarks/step_overhead.py {shlex.join(sys.argv[1:])}")

@@ -26,7 +26,7 @@ from runtime.bucket_buffers import DeviceBuffers
 from runtime.caches import CachePool, KVCache
 from runtime.captured import DeviceSteps
 from runtime.compact_rows import CompactRows
-from runtime.contract import CANDIDATE_OUTPUTS, CHUNK_OUTPUTS, STEP_INPUTS, STEP_OUTPUTS
+from runtime.contract import CANDIDATE_OUTPUTS, K_STEP_OUTPUTS, STEP_INPUTS, STEP_OUTPUTS
 from runtime.cpu import describe_cpu, int8_products_saturate
 from runtime.device_cache import CacheOps, DeviceKVCache
 from runtime.manifest import ModelFolderError, read_manifest
@@ -85,10 +85,10 @@ class OrtBackend:
         self.aligner = Aligner(self.folder, self.manifest, self.config, self.encode)
         # Buckets on a device (io_binding): their steps (DeviceSteps) own the buffers there that they run over
         self.device_steps: DeviceSteps | None = None
-        self.device_chunks: DeviceSteps | None = None
+        self.device_k_steps: DeviceSteps | None = None
         if self.plan.device_buckets:
             self._device_buckets(options)
-        self.k_steps = self._k_steps(options) if self.steps_per_run > 1 and self.device_chunks is None else None
+        self.k_steps = self._k_steps(options) if self.steps_per_run > 1 and self.device_k_steps is None else None
 
     # --- the plan's choices, by the names the engine's callers read ---------------
 
@@ -171,11 +171,11 @@ class OrtBackend:
         return StepBindings(session, self.device, partial(bind_k_steps, k=k))
 
     def _device_buckets(self, options: RuntimeOptions) -> None:
-        """Buckets whose buffers live on the device, their steps (and chunks of ``steps_per_run`` greedy steps)
+        """Buckets whose buffers live on the device, their steps (and runs of ``steps_per_run`` greedy steps)
         run over them by DeviceSteps, each bucket's captured as a CUDA graph with ``cuda_graphs``."""
         self._onnx("batch_layout buckets on a device")  # its beam reorder's graph is made on first use
         ops = self._cache_ops or CacheOps(PROVIDERS[self.provider], self.device, self.cache_dtype)
-        buffers = DeviceBuffers(ops)  # one set per bucket, which single steps and chunks of steps share
+        buffers = DeviceBuffers(ops)  # one set per bucket, which single steps and k-step runs share
         graphs = self.plan.cuda_graphs
         session = self.decoder
 
@@ -194,7 +194,7 @@ class OrtBackend:
             from runtime.step_graphs import k_step_graph
 
             model = k_step_graph(graph, self.steps_per_run, host_totals=True)
-            self.device_chunks = DeviceSteps(opened(model), buffers, list(CHUNK_OUTPUTS), graphs)
+            self.device_k_steps = DeviceSteps(opened(model), buffers, list(K_STEP_OUTPUTS), graphs)
 
     def _warn_if_int8_saturates(self) -> None:
         """An int8 export from before 7-bit weights loses BLEU on CPUs without VNNI (export/optimize.py)."""
@@ -257,12 +257,12 @@ class OrtBackend:
         ``cache_pool`` (RuntimeOptions.reuse_cache_buffers) and gives them back."""
         c = self.config
         shape = RowShape(c.n_decoder_layers, c.n_heads, self.d_cache, c.decoder_start_id, self.cache_dtype)
-        step, chunk = self.step, self.k_steps.run if self.k_steps else None
+        step, k_steps = self.step, self.k_steps.run if self.k_steps else None
         if self.batch_layout == "buckets":
             if self.device_steps is None:
                 rows = SlottedRows(shape)  # on host buffers, which the CPU provider steps on in place
             else:  # on the device buffers that its steps own and bind
-                step, chunk = self.device_steps, self.device_chunks
+                step, k_steps = self.device_steps, self.device_k_steps
                 rows = SlottedRows(shape, self.device_steps.buffers)
         else:
             place = self._on_device if self.io_binding else None
@@ -271,7 +271,7 @@ class OrtBackend:
             else:
                 cache_type = partial(DeviceKVCache, ops=self._cache_ops)
             rows = CompactRows(shape, place, cache_type)
-        return DecodeBatch(step, decoding or self.decoding(), rows, chunk, self.steps_per_run)
+        return DecodeBatch(step, decoding or self.decoding(), rows, k_steps, self.steps_per_run)
 
     def _on_device(self, array: np.ndarray) -> ort.OrtValue:
         """A host array copied to the session's device, to be bound to the decoder step without further copies."""

@@ -89,7 +89,7 @@ class StepInputs(NamedTuple):
 StepOutputs = Sequence[np.ndarray]
 StepFn = Callable[[StepInputs], StepOutputs]
 # Several greedy steps in one run (runtime/step_graphs.py): each row's next k tokens (R, k) and log-probabilities
-ChunkFn = Callable[[StepInputs], tuple[np.ndarray, np.ndarray]]
+KStepsFn = Callable[[StepInputs], tuple[np.ndarray, np.ndarray]]
 
 
 class Placed(NamedTuple):
@@ -135,8 +135,8 @@ class RowLayout(Protocol):
 
     def step_inputs(self) -> StepInputs: ...
 
-    def begin_step(self, chunk: int) -> StepInputs:
-        """The next run's inputs, its total length set (``chunk``: the steps a greedy run may make)."""
+    def begin_step(self, steps: int) -> StepInputs:
+        """The next run's inputs, its total length set (``steps``: the steps a greedy run may make)."""
 
     def advance(self, steps: int) -> None:
         """A run wrote ``steps`` entries into each live row's cache."""
@@ -156,7 +156,7 @@ class DecodeBatch:
 
     ``step_fn(inputs)`` computes one decoder step over the ``StepInputs`` (runtime/contract.py has the names),
     writes each row's new self-attention entry into the cache in place, and returns ``StepOutputs``; a greedy
-    batch's ``chunk_fn`` makes ``chunk`` steps in one run. ``decoding`` makes each joining source's search.
+    batch's ``k_steps_fn`` makes ``steps_per_run`` steps in one run. ``decoding`` makes each joining source's search.
     """
 
     def __init__(
@@ -164,10 +164,11 @@ class DecodeBatch:
         step_fn: StepFn,
         decoding: Decoding,
         layout: RowLayout,
-        chunk_fn: ChunkFn | None = None,
-        chunk: int = 1,
+        k_steps_fn: KStepsFn | None = None,
+        steps_per_run: int = 1,
     ) -> None:
-        self.step_fn, self.chunk_fn, self.chunk = step_fn, chunk_fn, chunk if chunk_fn is not None else 1
+        self.step_fn, self.k_steps_fn = step_fn, k_steps_fn
+        self.steps_per_run = steps_per_run if k_steps_fn is not None else 1
         self.decoding = decoding
         self.layout = layout
 
@@ -203,17 +204,17 @@ class DecodeBatch:
         """Join sources encoded together, each with its beam size and longest output (tokens with eos), one row
         each with an empty cache; they decode from the next step on."""
         searches = [self.decoding.search(beam, max_length) for beam, max_length in zip(beams, max_lengths, strict=True)]
-        self.layout.add(keys, searches, encoded, self.chunk - 1)
+        self.layout.add(keys, searches, encoded, self.steps_per_run - 1)
         mask = encoded.src_mask
         return Joined(encoded.seconds, mask.size, int(mask.sum()))
 
     def step(self) -> list[tuple[Any, Hypothesis]]:
         """One decoder step for every row; returns the sources finished by it, with their hypotheses."""
         layout = self.layout
-        inputs = layout.begin_step(self.chunk)
-        if self.chunk > 1 and layout.greedy_only():  # every source greedy: k steps in one run
-            tokens, log_probs = self.chunk_fn(inputs)
-            layout.advance(self.chunk)
+        inputs = layout.begin_step(self.steps_per_run)
+        if self.steps_per_run > 1 and layout.greedy_only():  # every source greedy: k steps in one run
+            tokens, log_probs = self.k_steps_fn(inputs)
+            layout.advance(self.steps_per_run)
             return self._greedy_step(log_probs, tokens)
         outputs = self.step_fn(inputs)
         top_log_probs, top_ids = outputs[0], outputs[1]
@@ -242,7 +243,7 @@ class DecodeBatch:
 
     def _greedy_step(self, top_log_probs: np.ndarray, top_ids: np.ndarray) -> list[tuple[Any, Hypothesis]]:
         """Every source greedy, one row each: each row's search takes the row's tokens, a column per step the run
-        made (one, or a chunk's), until it ends; a row that ended leaves, and what the run wrote for it after its
+        made (one, or a k-step run's), until it ends; a row that ended leaves, and what the run wrote for it after its
         end is never read."""
         finished, results = [], []
         best, best_log_probs = top_ids.tolist(), top_log_probs.tolist()

@@ -14,7 +14,7 @@ import numpy as np
 import onnxruntime as ort
 
 from runtime.batch import StepInputs, StepOutputs
-from runtime.contract import CANDIDATE_OUTPUTS, CHUNK_OUTPUTS, ORT_DTYPES, STEP_OUTPUTS, output_arrays, present_names
+from runtime.contract import CANDIDATE_OUTPUTS, K_STEP_OUTPUTS, ORT_DTYPES, STEP_OUTPUTS, output_arrays, present_names
 from runtime.device_cache import BufferView
 
 
@@ -123,7 +123,7 @@ class StepBindings:
 def bind_k_steps(session: ort.InferenceSession, feeds: dict[str, Any], device: str, k: int) -> StepBinding:
     """A k-step graph (runtime/step_graphs.py) bound as ``bind_step`` binds a step (host feeds by reference;
     ``StepBindings`` keeps it per feeds' key), with each past buffer bound as every copy's present output too,
-    and the chunk's tokens and log-probabilities written into arrays that ``StepBindings.run`` returns."""
+    and the run's tokens and log-probabilities written into arrays that ``StepBindings.run`` returns."""
     assert device == "cpu", device  # host buffers only, for now
     declared = {value.name for value in session.get_inputs()}
     pasts = [name for name in feeds if name.startswith("past_")]
@@ -141,7 +141,7 @@ def bind_k_steps(session: ort.InferenceSession, feeds: dict[str, Any], device: s
                 binding.bind_ortvalue_output(names[pasts.index(name)], value)
     rows = len(feeds["tokens"])
     outputs = (np.empty((rows, k), np.int64), np.empty((rows, k), np.float32))
-    for name, array in zip(CHUNK_OUTPUTS, outputs, strict=True):
+    for name, array in zip(K_STEP_OUTPUTS, outputs, strict=True):
         values.append(ort.OrtValue.ortvalue_from_numpy(array))
         binding.bind_ortvalue_output(name, values[-1])
     return StepBinding(binding, outputs, values)

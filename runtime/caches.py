@@ -25,7 +25,7 @@ class KVCache:
     the first ``rows`` rows are live and row r holds ``lengths[r]`` entries at slots
     0..lengths[r]-1 (rows may have different lengths: the lengths are the mask). The step
     writes each row's new entry at slot lengths[r] and the lengths then advance, so a step
-    copies nothing. Buffers grow geometrically (rows) and in chunks (slots) when needed;
+    copies nothing. Buffers grow geometrically (rows) and by ``round_to`` slots when needed;
     ``buffers_key`` changes whenever they are replaced, so a step that bound them binds anew.
     Reordering rows (beam search, sources leaving) copies the rows whose origin changed,
     in place; a device cache (``moves_in_place`` False) gathers into a spare set of
@@ -40,10 +40,10 @@ class KVCache:
         heads: int,
         d_cache: int,
         dtype=np.float32,
-        chunk: int = 16,
+        round_to: int = 16,
         pool: CachePool | None = None,
     ) -> None:
-        self.layers, self.heads, self.d_cache, self.dtype, self.chunk = layers, heads, d_cache, dtype, chunk
+        self.layers, self.heads, self.d_cache, self.dtype, self.round_to = layers, heads, d_cache, dtype, round_to
         self.pool = pool
         self.keys: list = []
         self.version = 0
@@ -139,7 +139,7 @@ class KVCache:
         new_rows = (
             max(rows, min(2 * self.rows_capacity, rows + 64)) if rows > self.rows_capacity else self.rows_capacity
         )
-        new_capacity = _round_up(length, self.chunk) if length > self.capacity else self.capacity
+        new_capacity = _round_up(length, self.round_to) if length > self.capacity else self.capacity
         self._spare = None
         for buffers in (self.keys, self.values):
             for i, old in enumerate(buffers):
@@ -257,8 +257,8 @@ class SourceCache:
     step. Encoder outputs that live on a device are brought to the host once, when they join.
     """
 
-    def __init__(self, place: Callable[[np.ndarray], Any] | None = None, chunk: int = 8) -> None:
-        self.place, self.chunk = place, chunk
+    def __init__(self, place: Callable[[np.ndarray], Any] | None = None, round_to: int = 8) -> None:
+        self.place, self.round_to = place, round_to
         self.k: np.ndarray | None = None
         self.v: np.ndarray | None = None
         self.mask = np.zeros((0, 0), bool)
@@ -288,7 +288,7 @@ class SourceCache:
         if k is not None and not isinstance(k, np.ndarray):
             k, v = k.numpy(), v.numpy()  # an ONNX Runtime value on a device: to the host, once
         count, length = mask.shape
-        want_length = _round_up(max(int(self.lengths[: self.count].max(initial=0)), length), self.chunk)
+        want_length = _round_up(max(int(self.lengths[: self.count].max(initial=0)), length), self.round_to)
         if self.count + count > self.capacity[0] or length > self.capacity[1] or 2 * want_length <= self.capacity[1]:
             self._resize(self.count + count, want_length, k)
         slots = slice(self.count, self.count + count)
@@ -314,7 +314,7 @@ class SourceCache:
         self._placed = None
 
     def clear(self) -> None:
-        self.__init__(self.place, self.chunk)
+        self.__init__(self.place, self.round_to)
 
     def _resize(self, needed: int, length: int, sample: np.ndarray | None) -> None:
         """A buffer with room for ``needed`` sources of ``length`` tokens, the live ones copied to it."""
@@ -338,5 +338,5 @@ class SourceCache:
         self.mask, self.lengths = mask, lengths
 
 
-def _round_up(value: int, chunk: int) -> int:
-    return -(-value // chunk) * chunk
+def _round_up(value: int, round_to: int) -> int:
+    return -(-value // round_to) * round_to

@@ -74,7 +74,7 @@ class CompactRows:
             inputs = self._inputs = StepInputs(self._feeds(), self.rows, self._key, key)
         return inputs
 
-    def begin_step(self, chunk: int) -> StepInputs:
+    def begin_step(self, steps: int) -> StepInputs:
         self.total_length[()] = self.cache.longest + 1
         return self.step_inputs()
 

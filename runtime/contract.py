@@ -63,7 +63,7 @@ CANDIDATE_OUTPUTS = [tensor.name for tensor in SOURCE_OUTPUTS]
 ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 # Several greedy steps per run (runtime/step_graphs.py, k_step_graph): each row's k best tokens (R, k) int64 and
 # their log-probabilities (R, k) float32
-CHUNK_OUTPUTS = ("chunk_tokens", "chunk_log_probs")
+K_STEP_OUTPUTS = ("k_step_tokens", "k_step_log_probs")
 HOST_FEEDS = ("total_length", "top_k")  # read by kernels from host memory
 ON_DEVICE = ".device"  # the suffix of a host feed's device copy (step_graphs.split_host_feeds)
 # Host-memory inputs of the operators that take them: (op_type, input index)

@@ -16,7 +16,7 @@ compact batch.
 
 The caches and sources' keys are host arrays or values on the step's device (runtime/bucket_buffers.py); the
 small feeds (tokens, lengths, masks, scores) are host arrays, which a device's step function copies across
-before each run (runtime/captured.py). A greedy bucket may run several steps per call (``chunk_fn``,
+before each run (runtime/captured.py). A greedy bucket may run several steps per call (``k_steps_fn``,
 runtime/step_graphs.py). On a device the step's total length is the bucket's, as a captured step reads it once.
 """
 
@@ -88,11 +88,11 @@ class SlottedRows:
         """The step's inputs: the same value, over the same buffers, for as long as the bucket holds."""
         return self._inputs
 
-    def begin_step(self, chunk: int) -> StepInputs:
+    def begin_step(self, steps: int) -> StepInputs:
         # GroupQueryAttention's total_sequence_length, a host value: the longest row's on the CPU, where a step's
-        # work follows it; on a device the bucket's (a captured step reads it once), less a chunk's later steps
+        # work follows it; on a device the bucket's (a captured step reads it once), less a k-step run's later steps
         if self.buffers.on_device:
-            self.total_length[()] = self.bucket.cache_len - chunk + 1
+            self.total_length[()] = self.bucket.cache_len - steps + 1
         else:
             self.total_length[()] = self.lengths.max() + 1
         return self._inputs

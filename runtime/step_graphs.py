@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from runtime.contract import CHUNK_OUTPUTS, HOST_FEEDS, HOST_INPUTS, ON_DEVICE, STEP_OUTPUTS, present_names
+from runtime.contract import HOST_FEEDS, HOST_INPUTS, K_STEP_OUTPUTS, ON_DEVICE, STEP_OUTPUTS, present_names
 
 PER_STEP = ("tokens", "lengths", "total_length")  # the feeds each copy reads its own of
 
@@ -88,11 +88,11 @@ def k_step_graph(step: onnx.ModelProto, k: int, host_totals: bool = False) -> on
         log_probs_out.append(
             _node(new_nodes, "Slice", [f"top_log_probs@{j}", *ends, "k_steps.one_column"], f"best_log_prob@{j}")
         )
-    _node(new_nodes, "Concat", tokens_out, CHUNK_OUTPUTS[0], axis=1)
-    _node(new_nodes, "Concat", log_probs_out, CHUNK_OUTPUTS[1], axis=1)
+    _node(new_nodes, "Concat", tokens_out, K_STEP_OUTPUTS[0], axis=1)
+    _node(new_nodes, "Concat", log_probs_out, K_STEP_OUTPUTS[1], axis=1)
     outputs = [
-        helper.make_tensor_value_info(CHUNK_OUTPUTS[0], TensorProto.INT64, ["rows", k]),
-        helper.make_tensor_value_info(CHUNK_OUTPUTS[1], TensorProto.FLOAT, ["rows", k]),
+        helper.make_tensor_value_info(K_STEP_OUTPUTS[0], TensorProto.INT64, ["rows", k]),
+        helper.make_tensor_value_info(K_STEP_OUTPUTS[1], TensorProto.FLOAT, ["rows", k]),
         *outputs,
     ]
     read = {name for node in new_nodes for name in node.input}

@@ -223,13 +223,13 @@ def test_batches_that_reuse_the_last_caches_buffers_translate_the_same(tiny_expo
         RuntimeOptions(settings=EngineSettings(provider="cpu", intra_op_threads=1), reuse_cache_buffers=True),
     )
     ids = fresh.tokenizer.encode_source(own_sentences(10))
-    chunks = [ids[4:], ids[:4], ids[2:5], ids]  # the largest first: the rest fit in its buffers
+    batches = [ids[4:], ids[:4], ids[2:5], ids]  # the largest first: the rest fit in its buffers
     taken = []
     original = reusing.cache_pool.take
     reusing.cache_pool.take = lambda rows, capacity: taken.append(original(rows, capacity)) or taken[-1]
     for beam in (1, 3):
-        assert [offline.translate_ids(reusing, c, beam, 16) for c in chunks] == [
-            offline.translate_ids(fresh, c, beam, 16) for c in chunks
+        assert [offline.translate_ids(reusing, c, beam, 16) for c in batches] == [
+            offline.translate_ids(fresh, c, beam, 16) for c in batches
         ]
     assert sum(found is not None for found in taken) >= 4
     assert fresh.cache_pool is None

@@ -17,7 +17,7 @@ def _write_step(cache: KVCache, value: float) -> None:
 
 
 def test_cache_rows_of_different_lengths_write_their_own_slots():
-    cache = KVCache(layers=1, heads=1, d_cache=2, chunk=4)
+    cache = KVCache(layers=1, heads=1, d_cache=2, round_to=4)
     cache.add_rows(1)
     _write_step(cache, 1.0)
     cache.add_rows(1)
@@ -26,12 +26,12 @@ def test_cache_rows_of_different_lengths_write_their_own_slots():
     assert cache.keys[0][0, 0, :2, 0].tolist() == [1.0, 2.0] and cache.keys[0][1, 0, 0].tolist() == [2.0, 2.0]
     for _ in range(2):
         _write_step(cache, 3.0)
-    assert cache.capacity == 8  # grown in a chunk, entries kept
+    assert cache.capacity == 8  # grown by round_to slots, entries kept
     assert cache.keys[0][0, 0, :4, 0].tolist() == [1.0, 2.0, 3.0, 3.0]
 
 
 def test_cache_select_moves_only_changed_rows_in_place():
-    cache = KVCache(layers=1, heads=1, d_cache=1, chunk=4)
+    cache = KVCache(layers=1, heads=1, d_cache=1, round_to=4)
     cache.add_rows(4)
     for row in range(4):
         cache.keys[0][row, 0, 0, 0] = row
@@ -51,7 +51,7 @@ def test_cache_select_moves_only_changed_rows_in_place():
 def test_cache_select_is_a_gather_of_the_live_slots_in_python_or_numpy(rows: int):
     """Few rows are selected in Python, more with numpy: both keep exactly the chosen rows' live slots."""
     rng = np.random.default_rng(rows)
-    cache = KVCache(layers=2, heads=2, d_cache=3, chunk=4)
+    cache = KVCache(layers=2, heads=2, d_cache=3, round_to=4)
     cache.add_rows(rows)
     for buffer in cache.keys + cache.values:
         buffer[:] = rng.standard_normal(buffer.shape)
@@ -74,28 +74,28 @@ def test_cache_select_is_a_gather_of_the_live_slots_in_python_or_numpy(rows: int
 
 def test_an_emptied_cache_gives_its_buffers_to_the_next_one_they_fit():
     pool = CachePool()
-    first = KVCache(layers=2, heads=1, d_cache=2, chunk=4, pool=pool)
+    first = KVCache(layers=2, heads=1, d_cache=2, round_to=4, pool=pool)
     first.reserve(8, 12)
     first.add_rows(3)
     buffers = first.keys + first.values
     first.clear()  # emptied: its buffers go to the pool
-    second = KVCache(layers=2, heads=1, d_cache=2, chunk=4, pool=pool)
+    second = KVCache(layers=2, heads=1, d_cache=2, round_to=4, pool=pool)
     second.reserve(6, 10)  # fits in 8 rows of 12 slots: taken as they are
     assert all(a is b for a, b in zip(second.keys + second.values, buffers, strict=True))
     assert (second.rows_capacity, second.capacity, second.rows) == (8, 12, 0)
     second.add_rows(2)
     assert second.live_lengths.tolist() == [0, 0]  # garbage slots, but nothing cached yet
-    third = KVCache(layers=2, heads=1, d_cache=2, chunk=4, pool=pool)
+    third = KVCache(layers=2, heads=1, d_cache=2, round_to=4, pool=pool)
     third.reserve(4, 4)  # the pool gave its one set away
     assert not any(a is b for a, b in zip(third.keys + third.values, buffers, strict=True))
     second.clear()
-    fourth = KVCache(layers=2, heads=1, d_cache=2, chunk=4, pool=pool)
+    fourth = KVCache(layers=2, heads=1, d_cache=2, round_to=4, pool=pool)
     fourth.reserve(9, 4)  # more rows than the kept set has: fresh buffers, the set stays kept
     assert fourth.rows_capacity >= 9 and pool.take(8, 12) is not None
 
 
 def test_sources_join_and_leave_in_place_and_resize_only_when_out_of_room():
-    cache = SourceCache(chunk=4)
+    cache = SourceCache(round_to=4)
 
     def sources(count: int, length: int, value: float):
         k = np.full((1, count, 1, length, 2), value, np.float32) + np.arange(count)[None, :, None, None, None]

@@ -20,7 +20,7 @@ def test_on_a_device_a_bucket_is_bound_once_and_its_buffers_and_graph_serve_the_
     tiny_export: Path, steps_per_run: int
 ):
     engine = backend(tiny_export, "buckets", io_binding=True, cuda_graphs=True, steps_per_run=steps_per_run)
-    steps = engine.device_chunks or engine.device_steps
+    steps = engine.device_k_steps or engine.device_steps
     sources = engine.tokenizer.encode_source(own_sentences(6))
     batch = engine.new_batch()
     assert batch.layout.buffers is steps.buffers is engine.device_steps.buffers  # the steps' own, shared

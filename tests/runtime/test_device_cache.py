@@ -58,9 +58,9 @@ def test_a_device_cache_keeps_what_the_host_cache_keeps(cache_ops):
         _write_step(caches, rng)
     for cache in caches:
         cache.add_rows(2)  # joining rows: more rows than the buffers held, copied zero-padded
-    for _ in range(host.chunk):
-        _write_step(caches, rng)  # past the first chunk of slots
-    assert device.capacity == host.capacity > host.chunk and device.rows_capacity >= 5
+    for _ in range(host.round_to):
+        _write_step(caches, rng)  # past the first round_to slots
+    assert device.capacity == host.capacity > host.round_to and device.rows_capacity >= 5
     for selection in ([4, 0, 0, 2, 1], [1, 2], [1, 1, 0]):  # beams reordered, sources leaving, a beam's first
         parity = device.parity
         for cache in caches:

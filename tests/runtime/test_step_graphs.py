@@ -12,7 +12,7 @@ import onnx
 import pytest
 
 from runtime.backend import OrtBackend
-from runtime.contract import CANDIDATE_OUTPUTS, CHUNK_OUTPUTS
+from runtime.contract import CANDIDATE_OUTPUTS, K_STEP_OUTPUTS
 from runtime.offline import translate_ids
 from runtime.options import EngineSettings, RuntimeOptions
 from runtime.search import default_max_output
@@ -33,7 +33,7 @@ def test_the_k_step_graph_is_k_copies_of_the_step_without_its_search_head(tiny_e
     assert ops["GroupQueryAttention"] == 3 * one["GroupQueryAttention"]
     assert ops["GatherElements"] == 0  # the search head is gone: greedy takes each row's best token
     outputs = [output.name for output in graph.output]
-    assert outputs[:2] == list(CHUNK_OUTPUTS) and not set(CANDIDATE_OUTPUTS) & set(outputs)
+    assert outputs[:2] == list(K_STEP_OUTPUTS) and not set(CANDIDATE_OUTPUTS) & set(outputs)
     presents = [name for name in outputs if name.startswith("present_key_0")]
     assert presents == ["present_key_0@0", "present_key_0@1", "present_key_0"]
     assert {value.name for value in graph.input} <= {value.name for value in step.graph.input}
@@ -45,7 +45,7 @@ def test_the_k_step_graph_is_k_copies_of_the_step_without_its_search_head(tiny_e
 def test_k_steps_per_run_decode_the_tokens_of_one_step_per_run(tiny_export: Path, k: int):
     one, chunked = backend(tiny_export, 1), backend(tiny_export, k)
     sources = [ids[: 2 + 3 * i] for i, ids in enumerate(one.tokenizer.encode_source(own_sentences(6)))]
-    for cap in (7, 30):  # rows end at their length limit mid-chunk, or at eos
+    for cap in (7, 30):  # rows end at their length limit mid-run, or at eos
         alone = [translate_ids(one, [source], max_output_tokens=cap)[0] for source in sources]
         assert [translate_ids(chunked, [source], max_output_tokens=cap)[0] for source in sources] == alone
         assert translate_ids(chunked, sources, max_output_tokens=cap) == translate_ids(
@@ -53,7 +53,7 @@ def test_k_steps_per_run_decode_the_tokens_of_one_step_per_run(tiny_export: Path
         )
 
 
-def test_a_chunk_writes_the_cache_that_k_single_steps_write(tiny_export: Path):
+def test_a_k_step_run_writes_the_cache_that_k_single_steps_write(tiny_export: Path):
     one, chunked = backend(tiny_export, 1), backend(tiny_export, 4)
     sources = one.tokenizer.encode_source(own_sentences(3))
     batches = []
@@ -63,14 +63,14 @@ def test_a_chunk_writes_the_cache_that_k_single_steps_write(tiny_export: Path):
         for _ in range(steps):
             assert batch.step() == []
         batches.append(batch)
-    single, chunk = (batch.layout for batch in batches)
-    assert chunk.cache.live_lengths.tolist() == single.cache.live_lengths.tolist() == [4, 4, 4]
-    assert chunk.tokens.tolist() == single.tokens.tolist()
-    for a, b in zip(single.cache.views(), chunk.cache.views(), strict=True):
+    single, k_steps = (batch.layout for batch in batches)
+    assert k_steps.cache.live_lengths.tolist() == single.cache.live_lengths.tolist() == [4, 4, 4]
+    assert k_steps.tokens.tolist() == single.tokens.tolist()
+    for a, b in zip(single.cache.views(), k_steps.cache.views(), strict=True):
         np.testing.assert_array_equal(a[:, :, :4], b[:, :, :4])
 
 
-def test_sources_join_between_chunks_and_beam_search_steps_one_at_a_time(tiny_export: Path):
+def test_sources_join_between_k_step_runs_and_beam_search_steps_one_at_a_time(tiny_export: Path):
     one, chunked = backend(tiny_export, 1), backend(tiny_export, 3)
     sources = one.tokenizer.encode_source(own_sentences(5))
     results = []
@@ -90,7 +90,7 @@ def test_sources_join_between_chunks_and_beam_search_steps_one_at_a_time(tiny_ex
 def test_k_steps_on_a_device_run_in_buckets(tiny_export: Path):
     with pytest.raises(ValueError, match="runs in batch_layout buckets only"):
         backend(tiny_export, 2, io_binding=True)
-    assert backend(tiny_export, 2, io_binding=True, batch_layout="buckets").device_chunks is not None
+    assert backend(tiny_export, 2, io_binding=True, batch_layout="buckets").device_k_steps is not None
 
 
 def test_a_device_k_step_graph_reads_each_copys_total_length_from_the_host(tiny_export: Path):
