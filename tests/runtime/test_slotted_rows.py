@@ -9,7 +9,6 @@ from __future__ import annotations
 import tracemalloc
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from runtime import slotted_rows
@@ -127,33 +126,6 @@ def test_cuda_graphs_need_buckets_on_a_device(tiny_export: Path):
     on_host = RuntimeOptions(settings=EngineSettings(provider="cpu", batch_layout="buckets"), cuda_graphs=True)
     with pytest.raises(ValueError, match="needs batch_layout buckets on a device"):
         OrtBackend(tiny_export, on_host)
-
-
-def test_the_captured_step_reads_host_feeds_where_their_kernels_want_them(tiny_export: Path):
-    import onnx
-    import onnxruntime as ort
-
-    from runtime.contract import HOST_INPUTS, ON_DEVICE
-    from runtime.step_graphs import split_host_feeds
-
-    model = onnx.load(str(tiny_export / "decoder.onnx"))
-    split = split_host_feeds(onnx.load(str(tiny_export / "decoder.onnx")))
-    readers = {(node.op_type, i): name for node in split.graph.node for i, name in enumerate(node.input)}
-    for (op, i), name in readers.items():
-        if name in ("top_k", "total_length"):
-            assert (op, i) in HOST_INPUTS, (op, i)  # only kernels that read host memory read the host feed
-    assert any(name == "top_k" + ON_DEVICE for name in readers.values())  # the search head's arithmetic
-    # The same step either way, on a beam batch's feeds.
-    engine = backend(tiny_export, "compact")
-    sources = engine.tokenizer.encode_source(own_sentences(3))
-    batch = engine.new_batch()
-    batch.add([0, 1, 2], engine.encode_sources(sources), [2, 2, 2], [30, 30, 30])
-    batch.step()
-    feeds = {name: np.array(value) for name, value in batch.step_inputs().feeds.items()}
-    expected = ort.InferenceSession(model.SerializeToString()).run(None, feeds)
-    got = ort.InferenceSession(split.SerializeToString()).run(None, feeds | {"top_k" + ON_DEVICE: feeds["top_k"]})
-    for a, b in zip(expected, got, strict=True):
-        np.testing.assert_array_equal(a, b)
 
 
 def test_buckets_on_a_device_without_the_onnx_package_are_refused_at_load(tiny_export: Path, monkeypatch):

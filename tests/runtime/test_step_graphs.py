@@ -9,14 +9,15 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 
 from runtime.backend import OrtBackend
-from runtime.contract import CANDIDATE_OUTPUTS, K_STEP_OUTPUTS
+from runtime.contract import CANDIDATE_OUTPUTS, HOST_INPUTS, K_STEP_OUTPUTS, ON_DEVICE
 from runtime.offline import translate_ids
 from runtime.options import EngineSettings, RuntimeOptions
 from runtime.search import default_max_output
-from runtime.step_graphs import k_step_graph
+from runtime.step_graphs import k_step_graph, split_host_feeds
 from testkit.arrivals import decode_arriving
 from tests.conftest import own_sentences
 
@@ -112,3 +113,24 @@ def test_k_steps_without_the_onnx_package_are_refused_with_what_to_install(tiny_
     with pytest.raises(ValueError, match="pip install onnx"):
         backend(tiny_export, 2)
     assert backend(tiny_export, 1).k_steps is None
+
+
+def test_the_captured_step_reads_host_feeds_where_their_kernels_want_them(tiny_export: Path):
+    model = onnx.load(str(tiny_export / "decoder.onnx"))
+    split = split_host_feeds(onnx.load(str(tiny_export / "decoder.onnx")))
+    readers = {(node.op_type, i): name for node in split.graph.node for i, name in enumerate(node.input)}
+    for (op, i), name in readers.items():
+        if name in ("top_k", "total_length"):
+            assert (op, i) in HOST_INPUTS, (op, i)  # only kernels that read host memory read the host feed
+    assert any(name == "top_k" + ON_DEVICE for name in readers.values())  # the search head's arithmetic
+    # The same step either way, on a beam batch's feeds.
+    engine = backend(tiny_export, 1)
+    sources = engine.tokenizer.encode_source(own_sentences(3))
+    batch = engine.new_batch()
+    batch.add([0, 1, 2], engine.encode_sources(sources), [2, 2, 2], [30, 30, 30])
+    batch.step()
+    feeds = {name: np.array(value) for name, value in batch.step_inputs().feeds.items()}
+    expected = ort.InferenceSession(model.SerializeToString()).run(None, feeds)
+    got = ort.InferenceSession(split.SerializeToString()).run(None, feeds | {"top_k" + ON_DEVICE: feeds["top_k"]})
+    for a, b in zip(expected, got, strict=True):
+        np.testing.assert_array_equal(a, b)
