@@ -80,7 +80,7 @@ class Admissions:
         """The admitted leave their queues (their lane's, or a replica's) for ``lane`` and reserve their memory."""
         self.starving = admission.starving
         for segment in admission.admitted:
-            self.lanes[segment.lane].waiting.remove(segment)
+            self.lanes[segment.lane].unqueue(segment)
             segment.lane = lane.index
         self.memory.reserve(sum(s.reserved_bytes for s in admission.admitted))
 

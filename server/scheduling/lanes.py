@@ -79,6 +79,18 @@ class Lane:
         """Drop its batch (a step failed) for an empty one of the same engine; its caller answers those in it."""
         self.batch = self.engine.new_batch()
 
+    def queue(self, segment: QueuedSentence) -> None:
+        """With the scheduler's lock held: ``segment`` waits in this lane's queue, after those before it."""
+        self.waiting.append(segment)
+
+    def unqueue(self, segment: QueuedSentence) -> None:
+        """With the scheduler's lock held: ``segment`` leaves this lane's queue (admitted here or by a replica)."""
+        self.waiting.remove(segment)
+
+    def join(self, segment: QueuedSentence) -> None:
+        """With the scheduler's lock held: ``segment`` is in this lane's batch from its next step."""
+        self.running[segment] = None
+
     def leave(self, segment: QueuedSentence) -> bool:
         """With the scheduler's lock held: ``segment`` is out of its batch; False when it was not in it."""
         return self.running.pop(segment, False) is None

@@ -125,7 +125,7 @@ class Scheduler:
                 )
             job.segments, job.remaining = segments, len(segments)
             for segment in segments:
-                self.lanes[segment.lane].waiting.append(segment)
+                self.lanes[segment.lane].queue(segment)
             self.metrics.queue_depth.set(self.waiting)
             for index in {segment.lane for segment in segments}:
                 self.lanes[index].wake.notify()
@@ -259,7 +259,7 @@ class Scheduler:
         for segment in admitted:
             segment.joined_at = now
             self.metrics.queue_wait.observe(now - segment.enqueued_at)
-            lane.running[segment] = None
+            lane.join(segment)
         for group in length_groups(admitted):
             self._add(lane, group, lane.engine.encode([s.spec.ids for s in group]))
         lane.joined(time.perf_counter() - started)

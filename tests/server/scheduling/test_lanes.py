@@ -65,8 +65,9 @@ def test_a_lane_overflows_with_what_its_batch_has_no_room_for():
     engine = FakeEngine()
     lane = Lane(1, "17+", "m", 10, size_class=1)
     document = _queued(engine, own_sentences(5))
-    lane.waiting.extend(document[1:])
-    lane.running[document[0]] = None
+    for segment in document[1:]:
+        lane.queue(segment)
+    lane.join(document[0])
     assert list(lane.overflow(3)) == document[3:]  # 1 running, 2 waiting fit in a room of 3
     assert list(lane.overflow(1)) == document[1:]
 
@@ -87,24 +88,36 @@ def test_a_lane_owes_a_pause_only_while_longer_lanes_decode_and_pays_it_in_piece
     assert lane.pause_after(busy=0.004, now=1.014, share=0.0, longer_decode=True) == Pause(0.0, 0.0, 1.014)
 
 
+MUTATORS = {"append", "appendleft", "remove", "pop", "popleft", "clear", "extend", "insert", "setdefault", "discard"}
+
+
 def test_no_field_of_a_lane_is_assigned_outside_its_class():
-    """The scheduler asks a lane to change (attach, start, step, wait_for_room, restart...): it assigns none of its
-    fields, nor do the tests."""
+    """The scheduler asks a lane to change (attach, start, step, queue, join, leave, restart...): outside its class
+    nobody assigns one of its fields, an item of its queue or batch, or changes them in place, nor do the tests."""
     fields = {field.name for field in dataclasses.fields(Lane)}
+    containers = {"waiting", "running"}  # the lane's own queue and rows, which only its methods change
     root = Path(__file__).resolve().parents[3]
-    assigned = []
+    lanes = root / "server" / "scheduling" / "lanes.py"
+    assert lanes.is_file()
+
+    def of_a_lane(node: ast.AST) -> bool:  # lane.x, self.lanes[i].x, ..., but not self.x in a class of its own
+        return isinstance(node, ast.Attribute) and "lane" in ast.unparse(node.value)
+
+    changed = []
     for path in [*(root / "server").rglob("*.py"), *(root / "tests").rglob("*.py"), *(root / "testkit").rglob("*.py")]:
-        if path == root / "server" / "lanes.py":
+        if path == lanes:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
-            for target in targets:
-                for item in target.elts if isinstance(target, ast.Tuple) else [target]:
-                    if (
-                        isinstance(item, ast.Attribute)
-                        and item.attr in fields
-                        and isinstance(item.value, ast.Name)
-                        and "lane" in item.value.id
-                    ):
-                        assigned.append(f"{path.relative_to(root)}:{node.lineno} {item.value.id}.{item.attr}")
-    assert not assigned
+            targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [getattr(node, "target", None)]
+            items = [
+                item for target in targets for item in (target.elts if isinstance(target, ast.Tuple) else [target])
+            ]
+            items = [item.value if isinstance(item, ast.Subscript) else item for item in items]
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATORS:
+                changes = node.func.value  # lane.waiting in lane.waiting.append(...)
+                if isinstance(changes, ast.Attribute) and changes.attr in containers:
+                    items.append(changes)
+            for item in items:
+                if of_a_lane(item) and item.attr in fields:
+                    changed.append(f"{path.relative_to(root)}:{node.lineno} {ast.unparse(item)}")
+    assert not changed

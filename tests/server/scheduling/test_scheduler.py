@@ -326,7 +326,7 @@ def test_continuous_admission_by_lane():
     assert scheduler._admit(long_lane) == document.segments[:4]
     long_lane.load(engine)
     for segment in document.segments[:4]:
-        long_lane.running[segment] = None  # as _encode_and_join would
+        long_lane.join(segment)  # as _encode_and_join does
     assert scheduler._admit(long_lane) == []  # the lane is full
     assert scheduler.waiting == 2 + 16
     assert scheduler.memory.reserved_bytes == sum(
@@ -574,5 +574,6 @@ def test_a_request_is_refused_while_its_lane_sizes_oldest_sentence_has_waited_ov
     scheduler.submit(document)  # a longer lane's queue is its own, and 0 bounds nothing
     scheduler.lanes[1].waiting[0].enqueued_at -= 1000
     scheduler.submit(fake_job(engine, own_sentences(5)))
-    scheduler.lanes[0].waiting.clear()
+    for segment in list(scheduler.lanes[0].waiting):
+        scheduler.lanes[0].unqueue(segment)
     scheduler.submit(fake_job(engine, ["A bird sings."]))  # nothing waits: taken whatever the bound
