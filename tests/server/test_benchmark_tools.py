@@ -8,6 +8,7 @@ import sys
 import time
 from concurrent import futures
 from pathlib import Path
+from types import SimpleNamespace
 
 import grpc
 
@@ -22,28 +23,45 @@ import service_overhead  # noqa: E402
 from runtime import offline
 
 
-def test_the_floor_server_answers_each_text_with_itself_after_its_delay():
-    async def exchange() -> tuple[translate_pb2.TranslateResponse, float]:
+def test_the_floor_server_answers_each_text_with_itself_after_its_delay(monkeypatch):
+    events: list[str] = []
+
+    async def sleep(seconds: float) -> None:
+        events.append(f"asleep {seconds}")
+        await asyncio.sleep(seconds)
+        events.append("awake")
+
+    monkeypatch.setattr(grpc_floor, "asyncio", SimpleNamespace(sleep=sleep))
+
+    async def exchange() -> translate_pb2.TranslateResponse:
         server = grpc.aio.server()
         translate_pb2_grpc.add_TranslatorServicer_to_server(grpc_floor.Echo(0.2), server)
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         try:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-                started = time.monotonic()
                 reply = await translate_pb2_grpc.TranslatorStub(channel).Translate(
                     translate_pb2.TranslateRequest(texts=["one", "two"])
                 )
-                return reply, time.monotonic() - started
+                events.append("answered")
+                return reply
         finally:
             await server.stop(None)
 
-    reply, seconds = asyncio.run(exchange())
+    reply = asyncio.run(exchange())
     assert [t.text for t in reply.translations] == ["one", "two"]
-    assert seconds >= 0.2
+    assert events == ["asleep 0.2", "awake", "answered"]
 
 
-def test_the_synchronous_floor_server_holds_a_thread_per_request_for_its_delay():
+def test_the_synchronous_floor_server_holds_a_thread_per_request_for_its_delay(monkeypatch):
+    events: list[str] = []
+
+    def sleep(seconds: float) -> None:
+        events.append(f"asleep {seconds}")
+        time.sleep(seconds)
+        events.append("awake")
+
+    monkeypatch.setattr(grpc_floor, "time", SimpleNamespace(sleep=sleep))
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     translate_pb2_grpc.add_TranslatorServicer_to_server(grpc_floor.SyncEcho(0.2), server)
     port = server.add_insecure_port("127.0.0.1:0")
@@ -51,14 +69,14 @@ def test_the_synchronous_floor_server_holds_a_thread_per_request_for_its_delay()
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             translate = translate_pb2_grpc.TranslatorStub(channel).Translate
-            started = time.monotonic()
             calls = [translate.future(translate_pb2.TranslateRequest(texts=[str(i)])) for i in range(3)]
             replies = [call.result(10) for call in calls]
-            seconds = time.monotonic() - started
     finally:
         server.stop(None)
     assert [r.translations[0].text for r in replies] == ["0", "1", "2"]
-    assert seconds >= 0.4  # two threads: the third request waits for one of them
+    assert sorted(events) == ["asleep 0.2"] * 3 + ["awake"] * 3
+    third = [i for i, event in enumerate(events) if event.startswith("asleep")][2]
+    assert events.index("awake") < third  # two threads: the third request waits until one of them is free
 
 
 def test_the_in_process_core_translates_every_text_once(tiny_export: Path):

@@ -3,7 +3,6 @@ The tiny random-weight model loops on almost any input ("rororo..."), which make
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -35,12 +34,10 @@ def server(tiny_export: Path) -> Iterator[RunningServer]:
 def test_hostile_inputs_finish_within_the_guards_bound_flagged(server: RunningServer):
     repetition = {"model": "tiny-test", "reason": "repetition"}
     before = server.count("translate_output_guard_total", repetition)
-    started = time.monotonic()
     with ThreadPoolExecutor(len(HOSTILE)) as pool:  # under load: all at once, beside a beam search
         futures = [pool.submit(server.translate, [text]) for text in HOSTILE]
         beam = pool.submit(server.translate, HOSTILE[:3], beam=4)
         translations = [f.result().translations[0] for f in futures] + list(beam.result().translations)
-    assert time.monotonic() - started < 30
     for translation in translations:  # never past the length bound of 2 x source + 10 tokens per sentence
         assert translation.output_tokens <= translation.segments * 10 + 2 * (
             translation.input_tokens + translation.segments

@@ -5,7 +5,6 @@ CORS, /health and a /suggest that is off."""
 from __future__ import annotations
 
 import json
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -213,10 +212,10 @@ def test_a_100000_character_html_document_translates_whole_keeping_its_paragraph
 
 @pytest.mark.parametrize("text", ["a" * 100_000, "!?.,;:" * 16_666, ".!? " * 25_000], ids=["word", "punct", "stops"])
 def test_hostile_long_texts_are_answered_in_bounded_time(server: RunningServer, text: str):
-    started = time.monotonic()
+    """Answered, not stuck: http() gives up on an answer that takes over a minute (the work a text's length
+    costs is counted in tests/server/test_linear_cost.py)."""
     status, _, body = http(server, "/translate", {"q": text, "source": "en", "target": "de"})
     assert status in (200, 400, 429) and (body.get("translatedText") or body.get("error")), (status, body)
-    assert time.monotonic() - started < 60
 
 
 def test_language_codes_are_read_in_any_case_over_http_and_grpc(server: RunningServer):

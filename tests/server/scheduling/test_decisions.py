@@ -12,6 +12,7 @@ import pytest
 
 from server.errors import Cancelled, DeadlineExceeded
 from server.operations.metrics import Metrics
+from server.scheduling import scheduler as scheduler_module
 from server.scheduling.decisions import Leaving, Pause, leaving
 from server.scheduling.scheduler import Scheduler
 from testkit.servers import server_config
@@ -59,18 +60,36 @@ def test_applying_leaving_answers_the_job_and_frees_its_rows_and_queue_places():
     assert scheduler.memory.reserved_bytes == 0
 
 
-def test_applying_a_pause_sleeps_it_counts_it_and_the_lane_owes_nothing_after():
+class SleepingClock:
+    """The scheduler's clock, still but for the sleeps it is asked for, which it records."""
+
+    def __init__(self, now: float) -> None:
+        self.now, self.slept = now, []
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    monotonic = perf_counter
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def test_applying_a_pause_sleeps_it_counts_it_and_the_lane_owes_nothing_after(monkeypatch):
     engine, scheduler = _unstarted()
     lane = scheduler.lanes[0]
     paused = scheduler.metrics.lane_paused.labels(engine.name, lane.name)
     before = paused._value.get()
+    clock = SleepingClock(5.0)
+    monkeypatch.setattr(scheduler_module, "time", clock)
     scheduler.apply(lane, Pause(owed_seconds=0.003, seconds=0.0, at=5.0))  # owed, not paid yet
     assert (lane.owed_seconds, lane.off_cpu_since) == (0.003, 5.0) and paused._value.get() == before
-    start = time.perf_counter()
-    scheduler.apply(lane, Pause(owed_seconds=0.01, seconds=0.01, at=time.perf_counter()))
-    assert time.perf_counter() - start >= 0.01
+    assert clock.slept == []
+    scheduler.apply(lane, Pause(owed_seconds=0.01, seconds=0.01, at=5.0))
+    assert clock.slept == [0.01]
     assert paused._value.get() - before == pytest.approx(0.01)
-    assert lane.owed_seconds == 0.0 and lane.off_cpu_since >= start + 0.01
+    assert lane.owed_seconds == 0.0 and lane.off_cpu_since == pytest.approx(5.01)  # off the CPU until it woke
 
 
 def test_a_step_takes_the_schedulers_lock_once_on_each_path():

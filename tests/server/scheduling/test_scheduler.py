@@ -82,25 +82,42 @@ def test_translations_identical_under_both_schedulers(scheduled, tiny_export: Pa
 
 
 def test_short_requests_finish_before_a_long_one(scheduled):
+    """The short requests arrive once the long one decodes. Continuous: the long one's lane steps on only once
+    they are answered, which they would not be if they waited for it. Static: they wait for the batch it is in."""
     name, server = scheduled
-    finished: dict[str, float] = {}
+    lanes = server.server.scheduler.lanes
+    longest = max(lane.size_class for lane in lanes)  # static: the one lane
+    finished: list[int] = []  # the source tokens of each sentence a lane finishes, in the order they finish
+    long_decoding, shorts_answered, held_up = threading.Event(), threading.Event(), threading.Event()
+    for lane in lanes:
 
-    def timed(label: str, text: str) -> None:
-        server.translate([text])
-        finished[label] = time.monotonic()
+        def step(step=lane.batch.step, lane=lane):
+            if lane.size_class == longest:
+                long_decoding.set()
+                if name == "continuous" and not held_up.is_set() and not shorts_answered.wait(30):
+                    held_up.set()  # the short ones waited for this lane: it steps on unheld
+            done = step()
+            finished.extend(segment.source_tokens for segment, _ in done)
+            return done
 
-    with ThreadPoolExecutor(9) as pool:
-        pool.submit(timed, "long", LONG_TEXT)
-        # The long one is decoding when the short ones arrive (it decodes ~190 steps in about 50 ms; static
-        # batching must also be past its max_batch_delay_ms of 10 ms).
-        time.sleep(0.05 if name == "static" else 0.005)
-        for i, sentence in enumerate(own_sentences(8)):
-            pool.submit(timed, f"short{i}", sentence)
-    shorts = [t for label, t in finished.items() if label != "long"]
+        lane.batch.step = step
+    try:
+        with ThreadPoolExecutor(9) as pool:
+            long = pool.submit(server.translate, [LONG_TEXT])
+            assert long_decoding.wait(30)
+            for short in [pool.submit(server.translate, [sentence]) for sentence in own_sentences(8)]:
+                short.result()
+            shorts_answered.set()
+            long.result()
+    finally:
+        for lane in lanes:
+            del lane.batch.step
+    long_tokens = max(finished)
+    assert len(finished) == 9 and finished.count(long_tokens) == 1
     if name == "continuous":
-        assert max(shorts) < finished["long"], "short requests must not wait for the long one"
+        assert not held_up.is_set() and finished[-1] == long_tokens, "short requests must not wait for the long one"
     else:
-        assert min(shorts) > finished["long"], "static batching makes arrivals wait for the running batch"
+        assert finished[0] == long_tokens, "static batching makes arrivals wait for the running batch"
 
 
 @pytest.mark.parametrize("long_input", ["one sentence", "document"])
@@ -518,17 +535,27 @@ def test_an_idle_lane_stops_waiting_for_a_batch_once_arrivals_pause(gap_ms: floa
     lane = scheduler.lanes[0]
     lane.load(engine)
     first, late = fake_job(engine, ["A dog runs."]), fake_job(engine, ["A cat sleeps."])
+    arrivals = [] if gap_ms else [late]  # no gap: one more arrives as the lane waits
+    waits: list[float | None] = []
+    wait = lane.wake.wait
+
+    def waiting(timeout: float | None = None) -> bool:
+        waits.append(timeout)
+        if arrivals:  # submitted with the scheduler's lock let go, as the lane's wait lets it go
+            scheduler.lock.release()
+            try:
+                scheduler.submit(arrivals.pop())
+            finally:
+                scheduler.lock.acquire()
+        return wait(timeout)
+
+    lane.wake.wait = waiting
     scheduler.submit(first)
-    later = threading.Timer(0.1, scheduler.submit, [late])
-    later.start()
-    start = time.monotonic()
     admitted = scheduler._admit(lane)
-    waited = time.monotonic() - start
-    later.join()
-    if gap_ms:
-        assert admitted == first.segments and waited < 0.05  # the arrivals paused: no point waiting on
-    else:
-        assert admitted == first.segments + late.segments and waited >= 0.29  # the whole delay
+    if gap_ms:  # the arrivals paused: it waited at most the gap after the last one, never toward the delay
+        assert [s.job for s in admitted] == [first] and all(timeout <= gap_ms / 1000 for timeout in waits)
+    else:  # it waited for the delay, and took what arrived meanwhile
+        assert [s.job for s in admitted] == [first, late] and all(timeout <= 0.3 for timeout in waits)
 
 
 def test_scheduler_and_service_import_no_inference_runtime():
