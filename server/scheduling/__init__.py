@@ -1,2 +1,3 @@
-"""Who decodes when: the scheduler and its lanes, admission and its policies, the jobs it answers, the
-memory budget, a step's decisions and the threads the lanes run on. No front door, no document."""
+"""Who decodes when: the scheduler and its lanes, admission and its policies, how longer lanes keep moving, the
+jobs it answers, the memory budget, a step's decisions and the threads the lanes run on. No front door, no
+document."""

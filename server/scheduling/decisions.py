@@ -1,7 +1,8 @@
 """What a lane does at a step, as plain values: who leaves it (``Leaving``), who joins its batch
 (``Admission``) and whether it pauses after its step (``Pause``). Each is decided from the lanes' state
-without changing it (``leaving``, ``Admissions.decide`` in server/scheduling/admission.py, ``Lane.pause_after``) and
-applied in one call (``Scheduler.apply``), so that what the scheduler decides is tested without threads."""
+without changing it (``leaving``, ``Admissions.decide`` in server/scheduling/admission.py, ``LongerLanes.pause``
+in server/scheduling/fairness.py) and applied in one call (``Scheduler.apply``), so that what the scheduler
+decides is tested without threads."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ class Admission:
 
 @dataclass(frozen=True)
 class Pause:
-    """After a lane's step: what it owes longer lanes (policies.pause_owed) and the pause it takes now."""
+    """After a lane's step: what it owes longer lanes (fairness.pause_owed) and the pause it takes now."""
 
     owed_seconds: float
     seconds: float  # 0: none now (it owes nothing, or less than PAUSE_AT_LEAST_SECONDS)

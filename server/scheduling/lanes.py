@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from server.interface import Batch, Engine
 from server.scheduling.decisions import Pause
-from server.scheduling.policies import PAUSE_AT_LEAST_SECONDS, pause_owed
+from server.scheduling.fairness import LongerLanes
 from server.scheduling.threads import lower_thread_priority, name_thread
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ class Lane:
     ready: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
     join_seconds: float = 0.0  # a join's duration, a running average
-    owed_seconds: float = 0.0  # the pause it owes longer lanes (``pause_after``)
+    owed_seconds: float = 0.0  # the pause it owes longer lanes (server/scheduling/fairness.py)
     off_cpu_since: float = 0.0  # when its last step or pause ended (time.perf_counter())
 
     # --- its life, on its own thread: the scheduler calls these and assigns none of its fields ----------
@@ -109,17 +109,10 @@ class Lane:
         runs out of work may take."""
         return itertools.islice(self.waiting, max(0, room - len(self.running)), None)
 
-    # --- pauses: the share of its core that it leaves to longer lanes -------------------
-
-    def pause_after(self, busy: float, now: float, share: float, longer_decode: bool) -> Pause:
-        """After a step of ``busy`` seconds that ended at ``now`` (time.perf_counter()): while a longer lane (lower
-        OS priority) decodes (``longer_decode``), what this lane owes it for its ``share`` of the core
-        (policies.pause_owed), paid once it reaches PAUSE_AT_LEAST_SECONDS; otherwise it owes nothing."""
-        idle = max(0.0, now - busy - self.off_cpu_since)
-        owed = pause_owed(self.owed_seconds, idle, busy, share) if share and longer_decode else 0.0
-        return Pause(owed, owed if owed >= PAUSE_AT_LEAST_SECONDS else 0.0, now)
+    # --- pauses: the share of its core that it leaves to longer lanes (server/scheduling/fairness.py) -----
 
     def owe(self, pause: Pause) -> None:
+        """It owes ``pause.owed_seconds``, counted from ``pause.at``."""
         self.owed_seconds, self.off_cpu_since = pause.owed_seconds, pause.at
 
     def paused(self, until: float) -> None:
@@ -145,10 +138,10 @@ class Lane:
             self.ready.set()
 
 
-def model_lanes(replicas: Mapping[str, int], bounds: Sequence[int], niceness: int) -> dict[str, list[Lane]]:
+def model_lanes(replicas: Mapping[str, int], bounds: Sequence[int], fairness: LongerLanes) -> dict[str, list[Lane]]:
     """Each model's lanes (``replicas``: each model's running batches per size), shortest first, numbered across
     models: each size has that many lanes (named "1-64/0", "1-64/1"... when more than one), each further size at
-    ``niceness`` lower priority than the size before."""
+    a lower OS priority than the size before (``fairness.niceness``)."""
     lanes: dict[str, list[Lane]] = {}
     index = itertools.count()
     for model, count in replicas.items():
@@ -156,7 +149,7 @@ def model_lanes(replicas: Mapping[str, int], bounds: Sequence[int], niceness: in
         for size, name in enumerate(lane_names(bounds)):
             for r in range(count):
                 lane_name = name if count == 1 else f"{name}/{r}"
-                lanes[model].append(Lane(next(index), lane_name, model, niceness * size, size))
+                lanes[model].append(Lane(next(index), lane_name, model, fairness.niceness(size), size))
     return lanes
 
 
@@ -183,12 +176,6 @@ def lane_names(bounds: Sequence[int]) -> list[str]:
     """Lanes named by the source tokens of the requests they take: bounds 64 give "1-64" and "65+"."""
     lows = [1] + [bound + 1 for bound in bounds]
     return [f"{low}-{high}" for low, high in zip(lows[:-1], bounds, strict=True)] + [f"{lows[-1]}+"]
-
-
-def longer_lanes_decode(lanes: Sequence[Lane], lane: Lane) -> bool:
-    """Whether a lane at lower OS priority than ``lane`` has rows. Any model's lane, not only this model's longer
-    lanes: the OS starves a long lane for every busier lane of higher priority, whichever model it serves."""
-    return any(other.running for other in lanes if other.niceness > lane.niceness)
 
 
 def wake_blocked(lanes: Sequence[Lane]) -> None:

@@ -19,9 +19,6 @@ if TYPE_CHECKING:
 
 # continuous: a sentence that waited this long for room other lanes hold stops them from admitting.
 STARVATION_SECONDS = 1.0
-# continuous: a lane pays the pause it owes longer lanes (``pause_owed``) once the debt reaches this, so that it
-# sleeps in pieces of a few steps rather than after every step.
-PAUSE_AT_LEAST_SECONDS = 0.005
 
 Fits = Callable[[list["QueuedSentence"]], bool]
 Starving = Optional["QueuedSentence"]  # waited STARVATION_SECONDS for room: other lanes admit nobody until it fits
@@ -30,15 +27,6 @@ Starving = Optional["QueuedSentence"]  # waited STARVATION_SECONDS for room: oth
 def length_class(tokens: int) -> int:
     """The length class (LENGTH_CLASSES) of a source of this many tokens."""
     return next((i for i, high in enumerate(LENGTH_CLASSES) if tokens <= high), len(LENGTH_CLASSES))
-
-
-def pause_owed(owed: float, idle: float, busy: float, share: float) -> float:
-    """continuous: the pause a lane owes longer lanes while they decode, after a step of ``busy`` s
-    that came ``idle`` seconds after its last one (or its last pause) ended. Longer lanes run at a lower OS
-    priority, so a shorter lane that never leaves the CPU starves them; each busy second of it owes them
-    share / (1 - share) seconds, which time it spent off the CPU anyway pays back. So when it is saturated,
-    longer lanes keep ``share`` of its core, and when it idles, nothing changes."""
-    return max(0.0, owed - idle) + busy * share / (1.0 - share)
 
 
 def admit_static(waiting: Sequence[QueuedSentence], fits: Fits) -> list[QueuedSentence]:

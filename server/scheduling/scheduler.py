@@ -36,8 +36,9 @@ from server.operations.metrics import Metrics
 from server.scheduling.admission import Admissions
 from server.scheduling.budget import MemoryBudget
 from server.scheduling.decisions import Admission, Leaving, Pause, leaving
+from server.scheduling.fairness import LongerLanes
 from server.scheduling.jobs import Job, QueuedSentence, Throughput
-from server.scheduling.lanes import Lane, longer_lanes_decode, model_lanes, wake_blocked
+from server.scheduling.lanes import Lane, model_lanes, wake_blocked
 from server.scheduling.policies import POLICIES, length_groups
 from server.scheduling.threads import plan_threads
 
@@ -63,7 +64,8 @@ class Scheduler:
         self.memory = MemoryBudget(config.memory_budget_bytes, {name: e.memory for name, e in self.engines.items()})
         self.bounds = self.settings.lanes if policy.splits_lanes else ()
         replicas = {name: self.threads.replicas(engine.provider) for name, engine in self.engines.items()}
-        self.lanes_of = model_lanes(replicas, self.bounds, self.settings.lane_niceness)  # shortest first
+        self.fairness = LongerLanes(self.settings.lane_niceness, self.settings.long_lane_share)
+        self.lanes_of = model_lanes(replicas, self.bounds, self.fairness)  # shortest first
         self.lanes = [lane for lanes in self.lanes_of.values() for lane in lanes]
         self.admissions = Admissions(self.settings, policy, self.memory, self.lanes_of, metrics)
         for lane in self.lanes:  # every lane shows no rows until it has some, and no pause until it takes one
@@ -244,9 +246,7 @@ class Scheduler:
 
     def _pause(self, lane: Lane, seconds: float) -> Pause:
         """After a step of ``seconds``: the pause the lane owes longer lanes (``--long-lane-share``)."""
-        share = self.settings.long_lane_share
-        longer = bool(share) and longer_lanes_decode(self.lanes, lane)
-        return lane.pause_after(seconds, time.perf_counter(), share, longer)
+        return self.fairness.pause(lane, self.lanes, seconds, time.perf_counter())
 
     def _has_work_elsewhere(self, lane: Lane) -> bool:
         """Whether an idle lane may take sentences queued for its replicas."""

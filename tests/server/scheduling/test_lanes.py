@@ -1,5 +1,5 @@
 """A lane on its own (server/scheduling/lanes.py): a model's lanes, where a request's sentences go, what it leaves for
-its replicas to take, and the pause it owes longer lanes; no scheduler, no inference threads."""
+its replicas to take, and that only its methods change it; no scheduler, no inference threads."""
 
 from __future__ import annotations
 
@@ -10,16 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from server.scheduling.decisions import Pause
+from server.scheduling.fairness import LongerLanes
 from server.scheduling.jobs import QueuedSentence
 from server.scheduling.lanes import Lane, model_lanes, size_class, spread
-from server.scheduling.policies import PAUSE_AT_LEAST_SECONDS
 from testkit.sentences import own_sentences
 from tests.server.fake_engine import FakeEngine, fake_job
 
 
 def test_every_lane_size_has_its_replicas_numbered_across_models_and_longer_sizes_run_at_lower_priority():
-    lanes = model_lanes({"en-de": 2, "de-en": 1}, bounds=(64,), niceness=10)
+    lanes = model_lanes({"en-de": 2, "de-en": 1}, bounds=(64,), fairness=LongerLanes(niceness_step=10))
     names = {
         model: [(lane.index, lane.name, lane.size_class, lane.niceness) for lane in lanes[model]] for model in lanes
     }
@@ -70,22 +69,6 @@ def test_a_lane_overflows_with_what_its_batch_has_no_room_for():
     lane.join(document[0])
     assert list(lane.overflow(3)) == document[3:]  # 1 running, 2 waiting fit in a room of 3
     assert list(lane.overflow(1)) == document[1:]
-
-
-def test_a_lane_owes_a_pause_only_while_longer_lanes_decode_and_pays_it_in_pieces():
-    lane = Lane(0, "1-16", "m", 0)
-    first = lane.pause_after(busy=0.002, now=1.0, share=0.5, longer_decode=True)  # a half share: a second per second
-    assert first == Pause(owed_seconds=0.002, seconds=0.0, at=1.0)  # under PAUSE_AT_LEAST_SECONDS: not yet
-    assert (lane.owed_seconds, lane.off_cpu_since) == (0.0, 0.0)  # deciding changes nothing
-    lane.owe(first)
-    assert (lane.owed_seconds, lane.off_cpu_since) == (0.002, 1.0)
-    second = lane.pause_after(busy=0.004, now=1.004, share=0.5, longer_decode=True)  # no time off the CPU between
-    assert second.seconds == pytest.approx(0.006) and second.seconds >= PAUSE_AT_LEAST_SECONDS
-    lane.owe(second)
-    lane.paused(until=1.010)
-    assert (lane.owed_seconds, lane.off_cpu_since) == (0.0, 1.010)
-    assert lane.pause_after(busy=0.004, now=1.014, share=0.5, longer_decode=False) == Pause(0.0, 0.0, 1.014)
-    assert lane.pause_after(busy=0.004, now=1.014, share=0.0, longer_decode=True) == Pause(0.0, 0.0, 1.014)
 
 
 MUTATORS = {"append", "appendleft", "remove", "pop", "popleft", "clear", "extend", "insert", "setdefault", "discard"}

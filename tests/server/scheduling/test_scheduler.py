@@ -17,12 +17,9 @@ from runtime.offline import translate
 from runtime.options import EngineSettings, RuntimeOptions
 from server.errors import Overloaded
 from server.operations.metrics import Metrics
+from server.scheduling.fairness import PAUSE_AT_LEAST_SECONDS
 from server.scheduling.jobs import Job, QueuedSentence
-from server.scheduling.policies import (
-    PAUSE_AT_LEAST_SECONDS,
-    STARVATION_SECONDS,
-    pause_owed,
-)
+from server.scheduling.policies import STARVATION_SECONDS
 from server.scheduling.scheduler import Scheduler
 from testkit.sentences import own_sentences
 from testkit.servers import RunningServer, server_config
@@ -390,19 +387,6 @@ def test_a_job_decoding_in_two_lanes_is_answered_once_or_cancelled_from_both():
     assert type(cancelled.error).__name__ == "Cancelled"
     assert scheduler.running == 0 and scheduler.waiting == 0 and scheduler.memory.reserved_bytes == 0
     assert all(lane.batch.rows == 0 for lane in scheduler.lanes)
-
-
-def test_a_saturated_lane_owes_longer_lanes_their_share_and_time_off_the_cpu_pays_it():
-    share, step = 0.3, 0.002
-    owed, paused, busy = 0.0, 0.0, 0.0
-    for _ in range(1000):  # never idle: it pauses whenever it owes PAUSE_AT_LEAST_SECONDS
-        owed = pause_owed(owed, 0.0, step, share)
-        busy += step
-        if owed >= PAUSE_AT_LEAST_SECONDS:
-            paused, owed = paused + owed, 0.0
-    assert paused / (paused + busy) == pytest.approx(share, abs=0.01)
-    assert pause_owed(0.004, 0.010, step, share) == pytest.approx(step * share / (1 - share))  # idle paid it
-    assert pause_owed(0.004, 0.0, step, 0.0) == 0.004
 
 
 def _paused_while(long_work: list[str], share: float) -> float:
