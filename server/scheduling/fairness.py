@@ -34,8 +34,8 @@ def pause_owed(owed: float, idle: float, busy: float, share: float) -> float:
 
 @dataclass(frozen=True)
 class LongerLanes:
-    niceness_step: int = 10  # --lane-niceness: OS niceness added per lane size above the first (0..19)
-    share: float = 0.5  # --long-lane-share: the share of a shorter lane's core left to longer lanes that decode
+    niceness_step: int  # --lane-niceness: OS niceness added per lane size above the first (0..19)
+    share: float  # --long-lane-share: the share of a shorter lane's core left to longer lanes that decode
 
     def niceness(self, size_class: int) -> int:
         """The OS niceness added to the threads of a lane of this size (0: the shortest)."""

@@ -13,8 +13,8 @@ from tests.server.fake_engine import FakeEngine, fake_job
 
 
 def test_each_longer_size_runs_a_step_lower():
-    assert [LongerLanes(niceness_step=10).niceness(size) for size in range(3)] == [0, 10, 20]
-    assert [LongerLanes(niceness_step=0).niceness(size) for size in range(3)] == [0, 0, 0]
+    assert [LongerLanes(niceness_step=10, share=0.5).niceness(size) for size in range(3)] == [0, 10, 20]
+    assert [LongerLanes(niceness_step=0, share=0.5).niceness(size) for size in range(3)] == [0, 0, 0]
 
 
 def _decoding(lane: Lane) -> Lane:

@@ -18,7 +18,7 @@ from tests.server.fake_engine import FakeEngine, fake_job
 
 
 def test_every_lane_size_has_its_replicas_numbered_across_models_and_longer_sizes_run_at_lower_priority():
-    lanes = model_lanes({"en-de": 2, "de-en": 1}, bounds=(64,), fairness=LongerLanes(niceness_step=10))
+    lanes = model_lanes({"en-de": 2, "de-en": 1}, bounds=(64,), fairness=LongerLanes(niceness_step=10, share=0.5))
     names = {
         model: [(lane.index, lane.name, lane.size_class, lane.niceness) for lane in lanes[model]] for model in lanes
     }
