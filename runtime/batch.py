@@ -122,9 +122,9 @@ class RowLayout(Protocol):
 
     def __len__(self) -> int: ...
 
-    def placed(self) -> list[tuple[Hashable, Search, int, int]]:
-        """The live sources, in the order of the step's per-source outputs, as ``Placed``'s fields (plain tuples:
-        made at every step)."""
+    def placed(self) -> Sequence[Placed]:
+        """The live sources, in the order of the step's per-source outputs (a layout may keep the list while no
+        source joins, leaves or changes its number of rows)."""
 
     def greedy_only(self) -> bool:
         """Whether every row is a greedy source's, one a source (a row's index is its source's)."""
@@ -225,7 +225,8 @@ class DecodeBatch:
         # Each source's candidates, ranked by the step (CANDIDATE_OUTPUTS), if it does: as lists, once.
         ranked = [output.tolist() for output in outputs[3:]]
         advanced, finished, results = [], [], []
-        for key, search, index, first in layout.placed():
+        for placed in layout.placed():
+            key, search, index, first = placed
             before = search.rows
             part = slice(first, first + before)
             if ranked and search.width > 1:  # a RankedSearch
@@ -234,9 +235,9 @@ class DecodeBatch:
             else:
                 origins, next_tokens = search.advance(top_log_probs[part], top_ids[part], eos_log_probs[part])
             if search.rows:
-                advanced.append(Advanced(Placed(key, search, index, first), before, origins, next_tokens))
+                advanced.append(Advanced(placed, before, origins, next_tokens))
             else:
-                finished.append(Placed(key, search, index, first))
+                finished.append(placed)
                 results.append((key, search.result()))
         layout.after_beam_step(advanced, finished)
         return results
@@ -247,9 +248,10 @@ class DecodeBatch:
         end is never read."""
         finished, results = [], []
         best, best_log_probs = top_ids.tolist(), top_log_probs.tolist()
-        for key, search, index, row in self.layout.placed():  # each a OneRowSearch
+        for placed in self.layout.placed():  # each a OneRowSearch, its row its first
+            key, search, _, row = placed
             if not all(map(search.take, best[row], best_log_probs[row])):
-                finished.append(Placed(key, search, index, row))
+                finished.append(placed)
                 results.append((key, search.result()))
         self.layout.after_greedy_step(top_ids[:, -1], best, finished)
         return results

@@ -40,6 +40,7 @@ class CompactRows:
         self.top_k = np.ones(1, np.int64)
         self.row_scores = np.zeros((0, 1))  # each row's running score (float64), for the step's search head
         self._count_list: list[int] = []  # each source's rows
+        self._placed: list[Placed] | None = None  # placed(), kept while the sources and their rows do
         self._set_groups()
         self._key = BatchKey()
         self._inputs: StepInputs | None = None  # the last step's, kept while their layout holds
@@ -60,9 +61,11 @@ class CompactRows:
     def cross_bytes(self) -> int:
         return self.sources.nbytes
 
-    def placed(self) -> list[tuple[Hashable, Search, int, int]]:
-        searches, firsts = self.searches, itertools.accumulate(self._count_list, initial=0)  # counts as of now
-        return list(zip(searches, searches.values(), range(len(searches)), firsts, strict=False))
+    def placed(self) -> list[Placed]:
+        if self._placed is None:  # made again once sources joined, left or changed their rows (``_changed``)
+            searches, firsts = self.searches, itertools.accumulate(self._count_list, initial=0)
+            self._placed = list(map(Placed, searches, searches.values(), range(len(searches)), firsts))
+        return self._placed
 
     def greedy_only(self) -> bool:
         return self.top_k[0] == 1
@@ -203,7 +206,7 @@ class CompactRows:
             return
         if tokens is not None:
             self.tokens = np.asarray(tokens, np.int64)
-        self._count_list = counts
+        self._count_list, self._placed = counts, None
         self._set_groups()
         self.row_scores = (np.zeros(sum(counts)) if scores is None else np.array(scores, np.float64))[:, None].copy()
         self._version += 1

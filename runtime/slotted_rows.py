@@ -75,9 +75,9 @@ class SlottedRows:
     def cross_bytes(self) -> int:
         return sum(map(self.buffers.nbytes, self.cross))
 
-    def placed(self) -> list[tuple[Hashable, Search, int, int]]:
+    def placed(self) -> list[Placed]:
         group = self.bucket.group
-        return [(*self.slots[n], n, n * group) for n in self.where.values()]
+        return [Placed(*self.slots[n], n, n * group) for n in self.where.values()]
 
     def greedy_only(self) -> bool:
         return self.bucket.group == 1
