@@ -88,7 +88,7 @@ class OrtBackend:
         self.device_k_steps: DeviceSteps | None = None
         if self.plan.device_buckets:
             self._device_buckets(options)
-        self.k_steps = self._k_steps(options) if self.steps_per_run > 1 and self.device_k_steps is None else None
+        self.k_steps, self.small_k_steps = self._k_steps(options) if self.plan.host_greedy_runs else (None, None)
 
     # --- the plan's choices, by the names the engine's callers read ---------------
 
@@ -145,8 +145,8 @@ class OrtBackend:
 
     @staticmethod
     def _onnx(what: str) -> Any:
-        """The onnx package, for ``what``'s graphs: the serving image leaves it out, so it is imported only here,
-        and its absence is said when a model loads, not mid-request."""
+        """The onnx package, for ``what``'s graphs (a dependency of the package, so absent only where someone
+        removed it): imported only here, and its absence is said when a model loads, not mid-request."""
         try:
             import onnx
         except ImportError as e:
@@ -157,18 +157,27 @@ class OrtBackend:
         """The decoder's graph as an onnx.ModelProto, for the graphs made from it."""
         return self._onnx(what).load(str(self.folder / self.manifest["variants"][self.variant]["decoder"]))
 
-    def _k_steps(self, options: RuntimeOptions) -> StepBindings:
-        """The session of ``steps_per_run`` greedy steps per run (runtime/step_graphs.py) and its bindings, on host
-        buffers."""
-        graph = self._graph("steps_per_run > 1")
+    def _k_steps(self, options: RuntimeOptions) -> tuple[StepBindings, StepBindings]:
+        """The session that greedy batches run, ``steps_per_run`` steps per run (runtime/step_graphs.py), with its
+        bindings on host buffers, in the compact layout over the greedy step (``EnginePlan.greedy_graph``); and
+        the one for runs under SMALL_BATCH_ROWS rows (the same one without ``small_batch_threads``)."""
+        graph = self._graph("greedy batches' graph")
         from runtime.step_graphs import k_step_graph
 
         k = options.steps_per_run
-        model = k_step_graph(graph, k).SerializeToString()
-        session = open_session(
-            model, self.provider, options.settings.intra_op_threads, options.spinning, options.memory_arena
-        )
-        return StepBindings(session, self.device, partial(bind_k_steps, k=k))
+        model = k_step_graph(graph, k, rows_are_sources=self.plan.greedy_graph).SerializeToString()
+
+        def bindings(threads: int) -> StepBindings:
+            session = open_session(model, self.provider, threads, options.spinning, options.memory_arena)
+            return StepBindings(session, self.device, partial(bind_k_steps, k=k))
+
+        steps = bindings(options.settings.intra_op_threads)
+        small = self.small_decoder is not self.decoder and options.small_batch_threads
+        return steps, bindings(small) if small else steps
+
+    def _greedy_runs(self, inputs: StepInputs) -> tuple[np.ndarray, np.ndarray]:
+        """A greedy batch's run (``k_steps``), on the small-batch session under SMALL_BATCH_ROWS rows."""
+        return (self.small_k_steps if inputs.rows < SMALL_BATCH_ROWS else self.k_steps).run(inputs)
 
     def _device_buckets(self, options: RuntimeOptions) -> None:
         """Buckets whose buffers live on the device, their steps (and runs of ``steps_per_run`` greedy steps)
@@ -257,7 +266,7 @@ class OrtBackend:
         ``cache_pool`` (RuntimeOptions.reuse_cache_buffers) and gives them back."""
         c = self.config
         shape = RowShape(c.n_decoder_layers, c.n_heads, self.d_cache, c.decoder_start_id, self.cache_dtype)
-        step, k_steps = self.step, self.k_steps.run if self.k_steps else None
+        step, k_steps = self.step, self._greedy_runs if self.k_steps else None
         if self.batch_layout == "buckets":
             if self.device_steps is None:
                 rows = SlottedRows(shape)  # on host buffers, which the CPU provider steps on in place

@@ -155,8 +155,9 @@ class DecodeBatch:
     """The running decode batch (``server.interface.Batch``): sources with their searches, in a ``RowLayout``.
 
     ``step_fn(inputs)`` computes one decoder step over the ``StepInputs`` (runtime/contract.py has the names),
-    writes each row's new self-attention entry into the cache in place, and returns ``StepOutputs``; a greedy
-    batch's ``k_steps_fn`` makes ``steps_per_run`` steps in one run. ``decoding`` makes each joining source's search.
+    writes each row's new self-attention entry into the cache in place, and returns ``StepOutputs``; when every
+    source is greedy, ``k_steps_fn``, where there is one, makes ``steps_per_run`` steps (1 or more) in one run
+    instead, over a graph without the search head. ``decoding`` makes each joining source's search.
     """
 
     def __init__(
@@ -212,7 +213,7 @@ class DecodeBatch:
         """One decoder step for every row; returns the sources finished by it, with their hypotheses."""
         layout = self.layout
         inputs = layout.begin_step(self.steps_per_run)
-        if self.steps_per_run > 1 and layout.greedy_only():  # every source greedy: k steps in one run
+        if self.k_steps_fn is not None and layout.greedy_only():  # every source greedy: their own graph's run
             tokens, log_probs = self.k_steps_fn(inputs)
             layout.advance(self.steps_per_run)
             return self._greedy_step(log_probs, tokens)

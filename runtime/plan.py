@@ -33,6 +33,18 @@ class EnginePlan:
         return "cuda" if self.provider == "cuda" else "cpu"
 
     @property
+    def greedy_graph(self) -> bool:
+        """Greedy batches run the greedy step graph (runtime/step_graphs.py, ``greedy_step_graph``) at any steps per
+        run: a compact batch on the host, where each greedy source's one row is its group."""
+        return self.batch_layout == "compact" and not self.io_binding
+
+    @property
+    def host_greedy_runs(self) -> bool:
+        """Greedy batches on host buffers run a graph of their own: the greedy step's (``greedy_graph``), or a
+        slotted batch's several steps per run over the full step's copies."""
+        return self.greedy_graph or (self.steps_per_run > 1 and not self.io_binding)
+
+    @property
     def device_buckets(self) -> bool:
         """Buckets whose buffers live where the step runs, their steps run by runtime/captured.py."""
         return self.batch_layout == "buckets" and self.io_binding

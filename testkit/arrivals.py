@@ -51,3 +51,12 @@ def decode_arriving(
                 stepped(batch)
         step += 1
     return Decoded(results, steps)
+
+
+def full_step_batch(engine: Any) -> Any:
+    """A new batch of ``engine`` (an ``OrtBackend``) whose greedy sources step on the full step graph, search head
+    and all, as beam search's do, rather than on greedy batches' own graph: what the greedy graph is checked
+    against."""
+    batch = engine.new_batch()
+    batch.k_steps_fn = None
+    return batch

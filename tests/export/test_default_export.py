@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import onnx
+import onnxruntime as ort
 import pytest
 import sacrebleu
 
@@ -21,6 +23,9 @@ from runtime.backend import OrtBackend
 from runtime.cpu import describe_cpu, int8_products_saturate
 from runtime.manifest import read_manifest
 from runtime.options import EngineSettings, RuntimeOptions
+from runtime.search import default_max_output
+from runtime.step_graphs import k_step_graph
+from testkit.arrivals import decode_arriving, full_step_batch
 from tests.conftest import MULTI30K, OWN_SENTENCES, own_sentences
 
 INT8_BLEU_DROP = 0.3  # the most int8 may lose against fp32 on test_2016_flickr, on any x86-64 CPU
@@ -124,3 +129,41 @@ def test_int8_bleu_drop_is_small_on_a_cpu_without_vnni(direction, default_export
         )
         scores[variant] = sacrebleu.corpus_bleu(result.stdout.decode().splitlines(), [references]).score
     assert scores["fp32"] - scores["int8"] <= INT8_BLEU_DROP, f"{scores}: fp32 here, int8 on {EMULATED_CPU} (qemu)"
+
+
+GREEDY_GRAPH_SENTENCES = 300  # the first of test_2016_flickr in the suite; all 1,000 in the note, identical too
+
+
+def test_the_greedy_graph_decodes_the_full_steps_tokens_on_test_2016_flickr(
+    direction, default_export: Path, multi30k: Path, tmp_path: Path
+):
+    """fp32, one sentence at a time and in a batch of 32 that sources join at every step: greedy batches' own
+    graph (runtime/step_graphs.py) decodes the full step's tokens; and as ONNX Runtime runs it with the fusions
+    a CUDA session keeps, it has 60 nodes at most (53 on the default models, against the step's 79)."""
+    engine = OrtBackend(default_export, RuntimeOptions(settings=EngineSettings(provider="cpu", variant="fp32")))
+    sources = engine.tokenizer.encode_source(
+        read_lines(corpus_path(multi30k, "test_2016_flickr", direction[1]))[:GREEDY_GRAPH_SENTENCES]
+    )
+    arrivals = {0: [(key, 1) for key in range(32)]} | {
+        step: [(key, 1)] for step, key in enumerate(range(32, len(sources)), start=1)
+    }
+    outputs = []
+    for batch_of in (engine.new_batch, lambda: full_step_batch(engine)):
+        one_at_a_time = [batch_of() for _ in range(100)]
+        for key, batch in enumerate(one_at_a_time):
+            batch.add([key], engine.encode_sources([sources[key]]), [1], [default_max_output(len(sources[key]), 256)])
+        decoded = decode_arriving(
+            batch_of(),
+            arrivals,
+            lambda keys: engine.encode_sources([sources[key] for key in keys]),
+            lambda key: default_max_output(len(sources[key]), 256),
+        )
+        outputs.append(([batch.drain()[key].tokens for key, batch in enumerate(one_at_a_time)], decoded))
+    assert outputs[0][0] == outputs[1][0]
+    assert outputs[0][1].tokens(range(len(sources))) == outputs[1][1].tokens(range(len(sources)))
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "greedy.onnx")
+    greedy = k_step_graph(onnx.load(str(default_export / "decoder.onnx")), 1, rows_are_sources=True)
+    ort.InferenceSession(greedy.SerializeToString(), options, ["CPUExecutionProvider"])  # every fusion on
+    nodes = len(onnx.load(options.optimized_model_filepath, load_external_data=False).graph.node)
+    assert nodes <= 60, f"greedy step: {nodes} nodes as ONNX Runtime runs it with its fusions"

@@ -147,22 +147,27 @@ def _counted(counts: dict[str, int], name: str, run):
 
 def test_small_batches_step_on_sessions_of_their_own(tiny_export: Path):
     """A batch of 20 rows steps on the 2-thread sessions until rows finish and fewer than 16 remain, then on
-    the 1-thread ones: the switch mid-batch changes no translation."""
+    the 1-thread ones, greedy and beam search alike: the switch mid-batch changes no translation."""
     small = OrtBackend(
         tiny_export, RuntimeOptions(settings=EngineSettings(provider="cpu", intra_op_threads=2), small_batch_threads=1)
     )
     plain = OrtBackend(tiny_export, RuntimeOptions(settings=EngineSettings(provider="cpu", intra_op_threads=2)))
-    threads = [s.get_session_options().intra_op_num_threads for s in (small.small_decoder, small.decoder)]
-    assert threads == [1, 2] and plain.small_decoder is plain.decoder
+    sessions = {  # beam search's steps, and greedy batches' runs over the greedy step graph
+        "small": small.small_decoder,
+        "large": small.decoder,
+        "small greedy": small.small_k_steps.session,
+        "large greedy": small.k_steps.session,
+    }
+    threads = [session.get_session_options().intra_op_num_threads for session in sessions.values()]
+    assert threads == [1, 2, 1, 2] and plain.small_decoder is plain.decoder and plain.small_k_steps is plain.k_steps
     ids = small.tokenizer.encode_source(own_sentences(20))
     ids = [row[: 1 + i % 6] for i, row in enumerate(ids)]  # output caps of 12 to 22 tokens: rows finish apart
-    steps = {"small": 0, "large": 0}
-
-    small.small_decoder.run_with_iobinding = _counted(steps, "small", small.small_decoder.run_with_iobinding)
-    small.decoder.run_with_iobinding = _counted(steps, "large", small.decoder.run_with_iobinding)
-    for beam in (1, 2):
-        assert offline.translate_ids(small, ids, beam, 20) == offline.translate_ids(plain, ids, beam, 20)
-    assert steps["small"] > 0 and steps["large"] > 0
+    steps = dict.fromkeys(sessions, 0)
+    for name, session in sessions.items():
+        session.run_with_iobinding = _counted(steps, name, session.run_with_iobinding)
+    for beam, sources in ((1, ids), (2, ids), (2, ids[:4])):  # the last: 8 beam rows, under 16 from the start
+        assert offline.translate_ids(small, sources, beam, 20) == offline.translate_ids(plain, sources, beam, 20)
+    assert all(steps.values()), steps
 
 
 def test_a_folder_from_an_older_export_says_to_export_again(tiny_export: Path, tmp_path: Path):

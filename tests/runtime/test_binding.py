@@ -83,14 +83,14 @@ def test_batches_decoding_at_once_on_one_model_keep_their_own_bindings(tiny_expo
             if len(batch):
                 found.update(batch.step())
         if not references:
-            kept = [binding for bound in model.step_bindings._kept.values() for binding in bound.values()]
+            kept = [binding for bound in model.k_steps._kept.values() for binding in bound.values()]  # greedy
             assert len(kept) == 2 and kept[0].binding is not kept[1].binding  # one binding each, their own
             references = [weakref.ref(binding) for binding in kept]
             del kept
     for found, expected in zip(results, alone, strict=True):
         assert [found[i].tokens for i in range(len(expected))] == [h.tokens for h in expected]
     assert all(reference() is None for reference in references)  # gone when their batches emptied
-    assert not any(model.step_bindings._kept.values())
+    assert not any(model.k_steps._kept.values())
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         together = list(pool.map(lambda half: offline.translate_ids(model, half, 2, 16), halves * 2))
     assert together == [offline.translate_ids(model, half, 2, 16) for half in halves * 2]

@@ -17,14 +17,62 @@ from runtime.contract import CANDIDATE_OUTPUTS, HOST_INPUTS, K_STEP_OUTPUTS, ON_
 from runtime.offline import translate_ids
 from runtime.options import EngineSettings, RuntimeOptions
 from runtime.search import default_max_output
-from runtime.step_graphs import k_step_graph, split_host_feeds
-from testkit.arrivals import decode_arriving
+from runtime.step_graphs import greedy_step_graph, k_step_graph, split_host_feeds
+from testkit.arrivals import decode_arriving, full_step_batch
 from tests.conftest import own_sentences
 
 
 def backend(folder: Path, k: int, batch_layout: str = "compact", **options) -> OrtBackend:
     settings = EngineSettings(provider="cpu", intra_op_threads=1, batch_layout=batch_layout)
     return OrtBackend(folder, RuntimeOptions(settings=settings, steps_per_run=k, **options))
+
+
+def test_the_greedy_step_graph_has_no_search_head_and_no_group_gathers(tiny_export: Path):
+    step = onnx.load(str(tiny_export / "decoder.onnx"))
+    greedy = greedy_step_graph(step).graph
+    inputs = {value.name for value in greedy.input}
+    assert not {"groups", "row_position", "top_k", "row_scores", "candidate_bias"} & inputs
+    assert inputs < {value.name for value in step.graph.input}
+    ops = Counter(node.op_type for node in greedy.node)
+    assert ops["GatherElements"] == ops["Squeeze"] - 1 == 0 and ops["TopK"] == 1  # one Squeeze: the logits'
+    attention = [node for node in greedy.node if node.op_type == "MultiHeadAttention"]
+    made_by = {output: node.op_type for node in greedy.node for output in node.output}
+    assert attention and all(made_by[node.input[0]] == "Add" for node in attention)  # the rows' own queries
+    layers = sum(node.op_type == "GroupQueryAttention" for node in step.graph.node)
+    assert len(step.graph.node) - len(greedy.node) == 13 + 1 + 4 * layers  # the head, its TopK, 4 per layer
+    assert [output.name for output in greedy.output][:2] == ["top_log_probs", "top_ids"]
+    one = k_step_graph(step, 1, rows_are_sources=True).graph
+    assert len(one.node) == len(greedy.node) and [o.name for o in one.output][:2] == list(K_STEP_OUTPUTS)
+
+
+def test_greedy_batches_run_the_greedy_graph_with_the_full_steps_tokens(tiny_export: Path):
+    """Sources joining at every step, one leaving mid-way, a beam source making the batch step on the full
+    graph for a while: the greedy graph's runs decode what the full step decodes, in fewer full-step runs."""
+    engine = backend(tiny_export, 1)
+    sources = engine.tokenizer.encode_source(own_sentences(8))
+    arrivals = {key: [(key, 2 if key == 3 else 1)] for key in range(len(sources))}
+    runs = Counter()
+    for name in ("greedy", "full"):
+        session = engine.k_steps.session if name == "greedy" else engine.decoder
+        run = session.run_with_iobinding
+        session.run_with_iobinding = lambda *args, run=run, name=name: runs.update([name]) or run(*args)
+    decoded = []
+    for batch in (engine.new_batch(), full_step_batch(engine)):
+        before = runs.copy()
+        decoded.append(
+            decode_arriving(
+                batch,
+                arrivals,
+                lambda keys: engine.encode_sources([sources[key] for key in keys]),
+                lambda key: default_max_output(len(sources[key]), 24),
+                removed={5: 1},
+            )
+        )
+        runs_now = runs - before
+        assert runs_now["full"] + runs_now["greedy"] == decoded[-1].steps
+    kept = [key for key in range(len(sources)) if key != 1]
+    assert decoded[0].tokens(kept) == decoded[1].tokens(kept)
+    assert 0 < runs["full"] - decoded[1].steps < decoded[0].steps  # the greedy graph ran the greedy-only steps
 
 
 def test_the_k_step_graph_is_k_copies_of_the_step_without_its_search_head(tiny_export: Path):
@@ -107,12 +155,13 @@ def test_a_device_k_step_graph_reads_each_copys_total_length_from_the_host(tiny_
     }
 
 
-def test_k_steps_without_the_onnx_package_are_refused_with_what_to_install(tiny_export: Path, monkeypatch):
-    """The serving image leaves the onnx package out; one step per run never imports it."""
+def test_without_the_onnx_package_an_engine_is_refused_with_what_to_install(tiny_export: Path, monkeypatch):
+    """Greedy batches' graph is made when the engine loads, with the onnx package (a dependency): where it was
+    removed, loading says what to install rather than failing mid-request."""
     monkeypatch.setitem(sys.modules, "onnx", None)
-    with pytest.raises(ValueError, match="pip install onnx"):
-        backend(tiny_export, 2)
-    assert backend(tiny_export, 1).k_steps is None
+    for k in (1, 2):
+        with pytest.raises(ValueError, match="pip install onnx"):
+            backend(tiny_export, k)
 
 
 def test_the_captured_step_reads_host_feeds_where_their_kernels_want_them(tiny_export: Path):
