@@ -23,6 +23,7 @@ from runtime.search import default_max_output
 from runtime.stops import RepetitionGuard
 from testkit.arrivals import decode_arriving
 from tests.conftest import own_sentences
+from tests.runtime.spies import counted
 
 
 @pytest.mark.parametrize("io_binding", [False, True])
@@ -135,16 +136,6 @@ def test_fp16_variant_runs_and_stays_close(tiny_export: Path, provider: str):
         assert offline.translate(on_device, sentences, beam) == offline.translate(runtime, sentences, beam)
 
 
-def _counted(counts: dict[str, int], name: str, run):
-    """``run``, counting its calls in counts[name]."""
-
-    def counting(*args):
-        counts[name] += 1
-        return run(*args)
-
-    return counting
-
-
 def test_small_batches_step_on_sessions_of_their_own(tiny_export: Path):
     """A batch of 20 rows steps on the 2-thread sessions until rows finish and fewer than 16 remain, then on
     the 1-thread ones, greedy and beam search alike: the switch mid-batch changes no translation."""
@@ -164,7 +155,7 @@ def test_small_batches_step_on_sessions_of_their_own(tiny_export: Path):
     ids = [row[: 1 + i % 6] for i, row in enumerate(ids)]  # output caps of 12 to 22 tokens: rows finish apart
     steps = dict.fromkeys(sessions, 0)
     for name, session in sessions.items():
-        session.run_with_iobinding = _counted(steps, name, session.run_with_iobinding)
+        session.run_with_iobinding = counted(steps, name, session.run_with_iobinding)
     for beam, sources in ((1, ids), (2, ids), (2, ids[:4])):  # the last: 8 beam rows, under 16 from the start
         assert offline.translate_ids(small, sources, beam, 20) == offline.translate_ids(plain, sources, beam, 20)
     assert all(steps.values()), steps

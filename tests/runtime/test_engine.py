@@ -8,16 +8,7 @@ from pathlib import Path
 from runtime.engine import Engine
 from runtime.options import EngineSettings, RuntimeOptions
 from tests.conftest import own_sentences
-
-
-def _counted(counts: dict[str, int], name: str, run):
-    """``run``, counting its calls in counts[name]."""
-
-    def counting(*args):
-        counts[name] += 1
-        return run(*args)
-
-    return counting
+from tests.runtime.spies import counted
 
 
 def test_warming_up_decodes_each_length_and_beam_on_the_engines_sessions(tiny_export: Path):
@@ -25,10 +16,10 @@ def test_warming_up_decodes_each_length_and_beam_on_the_engines_sessions(tiny_ex
     engine = Engine(tiny_export, RuntimeOptions(settings=EngineSettings(provider="cpu", intra_op_threads=1)))
     runs = {"encoder": 0, "decoder": 0, "greedy": 0}
     backend = engine.backend
-    backend.encoder.run = _counted(runs, "encoder", backend.encoder.run)
-    backend.decoder.run_with_iobinding = _counted(runs, "decoder", backend.decoder.run_with_iobinding)
+    backend.encoder.run = counted(runs, "encoder", backend.encoder.run)
+    backend.decoder.run_with_iobinding = counted(runs, "decoder", backend.decoder.run_with_iobinding)
     greedy = backend.k_steps.session  # greedy batches' own graph (runtime/step_graphs.py)
-    greedy.run_with_iobinding = _counted(runs, "greedy", greedy.run_with_iobinding)
+    greedy.run_with_iobinding = counted(runs, "greedy", greedy.run_with_iobinding)
     engine.warmup(lengths=(8, 16), beams=(1, 2))
     assert runs["encoder"] == 4 and runs["decoder"] >= 2 * 7 and runs["greedy"] >= 2 * 7, runs
 

@@ -20,6 +20,7 @@ from runtime.search import default_max_output
 from runtime.step_graphs import greedy_step_graph, k_step_graph, split_host_feeds
 from testkit.arrivals import decode_arriving, full_step_batch
 from tests.conftest import own_sentences
+from tests.runtime.spies import counted
 
 
 def backend(folder: Path, k: int, batch_layout: str = "compact", **options) -> OrtBackend:
@@ -52,10 +53,8 @@ def test_greedy_batches_run_the_greedy_graph_with_the_full_steps_tokens(tiny_exp
     sources = engine.tokenizer.encode_source(own_sentences(8))
     arrivals = {key: [(key, 2 if key == 3 else 1)] for key in range(len(sources))}
     runs = Counter()
-    for name in ("greedy", "full"):
-        session = engine.k_steps.session if name == "greedy" else engine.decoder
-        run = session.run_with_iobinding
-        session.run_with_iobinding = lambda *args, run=run, name=name: runs.update([name]) or run(*args)
+    for name, session in (("greedy", engine.k_steps.session), ("full", engine.decoder)):
+        session.run_with_iobinding = counted(runs, name, session.run_with_iobinding)
     decoded = []
     for batch in (engine.new_batch(), full_step_batch(engine)):
         before = runs.copy()
