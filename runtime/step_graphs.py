@@ -110,6 +110,8 @@ def k_step_graph(
     outputs: list[onnx.ValueInfoProto] = []
     extra_inputs: list[onnx.ValueInfoProto] = []
     names = present_names(len(present) // 2, k)
+    # One run of the greedy step: its TopK's (rows, 1) outputs are the run's, with no Slice and no Concat
+    direct = k == 1 and rows_are_sources
     tokens_out, log_probs_out = [], []
     for j in range(k):
         feeds = {name: name for name in PER_STEP}
@@ -126,7 +128,7 @@ def k_step_graph(
             else:
                 feeds["total_length"] = _node(new_nodes, "Add", ["total_length", f"k_steps.plus_{j}"], f"total@{j}")
         renamed = dict(zip((output.name for output in present), names[j], strict=True))
-        if k == 1 and rows_are_sources:  # TopK's (rows, 1) outputs are the run's: no Slice, no Concat
+        if direct:
             renamed |= {STEP_OUTPUTS[1]: K_STEP_OUTPUTS[0], STEP_OUTPUTS[0]: K_STEP_OUTPUTS[1]}
         for node in nodes:
             copy = onnx.NodeProto()
@@ -140,14 +142,14 @@ def k_step_graph(
             value.CopyFrom(output)
             value.name = renamed[output.name]
             outputs.append(value)
-        if k == 1 and rows_are_sources:
+        if direct:
             break
         ends = ["k_steps.first_column", "k_steps.one_column"]
         tokens_out.append(_node(new_nodes, "Slice", [f"top_ids@{j}", *ends, "k_steps.one_column"], f"best@{j}"))
         log_probs_out.append(
             _node(new_nodes, "Slice", [f"top_log_probs@{j}", *ends, "k_steps.one_column"], f"best_log_prob@{j}")
         )
-    if tokens_out:
+    if not direct:
         _node(new_nodes, "Concat", tokens_out, K_STEP_OUTPUTS[0], axis=1)
         _node(new_nodes, "Concat", log_probs_out, K_STEP_OUTPUTS[1], axis=1)
     outputs = [
