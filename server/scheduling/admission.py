@@ -16,7 +16,7 @@ from server.operations.metrics import Metrics
 from server.scheduling.budget import MemoryBudget
 from server.scheduling.decisions import Admission
 from server.scheduling.jobs import QueuedSentence
-from server.scheduling.lanes import Lane, size_class, spread
+from server.scheduling.lanes import Lane, size_class, spread, wake_blocked
 from server.scheduling.policies import Policy, Starving
 
 if TYPE_CHECKING:
@@ -77,12 +77,20 @@ class Admissions:
         return Admission(tuple(joining), starving)
 
     def apply(self, lane: Lane, admission: Admission) -> None:
-        """The admitted leave their queues (their lane's, or a replica's) for ``lane`` and reserve their memory."""
+        """The admitted leave their queues (their lane's, or a replica's) for ``lane`` and reserve their memory,
+        and their encoder call's until it ends (``encoded``)."""
         self.starving = admission.starving
         for segment in admission.admitted:
             self.lanes[segment.lane].unqueue(segment)
             segment.lane = lane.index
-        self.memory.reserve(sum(s.reserved_bytes for s in admission.admitted))
+        encoding = self.memory.encoding_bytes(lane.model, [s.source_tokens for s in admission.admitted])
+        self.memory.reserve(sum(s.reserved_bytes for s in admission.admitted) + encoding)
+
+    def encoded(self, lane: Lane, admitted: Sequence[QueuedSentence]) -> None:
+        """The admitted sentences' encoder call ended: its working memory returns to the budget, and a lane
+        waiting for room may now have it."""
+        self.memory.release(self.memory.encoding_bytes(lane.model, [s.source_tokens for s in admitted]))
+        wake_blocked(self.lanes)
 
     def forget(self, job: Job) -> None:
         """The job left (answered, failed or cancelled): none of its sentences starves any more."""

@@ -2,7 +2,7 @@
 fits. Pure bookkeeping (no threads, no ONNX Runtime): the scheduler calls it under its lock.
 
 A sentence reserves its cross-attention keys/values and the self-attention cache of its predicted
-output length (the model's measured output/input ratio with a margin); an encoder batch also needs
+output length (the model's measured output/input ratio with a margin); an encoder batch also reserves
 its attention scores while it runs. Nothing is evicted mid-way, so admission is where the budget holds.
 """
 
@@ -51,6 +51,11 @@ class MemoryBudget:
         together and admitted now."""
         scores = self.models[model].encoder_scores_bytes(len(reservations), longest)
         return self.reserved_bytes + sum(reservations) + scores <= self.budget_bytes
+
+    def encoding_bytes(self, model: str, source_tokens: Sequence[int]) -> int:
+        """What an encoder call of sentences of ``source_tokens`` holds while it runs: reserved from admission
+        until it ends, so that two lanes do not both count on the same room for their encoders."""
+        return self.models[model].encoder_scores_bytes(len(source_tokens), max(source_tokens)) if source_tokens else 0
 
     def reserve(self, reserved: int) -> None:
         self.reserved_bytes += reserved

@@ -45,9 +45,8 @@ from server.scheduling.threads import plan_threads
 log = logging.getLogger(__name__)
 GAUGE_INTERVAL_S = 0.05  # the memory and batch gauges are set at most this often while lanes are busy
 IDLE_WAIT_S = 0.05  # a lane whose arrivals do not fit waits this long for others to free room (or a notify)
-# A lane idle this long gives the heaps' free memory back (release_free_memory), once per busy spell: each heap
-# keeps up to 64 MiB freed under load (runtime/memory.py), which returning at every idle moment would page in
-# again at the next request.
+# A lane idle this long gives the heaps' free memory back (release_free_memory), once per busy spell: each heap keeps
+# up to 64 MiB freed under load (runtime/memory.py), which returning at every idle moment would page in again.
 RELEASE_AFTER_IDLE_S = 1.0
 
 
@@ -57,8 +56,7 @@ class Scheduler:
         its engine."""
         self.engines = {engine.name: engine for engine in engines}
         self.default_model = engines[0].name
-        self.config, self.settings = config, config.scheduling
-        self.metrics = metrics
+        self.config, self.settings, self.metrics = config, config.scheduling, metrics
         policy = POLICIES[self.settings.scheduler]()
         self.threads = plan_threads(config)
         self.memory = MemoryBudget(config.memory_budget_bytes, {name: e.memory for name, e in self.engines.items()})
@@ -75,8 +73,7 @@ class Scheduler:
         self.lock = threading.Lock()  # over the queues, the batches' members, the budget and the jobs; taken once
         for lane in self.lanes:  # each lane is woken alone, for work of its own
             lane.attach(self.lock)
-        self.accepting = True
-        self.stopped = False
+        self.accepting, self.stopped = True, False
         self.gauges_at = 0.0  # when the gauges were last set (time.monotonic())
         self.throughput = Throughput()  # source tokens finished lately: the Retry-After of a full queue
         metrics.budget_bytes.set(config.memory_budget_bytes)
@@ -253,15 +250,19 @@ class Scheduler:
         return any(self.admissions.stealable(lane))
 
     def _encode_and_join(self, lane: Lane, admitted: list[QueuedSentence]) -> None:
-        """Encode the admitted segments in length groups and add them to the lane's batch."""
+        """Encode the admitted segments in length groups, add them to the lane's batch, free the encoders' memory."""
         started, now = time.perf_counter(), time.monotonic()
         admitted.sort(key=lambda s: s.source_tokens)
         for segment in admitted:
             segment.joined_at = now
             self.metrics.queue_wait.observe(now - segment.enqueued_at)
             lane.join(segment)
-        for group in length_groups(admitted):
-            self._add(lane, group, lane.engine.encode([s.spec.ids for s in group]))
+        try:
+            for group in length_groups(admitted):
+                self._add(lane, group, lane.engine.encode([s.spec.ids for s in group]))
+        finally:
+            with self.lock:
+                self.admissions.encoded(lane, admitted)
         lane.joined(time.perf_counter() - started)
 
     def _add(self, lane: Lane, group: list[QueuedSentence], encoded: Encoded) -> None:
@@ -344,7 +345,6 @@ class Scheduler:
         """The queue and batch gauges after a step of ``lane``; the cache sizes, which cost a walk over every
         buffer, at most every GAUGE_INTERVAL_S while lanes are busy (a step takes about a millisecond)."""
         now = time.monotonic()
-        walk = now - self.gauges_at >= GAUGE_INTERVAL_S or not lane.running
-        if walk:
+        if walk := now - self.gauges_at >= GAUGE_INTERVAL_S or not lane.running:
             self.gauges_at = now
         self.metrics.set_gauges(lane, self.lanes, self.waiting, self.running, self.memory.reserved_bytes, walk)

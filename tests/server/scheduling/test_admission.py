@@ -39,7 +39,32 @@ def test_an_admission_is_decided_without_changing_the_queues_and_applied_at_once
     with scheduler.lock:  # an admission is applied under the lock it was decided under
         scheduler.apply(lane, decision)
     assert list(lane.waiting) == jobs[2].segments
-    assert scheduler.memory.reserved_bytes == sum(s.reserved_bytes for s in decision.admitted)
+    decoding = sum(s.reserved_bytes for s in decision.admitted)
+    encoding = engine.memory.encoder_scores_bytes(2, max(s.source_tokens for s in decision.admitted))
+    assert scheduler.memory.reserved_bytes == decoding + encoding  # the encoder's scores, while it runs
+    with scheduler.lock:
+        scheduler.admissions.encoded(lane, decision.admitted)
+    assert scheduler.memory.reserved_bytes == decoding
+
+
+def test_two_replicas_do_not_both_count_on_the_room_for_their_encoders():
+    """A long sentence's encoder call holds its scores from admission to its end: another lane that would need
+    the same room for its own waits until then, instead of both encoding at once over the budget."""
+    engine, scheduler = _unstarted(max_batch_size=8, lane_replicas=2)
+    long = " ".join(own_sentences(3))
+    first, second = (fake_job(engine, [long]) for _ in range(2))
+    scheduler.submit(first)
+    scheduler.submit(second)
+    decoding, tokens = first.segments[0].reserved_bytes, first.segments[0].source_tokens
+    encoding = engine.memory.encoder_scores_bytes(1, tokens)
+    scheduler.memory.budget_bytes = 2 * decoding + encoding + encoding // 2  # both decode, one encodes at a time
+    lanes = [scheduler.lanes[s.lane] for s in first.segments + second.segments]
+    assert lanes[0] is not lanes[1] and lanes[0].size_class == lanes[1].size_class  # two replicas
+    with scheduler.lock:
+        scheduler.apply(lanes[0], scheduler.admissions.decide(lanes[0], time.monotonic()))
+        assert scheduler.admissions.decide(lanes[1], time.monotonic()) == Admission()  # the first still encodes
+        scheduler.admissions.encoded(lanes[0], first.segments)
+        assert scheduler.admissions.decide(lanes[1], time.monotonic()) == Admission(joining=tuple(second.segments))
 
 
 def test_a_replica_out_of_work_takes_what_another_has_no_room_for_when_the_admission_is_applied():
