@@ -52,21 +52,20 @@ CLIENT_TIMEOUT_S = 30.0
 # Where a sample's time goes: the innermost frame whose file matches a stage's pattern names the stage (first match
 # in this order, so a stage of ours wins over the library that called it)
 STAGES = [
-    ("segmentation", r"server/text\.py|server/casing\.py|sentencex"),
+    ("segmentation", r"server/documents/text\.py|server/documents/casing\.py|sentencex"),
     ("tokenize / detokenize", r"runtime/tokenizer\.py|sentencepiece"),
     ("cache", r"server/cache\.py"),
-    ("answer building", r"server/answers\.py|server/formatting\.py"),
-    ("metrics", r"server/metrics\.py|prometheus_client"),
-    ("access log", r"server/access\.py|logging/"),
-    ("trace", r"server/tracing\.py|opentelemetry"),
+    ("answer building", r"server/answers\.py|server/documents/formatting\.py"),
+    ("metrics", r"server/operations/metrics\.py|prometheus_client"),
+    ("access log", r"server/operations/access\.py|logging/"),
+    ("trace", r"server/operations/tracing\.py|opentelemetry"),
+    ("job and hand-off", r"server/scheduling/|front_door\.py"),
     (
-        "job and hand-off",
-        r"server/jobs\.py|server/scheduler\.py|server/admission\.py|server/lanes\.py|"
-        r"server/policies\.py|server/decisions\.py|server/budget\.py|front_door\.py",
+        "door and translations",
+        r"server/doors/door\.py|server/translations\.py|server/sentences\.py|server/models\.py|server/options\.py",
     ),
-    ("door and translations", r"server/door\.py|server/translations\.py|server/models\.py|server/options\.py"),
-    ("gRPC handler", r"server/service\.py|proto/"),
-    ("HTTP handler and parsing", r"server/http[a-z_]*\.py"),
+    ("gRPC handler", r"server/doors/service\.py|proto/"),
+    ("HTTP handler and parsing", r"server/doors/http[a-z_]*\.py"),
     ("gRPC library", r"grpc/"),
     ("aiohttp library", r"aiohttp/|multidict|yarl"),
     ("threads and wake-ups", r"threading\.py|concurrent/futures|queue\.py"),
@@ -195,7 +194,20 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def start(model: list[Path]) -> tuple[subprocess.Popen, tuple[int, int]]:
+def switches(pid: int) -> int:
+    """Context switches of all the process's threads so far: each a thread that waited and was woken (voluntary)
+    or was preempted."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            status = (task / "status").read_text()
+        except OSError:  # the thread ended meanwhile
+            continue
+        total += sum(int(n) for n in re.findall(r"ctxt_switches:\s+(\d+)", status))
+    return total
+
+
+def start(model: list[Path], extra: list[str]) -> tuple[subprocess.Popen, tuple[int, int]]:
     models = [flag for folder in model for flag in ("--model", str(folder))]
     from testkit.servers import free_port
 
@@ -210,6 +222,7 @@ def start(model: list[Path]) -> tuple[subprocess.Popen, tuple[int, int]]:
         "false",
         "--grace-seconds",
         "0",
+        *extra,
     ]
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     deadline = time.monotonic() + 120
@@ -272,24 +285,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true", help="split the CPU by stage (py-spy)")
     parser.add_argument("--rate", type=int, default=250, help="py-spy's samples per second")
     parser.add_argument("--out", type=Path, help="the report (Markdown); --json beside it")
+    parser.add_argument("--server-args", default="", help="more flags for the server, e.g. '--batch-gap-ms 0'")
     args = parser.parse_args(argv)
     from server.config import DEFAULT_MODELS
 
     models = args.model or list(DEFAULT_MODELS)  # the server's own: both default models
     texts = read_lines(corpus_path(args.data, "test_2016_flickr", "en"))
     shapes = args.shapes.split(",")
-    process, ports = start(models)
+    process, ports = start(models, args.server_args.split())
     results: dict[str, list[dict]] = {shape: [] for shape in shapes}
     try:
         asyncio.run(drive("grpc", ports, texts, 2, 1.0))  # warm: connections, first requests
         for repeat in range(args.repeats):
             for shape in shapes if repeat % 2 == 0 else shapes[::-1]:
                 spy = profiled(process.pid, args.seconds, args.rate) if args.profile else None
-                machine, before = time.process_time(), cpu_seconds(process.pid)
+                machine, before, switched = time.process_time(), cpu_seconds(process.pid), switches(process.pid)
                 started = time.monotonic()
                 answered = asyncio.run(drive(shape, ports, texts, args.clients, args.seconds))
                 wall = time.monotonic() - started
-                server = cpu_seconds(process.pid) - before
+                server, switched = cpu_seconds(process.pid) - before, switches(process.pid) - switched
                 stages = {}
                 if spy is not None:
                     spy.wait()
@@ -304,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
                         "requests_per_s": answered / wall,
                         "server_ms_per_request": 1000 * server / max(answered, 1),
                         "client_ms_per_request": 1000 * (time.process_time() - machine) / max(answered, 1),
+                        "switches_per_request": switched / max(answered, 1),
                         "stages": stages,  # server CPU ms per request by stage
                     }
                 )
@@ -330,13 +345,14 @@ def markdown(results: dict[str, list[dict]], args, argv: list[str]) -> str:
         f"machine: {describe_cpu()}; {args.clients} closed-loop clients in the benchmark's process (on the same "
         f"cores), {args.seconds:.0f} s per shape, medians of {args.repeats}.",
         "",
-        "| request | requests/s | server CPU ms per request | clients' CPU ms per request |",
-        "|---|---|---|---|",
+        "| request | requests/s | server CPU ms per request | server threads' context switches per request | "
+        "clients' CPU ms per request |",
+        "|---|---|---|---|---|",
     ]
     for shape in results:
         lines.append(
             f"| {shape} | {median(shape, 'requests_per_s'):,.0f} | {median(shape, 'server_ms_per_request'):.3f} | "
-            f"{median(shape, 'client_ms_per_request'):.3f} |"
+            f"{median(shape, 'switches_per_request'):.1f} | {median(shape, 'client_ms_per_request'):.3f} |"
         )
     if any(r["stages"] for rs in results.values() for r in rs):
         names = [*(name for name, _ in STAGES), "other", OUTSIDE]

@@ -17,6 +17,7 @@ from runtime.manifest import MANIFEST_FILE, ModelFolderError
 from runtime.providers import ProviderUnavailable
 from server.app import serve
 from server.config import DEFAULT_MODELS, parse_config
+from server.operations.access import batch_access_lines
 from server.operations.tracing import configure_from_environment
 from server.scheduling.threads import GIL_SWITCH_INTERVAL_S
 
@@ -36,6 +37,7 @@ def event_loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | N
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    batch_access_lines(sys.stderr, logging.getLogger().handlers[0].formatter)
     config = parse_config(argv)
     logging.getLogger().setLevel(config.log_level)
     configure_from_environment()

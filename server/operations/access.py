@@ -6,6 +6,11 @@ metadata, HTTP response header) and into the request's access-log line: one JSON
 the ``server.operations.access`` logger, with method, model, texts, tokens, queue wait, total time and status, and
 the texts themselves only with ``access_log_texts``. Finishing a record also counts the request in
 ``translate_requests_total``.
+
+The server (``python -m server``) writes these lines in batches (``BatchedLines``), as nginx's buffered
+``access_log`` does: a line waits at most ACCESS_FLUSH_S, so that a request does not cost a write system call and
+a wake-up of whatever reads the log (under 16 clients of single sentences the line cost 8-15% of the server's CPU
+per request, most of it the write).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import json
 import logging
 import random
 import re
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -28,6 +34,8 @@ PREVIOUS_ATTEMPTS = "grpc-previous-rpc-attempts"  # what a retrying gRPC client 
 ATTEMPT_HEADER = "x-attempt"  # the attempt that answered, in trailing metadata when it was a retry
 VALID_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")  # printable ASCII, no spaces: safe in logs and headers
 log = logging.getLogger("server.operations.access")
+ACCESS_FLUSH_S = 0.5  # the longest an access line waits before it is written
+ACCESS_FLUSH_LINES = 256  # a batch this long is written at once
 
 
 def request_id(given: str | None) -> str:
@@ -86,3 +94,56 @@ class AccessLog:
         if self.with_texts:
             record["text"] = exchange.texts
         log.info(json.dumps(record, ensure_ascii=False))
+
+
+class BatchedLines(logging.Handler):
+    """Formatted records written to ``stream`` in batches: a line waits at most ``seconds`` (a writer thread
+    flushes), ``lines`` of them go out at once, and a record of WARNING or worse goes out at once with those before
+    it. Closing (``logging.shutdown`` at exit) writes what is left."""
+
+    def __init__(self, stream, seconds: float = ACCESS_FLUSH_S, lines: int = ACCESS_FLUSH_LINES) -> None:
+        super().__init__()
+        self.stream, self.seconds, self.lines = stream, seconds, lines
+        self.pending: list[str] = []
+        self.stopped = threading.Event()
+        threading.Thread(target=self._flush_every, name="access-log", daemon=True).start()
+
+    def emit(self, record: logging.LogRecord) -> None:  # under the handler's lock (Handler.handle)
+        try:
+            self.pending.append(self.format(record) + "\n")
+            if record.levelno >= logging.WARNING or len(self.pending) >= self.lines:
+                self._write()
+        except Exception:
+            self.handleError(record)
+
+    def _write(self) -> None:
+        if self.pending:
+            text = "".join(self.pending)
+            self.pending.clear()
+            self.stream.write(text)
+            self.stream.flush()
+
+    def flush(self) -> None:
+        with self.lock:
+            self._write()
+
+    def _flush_every(self) -> None:
+        while not self.stopped.wait(self.seconds):
+            self.flush()
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.flush()
+        super().close()
+
+
+def batch_access_lines(stream, formatter: logging.Formatter | None) -> BatchedLines:
+    """Write the access log's lines to ``stream`` in batches (``BatchedLines``) with ``formatter``, instead of
+    through the root logger's handlers; once per process."""
+    if any(isinstance(handler, BatchedLines) for handler in log.handlers):
+        return next(handler for handler in log.handlers if isinstance(handler, BatchedLines))
+    handler = BatchedLines(stream)
+    handler.setFormatter(formatter)
+    log.addHandler(handler)
+    log.propagate = False
+    return handler

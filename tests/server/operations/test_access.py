@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import grpc
 import pytest
 
 from proto import translate_pb2
-from server.operations.access import request_id
+from server.operations.access import BatchedLines, request_id
 from testkit.sentences import own_sentences
 from testkit.servers import RunningServer, free_port, http, server_config
 
@@ -96,3 +97,39 @@ def test_sampling_logs_a_share_of_successes_and_every_error(caplog):
         "translate_requests_total", {"method": "Translate", "code": "OK", "model": ""}
     )
     assert counted == 400  # every request is counted
+
+
+def test_batched_lines_are_written_in_order_within_their_wait_and_at_once_for_a_warning(tmp_path: Path):
+    written: list[str] = []
+
+    class Stream:
+        def write(self, text: str) -> None:
+            written.append(text)
+
+        def flush(self) -> None:
+            pass
+
+    handler = BatchedLines(Stream(), seconds=0.2, lines=3)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    logger = logging.getLogger("test.batched")
+    logger.addHandler(handler)
+    logger.propagate, logger.level = False, logging.INFO
+    try:
+        logger.info("one")
+        logger.info("two")
+        assert written == []  # waiting for more, or for its time
+        logger.info("three")  # a full batch goes out at once
+        assert written == ["INFO one\nINFO two\nINFO three\n"]
+        logger.info("four")
+        logger.warning("five")  # a warning goes out at once, after what waited
+        assert written[1:] == ["INFO four\nWARNING five\n"]
+        logger.info("six")
+        deadline = time.monotonic() + 5
+        while len(written) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert written[2:] == ["INFO six\n"]  # the writer thread, within its wait
+        logger.info("seven")
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+    assert written[3:] == ["INFO seven\n"]  # closing writes what is left
