@@ -127,6 +127,19 @@ def test_sources_join_and_leave_in_place_and_resize_only_when_out_of_room():
     assert cache.capacity == (16, 4) and cache.k[0, :12, 0, 0, 0].tolist() == [2, 3, 11, 30, *range(40, 48)]
 
 
+def test_a_departure_copies_only_the_real_tokens_of_the_source_that_fills_its_slot():
+    cache = SourceCache(round_to=4)
+    k = np.arange(1, 5, dtype=np.float32)[None, :, None, None, None] * np.ones((1, 4, 1, 4, 2), np.float32)
+    mask = np.ones((4, 4), bool)
+    mask[3, 2:] = False  # the last source has 2 real tokens of the group's 4
+    cache.add(k, k + 100, mask)
+    cache.keep(np.array([0, 3, 2]))  # source 1 left: the last fills its slot
+    assert cache.count == 3 and cache.lengths[:3].tolist() == [4, 2, 4]
+    assert cache.k[0, 1, 0, :, 0].tolist() == [4.0, 4.0, 2.0, 2.0]  # its 2 tokens; the rest, masked, untouched
+    assert cache.v[0, 1, 0, :2, 0].tolist() == [104.0, 104.0]
+    assert cache.mask[1].tolist() == [True, True, False, False]
+
+
 def test_placed_buffers_are_refreshed_only_when_sources_change():
     placed = []
     cache = SourceCache(place=lambda array: placed.append(array) or array.copy())
