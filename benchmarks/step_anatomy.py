@@ -1,14 +1,17 @@
 """Where a decoder step's time goes (a step anatomy): for each engine and batch size, the full step's time, the
-time inside ONNX Runtime's runs alone, the host's share (full - run), the copies between host and device a step
-makes (counted by a spy on ONNX Runtime's Python API), the nodes of the graph ONNX Runtime actually runs, and on
-CUDA the kernels each step launches (the torch profiler's CUDA activity, which sees every library's kernels).
+time inside ONNX Runtime's runs alone, the host's share (full - run), the host's time with every run replayed
+instead of run (greedy sizes: its first outputs again, or what its binding holds), the copies between host and
+device a step makes (counted by a spy on ONNX Runtime's Python API), the nodes of the graph ONNX Runtime actually
+runs, and on CUDA the kernels each step launches (the torch profiler's CUDA activity, which sees every library's
+kernels).
 
 ``python benchmarks/step_anatomy.py --model DIR [--provider cuda --variant fp16] [--engines ...] [--sizes ...]``
 
-Engines (``ENGINES``): ``compact`` (sources packed row by row), ``buckets`` (fixed buffers per bucket), ``captured``
-(each bucket's step a CUDA graph), ``captured-k8`` (8 greedy steps per run), ``captured-fused`` (ONNX Runtime's
-fusions on, which the engine turns off on the CPU: runtime/providers.py), ``captured-unfused`` (off on CUDA too).
-Sizes: ``N`` sources greedy, ``NxB`` N sources at beam B.
+Engines (``ENGINES``): ``host`` (the CPU's serving path: sources packed row by row, numpy feeds, greedy rows on
+their own step graph), ``compact`` (packed, bound with IOBinding as on a device), ``buckets`` (fixed buffers per
+bucket), ``captured`` (each bucket's step a CUDA graph), ``captured-k8`` (8 greedy steps per run),
+``captured-fused`` (ONNX Runtime's fusions on, which the engine turns off on the CPU: runtime/providers.py),
+``captured-unfused`` (off on CUDA too). Sizes: ``N`` sources greedy, ``NxB`` N sources at beam B.
 Every row decodes for every timed step (no eos), in a fresh batch per repeat whose bucket holds a test sentence
 (``--max-length``). On the CPU provider it runs the same path (buckets on the host's device path), which is how
 the suite keeps it working where no GPU is.
@@ -38,6 +41,7 @@ from runtime.options import EngineSettings, RuntimeOptions
 from runtime.search import Decoding
 
 ENGINES = {
+    "host": {"layout": "compact", "io_binding": False},
     "compact": {"layout": "compact"},
     "buckets": {"layout": "buckets"},
     "captured": {"layout": "buckets", "graphs": True},
@@ -62,6 +66,8 @@ class Spy:
         self.counts: Counter[str] = Counter()
         self.run_seconds = 0.0
         self.host_feeds: set[int] = set()  # values kernels read in host memory: updating one copies nothing
+        self.stubbed = False  # runs replayed: a binding's run skipped, a plain run's first outputs returned again
+        self._replays: dict[tuple, Any] = {}
         self._undo: list[tuple[Any, str, Any]] = []
 
     def install(self) -> None:
@@ -79,11 +85,36 @@ class Spy:
                     if getattr(binding, "_device_session", False):
                         outputs = binding.get_outputs()
                         spy.counts["down"] += sum(value.device_name() == "cpu" for value in outputs)
+                if spy.stubbed:  # its outputs stay bound as the first run left them
+                    key = (id(session), id(binding))
+                    if key not in spy._replays:
+                        spy._replays[key] = original(session, binding, run_options)
+                    return spy._replays[key]
                 if not spy.timing:
                     return original(session, binding, run_options)
                 start = time.perf_counter()
                 try:
                     return original(session, binding, run_options)
+                finally:
+                    spy.run_seconds += time.perf_counter() - start
+
+            return run
+
+        def plain_run(original):  # the host path's runs: numpy feeds, numpy outputs
+            def run(session, *args, **kwargs):
+                if spy.on:
+                    spy.counts["runs"] += 1
+                if spy.stubbed:  # the first outputs for these feeds' shapes, again
+                    feeds = args[1] if len(args) > 1 else kwargs["input_feed"]
+                    key = (id(session), *(getattr(value, "shape", None) for value in feeds.values()))
+                    if key not in spy._replays:
+                        spy._replays[key] = original(session, *args, **kwargs)
+                    return spy._replays[key]
+                if not spy.timing:
+                    return original(session, *args, **kwargs)
+                start = time.perf_counter()
+                try:
+                    return original(session, *args, **kwargs)
                 finally:
                     spy.run_seconds += time.perf_counter() - start
 
@@ -113,6 +144,7 @@ class Spy:
             return binding._device_session and value.device_name() == "cpu" and base not in HOST_FEEDS
 
         patch(ort.InferenceSession, "run_with_iobinding", run_with_iobinding)
+        patch(ort.InferenceSession, "run", plain_run)
         patch(ort.InferenceSession, "io_binding", io_binding)
         patch(ort.OrtValue, "update_inplace", counting("up", lambda value, *_: id(value) not in spy.host_feeds))
         patch(ort.OrtValue, "numpy", counting("down"))
@@ -233,7 +265,7 @@ def engine_options(name: str, provider: str, variant: str) -> tuple[RuntimeOptio
     settings = EngineSettings(variant=variant, provider=provider, batch_layout=spec["layout"])
     options = RuntimeOptions(
         settings=settings,
-        io_binding=True,
+        io_binding=spec.get("io_binding", True),
         cuda_graphs=spec.get("graphs", False),
         steps_per_run=spec.get("steps_per_run", 1),
     )
@@ -275,6 +307,18 @@ def anatomy(engine: OrtBackend, sources: int, beam: int, args, kernels: Kernels)
         counted = {kind: counts[kind] / runs for kind in ("runs", "up", "down")}
     batch = fresh()
     profiled = kernels.measure(lambda: [batch.step() for _ in range(runs)], runs)
+    stubbed = []  # the host alone: every run replayed (its first outputs for those shapes), not run
+    spy.stubbed = True
+    try:
+        for _ in range(args.repeats):
+            batch = fresh()
+            start = time.perf_counter()
+            for _ in range(runs):
+                batch.step()
+            stubbed.append((time.perf_counter() - start) / runs)
+    finally:
+        spy.stubbed = False
+        spy._replays.clear()
     step_ms, run_ms = statistics.median(full) * 1e3, statistics.median(inside) * 1e3
     return {
         "sources": sources,
@@ -284,6 +328,7 @@ def anatomy(engine: OrtBackend, sources: int, beam: int, args, kernels: Kernels)
         "step_ms": step_ms,
         "run_ms": run_ms,
         "host_ms": step_ms - run_ms,
+        "stubbed_ms": statistics.median(stubbed) * 1e3,
         **counted,
         "kernels": profiled,
     }
@@ -327,6 +372,8 @@ def drain(engine: OrtBackend, batch: int, beam: int, args) -> dict[str, Any]:
 def row_text(name: str, nodes: Counter[str], per: int, result: dict[str, Any]) -> str:
     profiled = result["kernels"] or {}
     size = f"{result['sources']}" + (f" x beam {result['beam']}" if result["beam"] > 1 else "")
+    # Replayed candidates make a degenerate beam search (every step the same): only greedy steps' host time counts.
+    stubbed = f"{result['stubbed_ms'] * 1e3:.0f}" if result["beam"] == 1 else "-"
     kernels = (
         f"{profiled['kernels']:.0f} | {profiled['us_per_kernel']:.1f} | {profiled['gpu_ms']:.3f} | "
         f"{profiled['memcpy']:.1f}"
@@ -335,17 +382,16 @@ def row_text(name: str, nodes: Counter[str], per: int, result: dict[str, Any]) -
     )
     return (
         f"| {name} | {size} ({result['rows']} rows) | {result['steps_per_run']} | {result['step_ms']:.3f} | "
-        f"{result['run_ms']:.3f} | {result['host_ms']:.3f} | {result['runs']:.1f} | {result['up']:.1f} | "
+        f"{result['run_ms']:.3f} | {result['host_ms']:.3f} | {stubbed} | {result['runs']:.1f} | {result['up']:.1f} | "
         f"{result['down']:.1f} | {sum(nodes.values()) / per:.0f} ({nodes['MemcpyToHost'] + nodes['MemcpyFromHost']}) | "
         f"{kernels} |"
     )
 
 
 HEADER = (
-    "| engine | size | steps per run | full ms per run | run ms | host ms | runs | host → device | device → host | "
-    "nodes per step (Memcpy) | kernels per run | µs per kernel | GPU busy ms per run | memcpy per run |\n"
-    + "|---" * 14
-    + "|"
+    "| engine | size | steps per run | full ms per run | run ms | host ms | host µs, runs stubbed | runs | "
+    "host → device | device → host | nodes per step (Memcpy) | kernels per run | µs per kernel | GPU busy ms per run | "
+    "memcpy per run |\n" + "|---" * 15 + "|"
 )
 
 
@@ -354,7 +400,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--provider", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--variant", default="fp16")
-    parser.add_argument("--engines", default=",".join(ENGINES), help=f"of {', '.join(ENGINES)}")
+    parser.add_argument(
+        "--engines", help=f"of {', '.join(ENGINES)} (default: all; on CUDA all but host, the CPU's own path)"
+    )
     parser.add_argument("--sizes", default=DEFAULT_SIZES, help="N sources greedy or NxB at beam B, comma-separated")
     parser.add_argument("--max-length", type=int, default=60, help="each row's longest output (its bucket: 64)")
     parser.add_argument("--warmup", type=int, default=3, help="runs before the timed ones, in each batch")
@@ -378,7 +426,8 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     args.spy.install()
     try:
-        for name in args.engines.split(","):
+        default = [name for name in ENGINES if args.provider == "cpu" or name != "host"]
+        for name in args.engines.split(",") if args.engines else default:
             options, fusions = engine_options(name, args.provider, args.variant)
             kept, providers.NO_FUSIONS = providers.NO_FUSIONS, [] if fusions else providers.NO_FUSIONS
             off = {"cpu", "cuda"} if fusions is False else providers.FUSIONS_OFF  # captured-unfused: as before
@@ -389,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
                 counted: dict[bool, Counter[str]] = {}
                 for size in args.sizes.split(","):
                     sources, beam = parse_size(size)
-                    k_steps = beam == 1 and engine.steps_per_run > 1
+                    k_steps = beam == 1 and (engine.steps_per_run > 1 or engine.k_steps is not None)
                     if k_steps not in counted:
                         model, provider = log.opened.get(id(step_session(engine, k_steps)), (None, None))
                         counted[k_steps] = optimized_nodes(model, provider) if model else Counter()

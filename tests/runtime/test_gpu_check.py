@@ -113,16 +113,23 @@ def test_the_step_anatomy_counts_a_steps_runs_copies_and_nodes_on_the_cpu_provid
 
     out = tmp_path / "anatomy.json"
     flags = ["--model", str(tiny_export), "--provider", "cpu", "--variant", "fp32", "--repeats", "1", "--warmup", "2"]
-    engines = ["--engines", "compact,captured,captured-k8", "--sizes", "1,2x2", "--max-length", "20"]
+    engines = ["--engines", "host,compact,captured,captured-k8", "--sizes", "1,2x2", "--max-length", "20"]
     drain = ["--drain", str(multi30k), "--drain-sentences", "8", "--drain-sizes", "4"]
     assert step_anatomy.main([*flags, *engines, *drain, "--json", str(out)]) == 0
     results = json.loads(out.read_text())
     steps = {(r["engine"], r["sources"], r["beam"]): r for r in results if "step_ms" in r}
-    assert len(steps) == 6
+    assert len(steps) == 8
     for result in steps.values():
         assert result["step_ms"] > result["run_ms"] > 0
         assert abs(result["host_ms"] - (result["step_ms"] - result["run_ms"])) < 1e-9
         assert sum(result["nodes"].values()) > 20
+        assert result["stubbed_ms"] > 0
+    for engine in ("host", "compact", "captured"):  # with its runs replayed, a greedy step costs less than one run
+        assert steps[(engine, 1, 1)]["stubbed_ms"] < steps[(engine, 1, 1)]["run_ms"]
+    host = steps[("host", 1, 1)]  # the CPU's serving path: greedy rows on their own graph, numpy in and out
+    assert (host["runs"], host["up"], host["down"]) == (1, 0, 0) and sum(host["nodes"].values()) < sum(
+        steps[("compact", 1, 1)]["nodes"].values()
+    )
     greedy, beam = steps[("captured", 1, 1)], steps[("captured", 2, 2)]
     assert (greedy["runs"], greedy["up"], greedy["down"]) == (1, 2, 2)
     assert beam["rows"] == 4 and beam["runs"] > 1 and beam["down"] > greedy["down"]
@@ -130,7 +137,7 @@ def test_the_step_anatomy_counts_a_steps_runs_copies_and_nodes_on_the_cpu_provid
     assert chunked["steps_per_run"] == 8 and (chunked["runs"], chunked["up"]) == (1, 2)
     assert steps[("compact", 1, 1)]["up"] == 0  # on the CPU the compact step binds the host's arrays themselves
     drains = [r for r in results if "drain" in r]
-    assert [r["engine"] for r in drains] == ["compact", "captured", "captured-k8"]
+    assert [r["engine"] for r in drains] == ["host", "compact", "captured", "captured-k8"]
     assert all(r["tokens_per_s"] > 0 and len(r["own_time"]) == step_anatomy.DRAIN_TOP for r in drains)
     table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| captured |")]
     assert len(table) == 2 and table[0].endswith("| - | - | - | - |")  # no kernels without a GPU
