@@ -127,7 +127,7 @@ class NullEngine(ModelText):
     def warmup(self) -> None:
         pass
 
-    def align(self, pairs):  # noqa: ANN001, ANN201 (no markup or glossary is sent here)
+    def align(self, pairs, kept=()):  # noqa: ANN001, ANN201 (no markup or glossary is sent here)
         raise NotImplementedError("the null engine aligns nothing")
 
     @staticmethod

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from runtime.batch import pad_sources
+from runtime.batch import SourceStates, pad_sources
 from runtime.manifest import ModelFolderError
 from runtime.model_config import ModelConfig
 from runtime.providers import NO_FUSIONS, PROVIDERS
@@ -25,6 +25,18 @@ def _host_float32(value: Any) -> np.ndarray:
     return np.asarray(array, np.float32)
 
 
+def _stacked(parts: Sequence[np.ndarray], length: int) -> np.ndarray:
+    """Sources' kept keys or values (L, 1, H, S_i, d_k) as one padded batch (L, n, H, length, d_k): the padding is
+    masked, as an encoder call's is."""
+    layers, _, heads, _, d_k = parts[0].shape
+    if len(parts) == 1 and parts[0].shape[3] == length:
+        return parts[0]
+    stacked = np.zeros((layers, len(parts), heads, length, d_k), np.float32)
+    for row, part in enumerate(parts):
+        stacked[:, row, :, : part.shape[3]] = part[:, 0]
+    return stacked
+
+
 class Aligner:
     """A folder's aligner graph, loaded on first use, over ``encode`` (the model's encoder: source tokens and
     mask to cross-attention keys and values)."""
@@ -36,25 +48,32 @@ class Aligner:
         self._loaded: tuple[ort.InferenceSession, list[tuple[int, int]]] | None = None  # made on first use
         self._lock = threading.Lock()
 
-    def align(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[np.ndarray]:
+    def align(
+        self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], kept: Sequence[SourceStates | None] = ()
+    ) -> list[np.ndarray]:
         """Where each output token looked in its source: for each (source ids, output ids) pair, the
         cross-attention probabilities (len(output), len(source)) the export chose (the mean of its
         manifest's readings, export/aligner.py), eos's column dropped. Runs the aligner graph, on the CPU, in groups of
-        ALIGN_GROUP pairs by length; raises ModelFolderError for a folder exported without it."""
+        ALIGN_GROUP pairs by length; raises ModelFolderError for a folder exported without it. ``kept``: per pair,
+        its source's keys and values from its decoding's encoder call, or None (then it is encoded again)."""
         _, readings = self._session()
         return [
             np.mean([every[layer, offset : offset + len(output), : len(source)] for layer, offset in readings], axis=0)
-            for every, (source, output) in zip(self.alignments(pairs), pairs, strict=True)
+            for every, (source, output) in zip(self.alignments(pairs, kept=kept), pairs, strict=True)
         ]
 
     def alignments(
-        self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], session: ort.InferenceSession | None = None
+        self,
+        pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
+        session: ort.InferenceSession | None = None,
+        kept: Sequence[SourceStates | None] = (),
     ) -> list[np.ndarray]:
         """For each (source ids, output ids) pair, the aligner's layers' cross-attention probabilities
         (L', len(output) + 1, len(source) + 1): ``align`` before choosing layers and rows. ``session``: another
         aligner graph than the folder's (benchmarks/alignment.py compares every layer)."""
         session = session or self._session()[0]
         c, results = self.config, [np.zeros((0, 0, 0), np.float32)] * len(pairs)
+        kept = list(kept) or [None] * len(pairs)
         order = sorted(range(len(pairs)), key=lambda i: (len(pairs[i][0]), len(pairs[i][1])))
         for start in range(0, len(order), ALIGN_GROUP):
             group = order[start : start + ALIGN_GROUP]
@@ -63,7 +82,11 @@ class Aligner:
             tgt = np.full((len(group), max(map(len, outputs)) + 1), c.pad_id, np.int64)
             for row, output in enumerate(outputs):
                 tgt[row, : len(output) + 1] = [c.decoder_start_id, *output]
-            cross_k, cross_v = self.encode(src_tokens, src_mask)
+            states = [kept[i] for i in group]
+            if all(state is not None for state in states):
+                cross_k, cross_v = (_stacked([state[n] for state in states], src_mask.shape[1]) for n in (0, 1))
+            else:
+                cross_k, cross_v = self.encode(src_tokens, src_mask)
             feeds = {
                 "tgt_tokens": tgt,
                 "src_mask": src_mask.astype(np.int32),

@@ -43,6 +43,25 @@ class EncodedSources:
     src_mask: np.ndarray
     seconds: float = 0.0  # what the encoder call took
 
+    def source(self, index: int) -> SourceStates:
+        """Source ``index``'s keys and values alone, as float32 host copies (L, 1, H, S, d_k) of its S tokens (eos
+        included): what the aligner reads for it (runtime/aligner.py) instead of encoding it again."""
+        tokens = int(self.src_mask[index].sum())
+        k, v = (_host(x)[:, index : index + 1, :, :tokens] for x in (self.cross_k, self.cross_v))
+        return SourceStates(np.array(k, np.float32), np.array(v, np.float32))
+
+
+class SourceStates(NamedTuple):
+    """One source's cross-attention keys and values from its encoder call, kept for its alignment."""
+
+    cross_k: np.ndarray  # (L, 1, H, S, d_k), float32 on the host
+    cross_v: np.ndarray
+
+
+def _host(value: Any) -> np.ndarray:
+    """numpy as is; a value on a device (an ONNX Runtime OrtValue) copied to the host."""
+    return value if isinstance(value, np.ndarray) else value.numpy()
+
 
 @dataclass(frozen=True)
 class RowShape:

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from runtime.backend import OrtBackend
-from runtime.batch import DecodeBatch, EncodedSources
+from runtime.batch import DecodeBatch, EncodedSources, SourceStates
 from runtime.memory import MemoryModel, bound_process_memory
 from runtime.options import RuntimeOptions
 from runtime.search import default_max_output
@@ -62,9 +62,12 @@ class Engine(ModelText):
 
     # --- text ----------------------------------------------------------------------
 
-    def align(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[np.ndarray]:
-        """Where each output token looked in its source (runtime/aligner.py)."""
-        return self.backend.aligner.align(pairs)
+    def align(
+        self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], kept: Sequence[SourceStates | None] = ()
+    ) -> list[np.ndarray]:
+        """Where each output token looked in its source (runtime/aligner.py); ``kept``: per pair, its source's
+        keys and values from its decoding (``EncodedSources.source``), or None to encode it again."""
+        return self.backend.aligner.align(pairs, kept)
 
     @staticmethod
     def max_length(source_tokens: int, cap: int) -> int:

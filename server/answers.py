@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from runtime.search import Hypothesis
 from server.documents import casing, markup
@@ -39,6 +40,7 @@ class DecodedSentence(AfterSplit):
     # When it was queued, joined a running batch, was encoded and finished (time.monotonic()); None when
     # the translation cache answered it, without the engine.
     timings: tuple[float, float, float, float] | None = None
+    kept: Any = None  # with spec.align, translated by the engine: its encoder's output, for the aligner
 
     @property
     def queue_seconds(self) -> float:

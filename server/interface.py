@@ -10,7 +10,7 @@ inside the engine (``runtime.engine``; ``tests/server/fake_engine.py`` is a mode
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -29,6 +29,9 @@ class Encoded(Protocol):
     """Sources an engine encoded, not yet in a batch (the engine's own type; the scheduler only passes it on)."""
 
     seconds: float  # what the encoder call took
+
+    def source(self, index: int) -> Any:
+        """Source ``index``'s own encoder output, kept for its alignment (``Engine.align``'s ``kept``)."""
 
 
 class Memory(Protocol):
@@ -83,9 +86,10 @@ class Engine(Protocol):
 
     def target_pieces(self, ids: Sequence[int]) -> list[str]: ...
 
-    def align(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[np.ndarray]:
+    def align(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], kept: Sequence[Any] = ()) -> list[np.ndarray]:
         """For each (source ids, output ids): the attention (len(output), len(source)) each output token
-        paid to each source token, to place markup; runs on the caller's thread."""
+        paid to each source token, to place markup; runs on the caller's thread. ``kept``: per pair, its source's
+        encoder output from its decoding (``Encoded.source``) or None (encoded again)."""
 
     def max_length(self, source_tokens: int, cap: int) -> int:
         """Longest output searched for a source (tokens with eos)."""

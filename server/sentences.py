@@ -22,6 +22,7 @@ class SplitSentence:
     # A sentence over the segment bound (server.documents.text.TextLimits.sentence_tokens) is cut: which piece this is
     chunk: int = 0
     capitals: bool = False  # written in capitals: translated in the model's case, its translation in capitals
+    align: bool = False  # its translation is aligned to it (markup or terms to place): its encoder's output is kept
 
 
 class AfterSplit:

@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from opentelemetry.trace import INVALID_SPAN
 
@@ -44,8 +44,7 @@ T = TypeVar("T")
 
 class Translations:
     def __init__(self, scheduler: Scheduler, config: ServerConfig, metrics: Metrics) -> None:
-        self.scheduler = scheduler
-        self.metrics = metrics
+        self.scheduler, self.metrics = scheduler, metrics
         self.limits = TextLimits(
             config.batch_limit, config.char_limit, config.max_source_tokens, config.long_input_tokens, config.long_input
         )
@@ -89,12 +88,13 @@ class Translations:
         options: TranslateOptions,
         limits: TextLimits | None = None,
         tokenized: Sequence[list[int]] | None = None,
+        aligned: Collection[int] = (),
     ) -> AsyncIterator[DecodedSentence]:
         """The texts' segments for ``engine``'s model, yielded in order as they are translated: those the
         cache holds at once, the others submitted as one job; each with up to ``options.decode.alternatives``
         of its beam's other outputs. Raises the ServiceError that ended the job; cancelling the caller's task
         cancels the job. ``options.field`` names the texts in errors; ``options.keep_empty`` and ``tokenized``: see
-        segment_texts."""
+        segment_texts. The sentences of the texts at ``aligned`` keep their encoder's output for the aligner."""
         long_inputs = self.metrics.long_inputs
         on_long = lambda policy: long_inputs.labels(policy).inc()
         limits, decode = limits or self.limits, options.decode
@@ -112,6 +112,9 @@ class Translations:
                 tokenized,
                 lower_case=options.mirror_formatting and options.format == "text",  # lower-cased again after
             )
+            by_text = [
+                [replace(s, align=True) for s in text] if t in aligned else text for t, text in enumerate(by_text)
+            ]
             return by_text, [TranslationCache.key(engine, spec.ids, decode) for text in by_text for spec in text]
 
         by_text, keys = await self.work(sum(map(len, texts)), split)
@@ -139,13 +142,13 @@ class Translations:
                 model=engine.name,
             )
             self.scheduler.submit(job)
-        timings: dict[int, tuple[float, float, float, float]] = {}  # by index, those the engine translated
+        decoded: dict[int, tuple[Any, Any]] = {}  # by index, those the engine translated: timings, kept output
         next_index = 0
         try:
             while next_index < len(specs):
                 while next_index in ready:
                     spec = specs[next_index]
-                    yield DecodedSentence(spec, ready.pop(next_index), id(spec) in last, timings.get(next_index))
+                    yield DecodedSentence(spec, ready.pop(next_index), id(spec) in last, *decoded.pop(next_index, ()))
                     next_index += 1
                 if next_index == len(specs):
                     break
@@ -156,7 +159,7 @@ class Translations:
                 result = item.result._replace(alternatives=item.result.alternatives[: decode.alternatives])
                 self._keep(keys[index], result)
                 ready[index] = result
-                timings[index] = (item.enqueued_at, item.joined_at, item.encoded_at, item.finished_at)
+                decoded[index] = ((item.enqueued_at, item.joined_at, item.encoded_at, item.finished_at), item.kept)
         except asyncio.CancelledError:
             if job is not None:
                 self.scheduler.cancel(job)
@@ -236,7 +239,9 @@ class Translations:
         started = time.monotonic()
         limits = replace(self.limits, batch_limit=NO_LIMIT)  # the texts were counted, not their pieces
         pieces_options = replace(options, keep_empty=True)  # a piece may be empty: whitespace between tags
-        segments = [s async for s in self.segments(engine, runs, pieces_options, limits, tokenized)]
+        # A short request's marked pieces keep their encoder's output for the aligner; a document's are encoded again
+        marked = {i for i, (_, piece) in enumerate(pieces) if not piece.plain} if kind_of(chars) == SHORT else ()
+        segments = [s async for s in self.segments(engine, runs, pieces_options, limits, tokenized, marked)]
         self.observe(engine, segments, started, exchange)
         parts: dict[int, list[DecodedSentence]] = {}
         for segment in segments:
@@ -306,8 +311,9 @@ class Translations:
         atoms, put back around the words the aligner says they belong to."""
         marked = [i for i, piece in enumerate(pieces) if not piece.plain and by_piece[i]]
         pairs = [(s.spec.ids, s.output) for i in marked for s in by_piece[i]]
+        kept = [s.kept for i in marked for s in by_piece[i]]
         try:
-            alignments = iter(await asyncio.to_thread(engine.align, pairs) if pairs else [])
+            alignments = iter(await asyncio.to_thread(engine.align, pairs, kept) if pairs else [])
         except ModelFolderError as e:
             raise InvalidRequest(f"model {engine.name} cannot keep markup or placeholders: {e}") from e
 

@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from runtime.search import Hypothesis
 from server.config import ServerConfig
@@ -68,6 +69,7 @@ class QueuedSentence(AfterSplit):
     encoded_at: float = 0.0  # ... when its encoder call and join were done ...
     finished_at: float = 0.0  # ... and when its decoding ended
     result: Hypothesis | None = None  # once decoded
+    kept: Any = None  # with spec.align: its source's keys and values from its encoder call (Encoded.source)
 
 
 @dataclass(eq=False)

@@ -195,9 +195,8 @@ class Scheduler:
             self._update_gauges(lane)
 
     def _wait_for_batch(self, lane: Lane) -> None:
-        """With nothing running, give arrivals up to max_batch_delay_ms to form a batch, and stop once none came
-        for batch_gap_ms: when the senders are few (closed-loop clients waiting on their answers), the first
-        arrivals come together and the rest of the delay would only idle the core."""
+        """With nothing running, give arrivals up to max_batch_delay_ms to form a batch, and stop once none came for
+        batch_gap_ms: closed-loop clients' first arrivals come together; the rest of the delay would idle the core."""
         deadline = lane.waiting[0].enqueued_at + self.settings.max_batch_delay_ms / 1000
         gap = self.settings.batch_gap_ms / 1000
         while len(lane.waiting) < self.settings.max_batch_size and not self.stopped:
@@ -266,12 +265,13 @@ class Scheduler:
         lane.joined(time.perf_counter() - started)
 
     def _add(self, lane: Lane, group: list[QueuedSentence], encoded: Encoded) -> None:
-        """An encoded group joins the batch (a segment that left meanwhile, cancelled or expired, leaves again
-        at once); its encoder call's metrics."""
+        """An encoded group joins the batch (one that left meanwhile leaves again at once); its encoder's metrics."""
         joined = lane.batch.add(group, encoded, [s.job.options.beam for s in group], [s.max_length for s in group])
         now = time.monotonic()
-        for segment in group:
+        for index, segment in enumerate(group):
             segment.encoded_at = now
+            if segment.spec.align:  # the aligner reads its encoder's output instead of encoding it again
+                segment.kept = encoded.source(index)
             if segment not in lane.running:
                 lane.batch.remove(segment)
         longest = max(s.source_tokens for s in group)

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ from runtime import aligner, offline
 from runtime.backend import OrtBackend
 from runtime.manifest import ModelFolderError, read_manifest, write_manifest
 from tests.conftest import own_sentences
+from tests.runtime.spies import counted
 
 TOLERANCE = 1e-5
 
@@ -85,3 +87,21 @@ def test_a_folder_without_an_aligner_says_to_export_again(tiny_export: Path, tmp
     write_manifest(folder, manifest)
     with pytest.raises(ModelFolderError, match="exported without an aligner.*python -m export --out"):
         OrtBackend(folder).aligner.align(pairs[:1])
+
+
+def test_sources_kept_from_their_decodings_encoder_call_are_not_encoded_again(tiny_export: Path, pairs):
+    """A sentence's encoder output, kept from the call that encoded it among others (``EncodedSources.source``:
+    its own tokens, without the group's padding), aligns as encoding it again would, without another encoder call;
+    a group where any source was not kept is encoded whole."""
+    runtime = OrtBackend(tiny_export)
+    fresh = runtime.aligner.align(pairs)
+    encoded = runtime.encode_sources([source for source, _ in pairs])  # one padded call, as a lane's join makes
+    kept = [encoded.source(i) for i in range(len(pairs))]
+    assert [state.cross_k.shape[3] for state in kept] == [len(source) + 1 for source, _ in pairs]
+    calls = Counter()
+    runtime.aligner.encode = counted(calls, "encode", runtime.aligner.encode)
+    for got, expected in zip(runtime.aligner.align(pairs, kept), fresh, strict=True):
+        np.testing.assert_allclose(got, expected, atol=TOLERANCE)
+    assert calls["encode"] == 0
+    runtime.aligner.align(pairs, [*kept[:-1], None])
+    assert calls["encode"] == 1

@@ -13,8 +13,10 @@ import pytest
 
 from proto import translate_pb2
 from server.documents.markup import parse
+from server.doors.door import SHORT_REQUEST_CHARS
 from testkit.sentences import own_sentences
 from testkit.servers import RunningServer, http, start_server
+from tests.runtime.spies import counted
 
 SNIPPETS = [
     '<p>A man in a <b>red</b> shirt rides a <a href="https://example.com/?a=1&amp;b=2" title="Bikes &amp; more">bike'
@@ -112,3 +114,25 @@ def test_http_format_html_answers_as_grpc_does(server: RunningServer):
     expected = [t.text for t in translate(server, SNIPPETS[:2], "html").translations]
     status, _, body = http(server, "/translate", {"q": SNIPPETS[:2], "source": "en", "target": "de", "format": "html"})
     assert (status, body["translatedText"]) == (200, expected)
+
+
+def test_a_short_requests_markup_is_placed_from_its_sentences_own_encoder_call(server: RunningServer):
+    """A short request's sentences with markup keep their encoder's output from their decoding, so placing the
+    markup encodes none of them again; a document's (over SHORT_REQUEST_CHARS) are encoded again, not held while the
+    rest of it decodes."""
+    engine = next(iter(server.server.scheduler.engines.values()))
+    aligner, calls = engine.backend.aligner, Counter()
+    encode = aligner.encode
+    aligner.encode = counted(calls, "encode", encode)
+    fresh = own_sentences(120)[100:]  # not translated by this module's other tests (the cache would answer them)
+    try:
+        short = [f"<p>{sentence[:12]}<b>{sentence[12:]}</b></p>" for sentence in fresh[:2]]
+        translations = translate(server, short, "html").translations
+        assert [start_tags(t.text) for t in translations] == [start_tags(s) for s in short]
+        assert calls["encode"] == 0
+        document = "<p><b>" + " ".join(fresh[2:] + own_sentences(60)) + "</b></p>"
+        assert len(document) > SHORT_REQUEST_CHARS
+        translate(server, [document], "html")
+        assert calls["encode"] > 0
+    finally:
+        aligner.encode = encode
