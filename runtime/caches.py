@@ -302,15 +302,12 @@ class SourceCache:
         self._placed = None
 
     def keep(self, positions: np.ndarray) -> None:
-        """Keep these live sources, in this order; only those whose slot changes are copied, in place. When no
-        slot is both read and written (a departure: sources from the end fill the gaps), each is copied on its
-        own and only its real tokens (the rest of its slot is masked), without the temporary that fancy indexing
-        gathers them into: under 32 clients of single sentences this copy was the lanes' largest cost outside
-        ONNX Runtime."""
+        """Keep these live sources, in this order; only those whose slot changes are copied, in place: when no slot
+        is both read and written (a departure: sources from the end fill the gaps), each alone and only its real
+        tokens (the rest of its slot is masked), without the temporary fancy indexing gathers them into."""
         moved = np.flatnonzero(positions != np.arange(len(positions)))
         if len(moved):
-            origins = positions[moved]
-            arrays = [array for array in (self.k, self.v) if array is not None]
+            origins, arrays = positions[moved], [array for array in (self.k, self.v) if array is not None]
             targets, sources = moved.tolist(), origins.tolist()
             if set(targets).isdisjoint(sources):
                 for target, origin in zip(targets, sources, strict=True):
