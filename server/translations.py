@@ -172,16 +172,15 @@ class Translations:
         options: TranslateOptions,
         exchange: Exchange | None = None,
     ) -> list[TextTranslation]:
-        """One translation per text, in order, with the text's layout: its sentences joined by the
-        whitespace that separated them (line breaks and blank lines kept) between its own leading and
-        trailing whitespace; an empty text kept with ``options.keep_empty`` translates to itself. A text with
-        a sentence under ``options.min_confidence`` is flagged ``low_confidence``. Format "html" keeps the
-        texts' markup; in both formats placeholders, URLs, e-mail addresses and numbers with units come
-        back as sent (server/documents/markup.py). With ``options.decode.alternatives``, up to that many other
-        translations of each text (``answers.variants``), laid out and with their markup placed as the
-        translation is. In format "text", ``options.pass_through`` and ``options.mirror_formatting`` finish the
-        texts as LibreTranslate does (server/documents/formatting.py). No ``engine``: the texts are in the target
-        language already (``Models.choose``) and come back as sent, limits and markup checked as a translation's are."""
+        """One translation per text, in order, with the text's layout: its sentences joined by the whitespace that
+        separated them (line breaks and blank lines kept) between its own leading and trailing whitespace; an empty
+        text kept with ``options.keep_empty`` translates to itself. A text with a sentence under
+        ``options.min_confidence`` is flagged ``low_confidence``. Format "html" keeps the texts' markup; in both
+        formats placeholders, URLs, e-mail addresses and numbers with units come back as sent (markup.py). With
+        ``options.decode.alternatives``, up to that many other translations of each text (``answers.variants``),
+        laid out and with their markup placed as the translation is. In format "text", ``options.pass_through``
+        and ``options.mirror_formatting`` finish the texts as LibreTranslate does (formatting.py), glossary or not.
+        No ``engine``: texts already in the target language (``Models.choose``) come back as sent, checked."""
         check_texts(texts, self.limits, options.field, options.keep_empty)  # bounds what the rest costs
         if engine is None:
             return answers.unchanged(texts, options.format)
@@ -225,8 +224,7 @@ class Translations:
                 with child_span(span, "detokenize"):
                     variants = answers.variants(segments, alternatives)
                     renders = [answers.plain(engine, texts, variant) for variant in variants]
-                    if options.mirror_formatting:
-                        renders = [list(map(formatting.mirror, texts, render)) for render in renders]
+                    renders = formatting.mirrored(texts, renders) if options.mirror_formatting else renders
                 return [
                     answers.summary([render[t] for render in renders], parts, min_confidence)
                     for t, parts in enumerate(answers.by_text(segments, len(texts)))
@@ -237,9 +235,9 @@ class Translations:
         runs = [piece.text for _, piece in pieces]
         tokenized = await self.work(chars, lambda: engine.tokenize(runs) if runs else [])
         started = time.monotonic()
-        limits = replace(self.limits, batch_limit=NO_LIMIT)  # the texts were counted, not their pieces
-        pieces_options = replace(options, keep_empty=True)  # a piece may be empty: whitespace between tags
-        # A short request's marked pieces keep their encoder's output for the aligner; a document's are encoded again
+        # The texts were counted, not their pieces; a piece may be empty (whitespace between tags). A short request's
+        # marked pieces keep their encoder's output for the aligner; a document's are encoded again.
+        limits, pieces_options = replace(self.limits, batch_limit=NO_LIMIT), replace(options, keep_empty=True)
         marked = {i for i, (_, piece) in enumerate(pieces) if not piece.plain} if kind_of(chars) == SHORT else ()
         segments = [s async for s in self.segments(engine, runs, pieces_options, limits, tokenized, marked)]
         self.observe(engine, segments, started, exchange)
@@ -251,6 +249,8 @@ class Translations:
                 await self._render(engine, documents, pieces, variant, chars)
                 for variant in answers.variants(segments, alternatives)
             ]
+        if options.format == "text" and options.mirror_formatting:  # a glossary's terms made pieces of its texts
+            renders = formatting.mirrored(texts, renders)
         return [
             answers.summary([render[t] for render in renders], parts.get(t, []), min_confidence)
             for t in range(len(documents))

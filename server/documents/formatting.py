@@ -13,8 +13,15 @@ names):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 # The final marks mirrored: LibreTranslate's, with the ideographic full stop
 PUNCTUATION = frozenset("!?.,;。")
+
+
+def mirrored(sources: Sequence[str], renders: Sequence[Sequence[str]]) -> list[list[str]]:
+    """Each render (a translation of every text, or an alternative's) with each text's mirrored onto it."""
+    return [list(map(mirror, sources, render)) for render in renders]
 
 
 def nothing_to_translate(text: str) -> bool:
