@@ -11,18 +11,12 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from runtime.batch import SourceStates, pad_sources
+from runtime.batch import SourceStates, host_float32, pad_sources
 from runtime.manifest import ModelFolderError
 from runtime.model_config import ModelConfig
 from runtime.providers import NO_FUSIONS, PROVIDERS
 
 ALIGN_GROUP = 16  # pairs per aligner call
-
-
-def _host_float32(value: Any) -> np.ndarray:
-    """An encoder output (numpy, or an OrtValue on any device) as a float32 host array."""
-    array = value.numpy() if isinstance(value, ort.OrtValue) else value
-    return np.asarray(array, np.float32)
 
 
 def _stacked(parts: Sequence[np.ndarray], length: int) -> np.ndarray:
@@ -90,8 +84,8 @@ class Aligner:
             feeds = {
                 "tgt_tokens": tgt,
                 "src_mask": src_mask.astype(np.int32),
-                "cross_k": _host_float32(cross_k),
-                "cross_v": _host_float32(cross_v),
+                "cross_k": host_float32(cross_k),
+                "cross_v": host_float32(cross_v),
             }
             alignment = session.run(None, feeds)[0]  # (L, B, T, S)
             for row, i in enumerate(group):

@@ -47,8 +47,8 @@ class EncodedSources:
         """Source ``index``'s keys and values alone, as float32 host copies (L, 1, H, S, d_k) of its S tokens (eos
         included): what the aligner reads for it (runtime/aligner.py) instead of encoding it again."""
         tokens = int(self.src_mask[index].sum())
-        k, v = (_host(x)[:, index : index + 1, :, :tokens] for x in (self.cross_k, self.cross_v))
-        return SourceStates(np.array(k, np.float32), np.array(v, np.float32))
+        k, v = (host_float32(x)[:, index : index + 1, :, :tokens].copy() for x in (self.cross_k, self.cross_v))
+        return SourceStates(k, v)
 
 
 class SourceStates(NamedTuple):
@@ -58,9 +58,9 @@ class SourceStates(NamedTuple):
     cross_v: np.ndarray
 
 
-def _host(value: Any) -> np.ndarray:
-    """numpy as is; a value on a device (an ONNX Runtime OrtValue) copied to the host."""
-    return value if isinstance(value, np.ndarray) else value.numpy()
+def host_float32(value: Any) -> np.ndarray:
+    """An encoder output (numpy, or an ONNX Runtime OrtValue on any device) as a float32 host array."""
+    return np.asarray(value if isinstance(value, np.ndarray) else value.numpy(), np.float32)
 
 
 @dataclass(frozen=True)
