@@ -111,10 +111,8 @@ class Translations:
                 language,
                 tokenized,
                 lower_case=options.mirror_formatting and options.format == "text",  # lower-cased again after
+                aligned=aligned,
             )
-            by_text = [
-                [replace(s, align=True) for s in text] if t in aligned else text for t, text in enumerate(by_text)
-            ]
             return by_text, [TranslationCache.key(engine, spec.ids, decode) for text in by_text for spec in text]
 
         by_text, keys = await self.work(sum(map(len, texts)), split)

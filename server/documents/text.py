@@ -4,7 +4,7 @@ splitting (keeping the text's layout) and the long-input policy."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import sentencex
@@ -184,6 +184,7 @@ def segment_texts(
     tokenized: Sequence[list[int]] | None = None,
     *,
     lower_case: bool = False,
+    aligned: Collection[int] = (),
 ) -> list[list[SplitSentence]]:
     """The sentences of every text, in order, as segments. Raises InvalidRequest naming the field.
 
@@ -196,7 +197,7 @@ def segment_texts(
 
     A sentence in capitals is tokenized in the case the model knows (server/documents/casing.py) and marked
     ``capitals``; with ``lower_case``, so is every sentence of an all-lower-case text (its translation is lower-cased
-    later).
+    later). The sentences of the texts at ``aligned`` are marked ``align``.
     """
     check_texts(texts, limits, field, keep_empty)
     splits = [(split_sentences(text, language) or [(text.strip(), "")]) if text.strip() else [] for text in texts]
@@ -239,7 +240,7 @@ def segment_texts(
             )
         result.append(
             [
-                SplitSentence(i, j, source, ids, budget is not None, separator, chunk, capitals)
+                SplitSentence(i, j, source, ids, budget is not None, separator, chunk, capitals, i in aligned)
                 for j, (source, ids, separator, chunk, capitals) in enumerate(pieces)
             ]
         )
