@@ -140,8 +140,8 @@ class BatchedLines(logging.Handler):
 def batch_access_lines(stream, formatter: logging.Formatter | None) -> BatchedLines:
     """Write the access log's lines to ``stream`` in batches (``BatchedLines``) with ``formatter``, instead of
     through the root logger's handlers; once per process."""
-    if any(isinstance(handler, BatchedLines) for handler in log.handlers):
-        return next(handler for handler in log.handlers if isinstance(handler, BatchedLines))
+    if (made := next((h for h in log.handlers if isinstance(h, BatchedLines)), None)) is not None:
+        return made
     handler = BatchedLines(stream)
     handler.setFormatter(formatter)
     log.addHandler(handler)
