@@ -85,18 +85,8 @@ class Spy:
                     if getattr(binding, "_device_session", False):
                         outputs = binding.get_outputs()
                         spy.counts["down"] += sum(value.device_name() == "cpu" for value in outputs)
-                if spy.stubbed:  # its outputs stay bound as the first run left them
-                    key = (id(session), id(binding))
-                    if key not in spy._replays:
-                        spy._replays[key] = original(session, binding, run_options)
-                    return spy._replays[key]
-                if not spy.timing:
-                    return original(session, binding, run_options)
-                start = time.perf_counter()
-                try:
-                    return original(session, binding, run_options)
-                finally:
-                    spy.run_seconds += time.perf_counter() - start
+                # stubbed: its outputs stay bound as the first run left them
+                return spy.run(lambda: original(session, binding, run_options), lambda: (id(session), id(binding)))
 
             return run
 
@@ -104,19 +94,12 @@ class Spy:
             def run(session, *args, **kwargs):
                 if spy.on:
                     spy.counts["runs"] += 1
-                if spy.stubbed:  # the first outputs for these feeds' shapes, again
+
+                def key() -> tuple:  # stubbed: the first outputs for these feeds' shapes, again
                     feeds = args[1] if len(args) > 1 else kwargs["input_feed"]
-                    key = (id(session), *(getattr(value, "shape", None) for value in feeds.values()))
-                    if key not in spy._replays:
-                        spy._replays[key] = original(session, *args, **kwargs)
-                    return spy._replays[key]
-                if not spy.timing:
-                    return original(session, *args, **kwargs)
-                start = time.perf_counter()
-                try:
-                    return original(session, *args, **kwargs)
-                finally:
-                    spy.run_seconds += time.perf_counter() - start
+                    return (id(session), *(getattr(value, "shape", None) for value in feeds.values()))
+
+                return spy.run(lambda: original(session, *args, **kwargs), key)
 
             return run
 
@@ -150,6 +133,22 @@ class Spy:
         patch(ort.OrtValue, "numpy", counting("down"))
         patch(ort.IOBinding, "bind_cpu_input", counting("up", lambda binding, *_: binding._device_session))
         patch(ort.IOBinding, "bind_ortvalue_input", counting("up", host_value_on_device))
+
+    def run(self, call: Callable[[], Any], key: Callable[[], tuple]) -> Any:
+        """One of ONNX Runtime's runs, ``call()``: while stubbed, the outputs of the first run with its ``key()``
+        again, not run; else run, and timed while timing."""
+        if self.stubbed:
+            replay = key()
+            if replay not in self._replays:
+                self._replays[replay] = call()
+            return self._replays[replay]
+        if not self.timing:
+            return call()
+        start = time.perf_counter()
+        try:
+            return call()
+        finally:
+            self.run_seconds += time.perf_counter() - start
 
     def uninstall(self) -> None:
         for owner, name, own in reversed(self._undo):
