@@ -396,11 +396,12 @@ def bucket_engines(model_dir: Path, variant: str, provider: str) -> tuple[dict[s
 
 
 def graphs_captured(engine: OrtBackend) -> str:
-    """How many buffer sets (one graph id each) a bucketed engine's steps ran over."""
+    """How many graph ids (one per buffer set, two for the device greedy step's state parities) a bucketed
+    engine's steps ran over."""
     steps = [s for s in (engine.device_steps, engine.device_k_steps) if s is not None]
     if not steps:
         return ""
-    return ", ".join(f"{len(s._bound)} graph ids, {s.runs} runs" for s in steps)
+    return ", ".join(f"{sum(len(b.options) for b in s._bound.values())} graph ids, {s.runs} runs" for s in steps)
 
 
 def beam_search_op(args: argparse.Namespace, config) -> tuple[Translate | None, str]:  # noqa: ANN001

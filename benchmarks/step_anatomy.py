@@ -437,7 +437,9 @@ def main(argv: list[str] | None = None) -> int:
                 counted: dict[bool, Counter[str]] = {}
                 for size in args.sizes.split(","):
                     sources, beam = parse_size(size)
-                    k_steps = beam == 1 and (engine.steps_per_run > 1 or engine.k_steps is not None)
+                    # greedy rows' own graph: k steps, the host's greedy step or a device's
+                    own = engine.steps_per_run > 1 or engine.k_steps is not None or engine.device_k_steps is not None
+                    k_steps = beam == 1 and own
                     if k_steps not in counted:
                         model, provider = log.opened.get(id(step_session(engine, k_steps)), (None, None))
                         counted[k_steps] = optimized_nodes(model, provider) if model else Counter()

@@ -26,7 +26,7 @@ from runtime.bucket_buffers import DeviceBuffers
 from runtime.caches import CachePool, KVCache
 from runtime.captured import DeviceSteps
 from runtime.compact_rows import CompactRows
-from runtime.contract import CANDIDATE_OUTPUTS, K_STEP_OUTPUTS, STEP_INPUTS, STEP_OUTPUTS
+from runtime.contract import CANDIDATE_OUTPUTS, GREEDY_PACKED, K_STEP_OUTPUTS, STEP_INPUTS, STEP_OUTPUTS
 from runtime.cpu import describe_cpu, int8_products_saturate
 from runtime.device_cache import CacheOps, DeviceKVCache
 from runtime.manifest import ModelFolderError, read_manifest
@@ -85,7 +85,7 @@ class OrtBackend:
         self.aligner = Aligner(self.folder, self.manifest, self.config, self.encode)
         # Buckets on a device (io_binding): their steps (DeviceSteps) own the buffers there that they run over
         self.device_steps: DeviceSteps | None = None
-        self.device_k_steps: DeviceSteps | None = None
+        self.device_k_steps: DeviceSteps | None = None  # greedy buckets' runs: k steps, or the device greedy step
         if self.plan.device_buckets:
             self._device_buckets(options)
         self.k_steps, self.small_k_steps = self._k_steps(options) if self.plan.host_greedy_runs else (None, None)
@@ -186,24 +186,22 @@ class OrtBackend:
         ops = self._cache_ops or CacheOps(PROVIDERS[self.provider], self.device, self.cache_dtype)
         buffers = DeviceBuffers(ops)  # one set per bucket, which single steps and k-step runs share
         graphs = self.plan.cuda_graphs
-        session = self.decoder
 
         def opened(model: Any) -> ort.InferenceSession:
             extra = {"enable_cuda_graph": "1"} if graphs and self.provider == "cuda" else None
             threads, arena = options.settings.intra_op_threads, options.memory_arena
             return open_session(model.SerializeToString(), self.provider, threads, options.spinning, arena, extra)
 
-        if graphs:
-            from runtime.step_graphs import split_host_feeds
+        from runtime.step_graphs import device_greedy_graph, k_step_graph, split_host_feeds
 
-            session = opened(split_host_feeds(self._graph("cuda_graphs")))
+        session = opened(split_host_feeds(self._graph("cuda_graphs"))) if graphs else self.decoder
         self.device_steps = DeviceSteps(session, buffers, STEP_OUTPUTS + CANDIDATE_OUTPUTS, graphs)
-        if self.steps_per_run > 1:
-            graph = self._graph("steps_per_run > 1")
-            from runtime.step_graphs import k_step_graph
-
-            model = k_step_graph(graph, self.steps_per_run, host_totals=True)
+        if self.steps_per_run > 1:  # greedy buckets run k steps at a time
+            model = k_step_graph(self._graph("steps_per_run > 1"), self.steps_per_run, host_totals=True)
             self.device_k_steps = DeviceSteps(opened(model), buffers, list(K_STEP_OUTPUTS), graphs)
+        else:  # greedy buckets run the device greedy step
+            model = split_host_feeds(device_greedy_graph(self._graph("greedy buckets on a device")))
+            self.device_k_steps = DeviceSteps(opened(model), buffers, [GREEDY_PACKED], graphs)
 
     def _warn_if_int8_saturates(self) -> None:
         """An int8 export from before 7-bit weights loses BLEU on CPUs without VNNI (export/optimize.py)."""
@@ -271,7 +269,7 @@ class OrtBackend:
             if self.device_steps is None:
                 rows = SlottedRows(shape)  # on host buffers, which the CPU provider steps on in place
             else:  # on the device buffers that its steps own and bind
-                step, k_steps = self.device_steps, self.device_k_steps
+                step, k_steps = self.device_steps, self.device_k_steps.greedy
                 rows = SlottedRows(shape, self.device_steps.buffers)
         else:
             place = self._on_device if self.io_binding else None

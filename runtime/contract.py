@@ -64,6 +64,12 @@ ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 # Several greedy steps per run (runtime/step_graphs.py, k_step_graph): each row's k best tokens (R, k) int64 and
 # their log-probabilities (R, k) float32
 K_STEP_OUTPUTS = ("k_step_tokens", "k_step_log_probs")
+# The device greedy step (runtime/step_graphs.py, device_greedy_graph) writes the next step's tokens and lengths
+# where they live, from its own token and a live row's length + 1, so a steady step sends nothing from the host;
+# what the host reads is one packed output
+LIVE = "live"  # (rows,) int32: 1 on a live row, 0 on a free slot's rows
+NEXT_STATE = {"next_tokens": "tokens", "next_lengths": "lengths"}  # the output that is each feed's next value
+GREEDY_PACKED = "greedy_packed"  # (rows, 2) float32: each row's token (exact: ids are below 2**24), its log-p
 HOST_FEEDS = ("total_length", "top_k")  # read by kernels from host memory
 ON_DEVICE = ".device"  # the suffix of a host feed's device copy (step_graphs.split_host_feeds)
 # Host-memory inputs of the operators that take them: (op_type, input index)

@@ -29,7 +29,7 @@ import numpy as np
 
 from runtime.batch import Advanced, BatchKey, EncodedSources, Placed, RowShape, StepInputs
 from runtime.bucket_buffers import SHRINK_AFTER, Bucket, BufferSet, DeviceBuffers, HostBuffers
-from runtime.contract import layer_names
+from runtime.contract import LIVE, layer_names
 from runtime.search import Search
 
 
@@ -291,6 +291,8 @@ class SlottedRows:
             "row_scores": self.row_scores,
             "candidate_bias": self.candidate_bias,
         }
+        if self.buffers.on_device:  # a device greedy step's (runtime/step_graphs.py, device_greedy_graph)
+            feeds[LIVE] = self.live
         feeds.update(zip(layer_names("past", self.layers), self.cache, strict=True))
         if self.cross:
             feeds.update(zip(layer_names("cross", self.layers), self.cross, strict=True))

@@ -5,6 +5,8 @@ and this module, with the onnx package it needs, is imported only then:
 - ``k_step_graph``: several greedy steps per call (RuntimeOptions.steps_per_run), below; with
   ``rows_are_sources``, over ``greedy_step_graph``: the step of a compact batch whose sources are all greedy (one
   row each, in order), which a host batch runs at any steps_per_run;
+- ``device_greedy_graph``: the greedy step of a bucket on a device (runtime/captured.py), with SkipLayerNormalization
+  written in (runtime/fusions.py), which also writes the next step's tokens and lengths on the device;
 - ``split_host_feeds``: the step a CUDA graph captures, where no Memcpy node may stand (runtime/captured.py);
 - ``reorder_graph``: beam search's cache reorder over a bucket's device buffers, one run for all of them
   (runtime/bucket_buffers.py).
@@ -30,7 +32,18 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from runtime.contract import HOST_FEEDS, HOST_INPUTS, K_STEP_OUTPUTS, ON_DEVICE, STEP_OUTPUTS, present_names
+from runtime.contract import (
+    GREEDY_PACKED,
+    HOST_FEEDS,
+    HOST_INPUTS,
+    K_STEP_OUTPUTS,
+    LIVE,
+    NEXT_STATE,
+    ON_DEVICE,
+    STEP_OUTPUTS,
+    present_names,
+)
+from runtime.fusions import fuse_skip_layer_norm
 
 PER_STEP = ("tokens", "lengths", "total_length")  # the feeds each copy reads its own of
 
@@ -80,6 +93,37 @@ def greedy_step_graph(step: onnx.ModelProto) -> onnx.ModelProto:
     greedy = helper.make_model(made, opset_imports=step.opset_import, ir_version=step.ir_version)
     greedy.producer_name = step.producer_name
     return greedy
+
+
+def device_greedy_graph(step: onnx.ModelProto) -> onnx.ModelProto:
+    """``greedy_step_graph`` with each residual's bias, Add and LayerNorm one SkipLayerNormalization
+    (``fuse_skip_layer_norm``), that writes the next step's state where it runs: ``next_tokens``, each row's token,
+    and ``next_lengths``, its length + ``live`` (1 on a live row, 0 on a free slot's, whose length stays 0), which a
+    device's step binds as the next run's tokens and lengths (runtime/captured.py); and the one output the host
+    reads, GREEDY_PACKED, each row's token and log-probability side by side. 57 nodes on the default model
+    (the greedy step's 71 less 18, and 4 for the state)."""
+    model = fuse_skip_layer_norm(greedy_step_graph(step))
+    graph = model.graph
+    log_probs, ids = STEP_OUTPUTS[0], STEP_OUTPUTS[1]
+    (next_tokens, _), (next_lengths, _) = NEXT_STATE.items()
+    graph.initializer.append(numpy_helper.from_array(np.array([1], np.int64), "greedy.row_axis"))
+    _node(graph.node, "Cast", [ids], "greedy.ids_as_float", to=TensorProto.FLOAT)
+    _node(graph.node, "Concat", ["greedy.ids_as_float", log_probs], GREEDY_PACKED, axis=1)
+    _node(graph.node, "Squeeze", [ids, "greedy.row_axis"], next_tokens)
+    _node(graph.node, "Add", ["lengths", LIVE], next_lengths)
+    graph.input.append(helper.make_tensor_value_info(LIVE, TensorProto.INT32, ["rows"]))
+    presents = [output for output in graph.output if output.name.startswith("present_")]
+    del graph.output[:]
+    graph.output.extend(
+        [
+            helper.make_tensor_value_info(GREEDY_PACKED, TensorProto.FLOAT, ["rows", 2]),
+            helper.make_tensor_value_info(next_tokens, TensorProto.INT64, ["rows"]),
+            helper.make_tensor_value_info(next_lengths, TensorProto.INT32, ["rows"]),
+            *presents,
+        ]
+    )
+    graph.name = f"{graph.name}_device"
+    return model
 
 
 def k_step_graph(
@@ -190,7 +234,7 @@ def _input(name: str, j: int, feeds: dict[str, str], graph: onnx.GraphProto, ini
 
 
 def _node(nodes: list[onnx.NodeProto], op: str, inputs: list[str], output: str, **attributes) -> str:
-    nodes.append(helper.make_node(op, inputs, [output], name=f"k_steps.{output}", **attributes))
+    nodes.append(helper.make_node(op, inputs, [output], name=f"made.{output}", **attributes))
     return output
 
 

@@ -50,7 +50,7 @@ def trained_tokenizer() -> tuple[Tokenizer, bytes]:
     return Tokenizer.train(TOKENIZER_TEXTS, vocab_size=40)
 
 
-def make_tiny_checkpoint(directory: Path, seed: int, metadata: dict) -> Path:
+def make_tiny_checkpoint(directory: Path, seed: int, metadata: dict, decoder_layers: int = 2) -> Path:
     """A random-weight model (``seed``) with a real (small) sentencepiece tokenizer, saved as a checkpoint."""
     import torch
 
@@ -66,7 +66,7 @@ def make_tiny_checkpoint(directory: Path, seed: int, metadata: dict) -> Path:
         d_model=32,
         n_heads=4,
         n_encoder_layers=2,
-        n_decoder_layers=2,
+        n_decoder_layers=decoder_layers,
         d_ff=64,
         dropout=0.0,
     )

@@ -131,7 +131,9 @@ def test_the_step_anatomy_counts_a_steps_runs_copies_and_nodes_on_the_cpu_provid
         steps[("compact", 1, 1)]["nodes"].values()
     )
     greedy, beam = steps[("captured", 1, 1)], steps[("captured", 2, 2)]
-    assert (greedy["runs"], greedy["up"], greedy["down"]) == (1, 2, 2)
+    # the device greedy step: its state written on the device, one packed output read back
+    assert (greedy["runs"], greedy["up"], greedy["down"]) == (1, 0, 1)
+    assert sum(greedy["nodes"].values()) < sum(steps[("captured", 2, 2)]["nodes"].values())
     assert beam["rows"] == 4 and beam["runs"] > 1 and beam["down"] > greedy["down"]
     chunked = steps[("captured-k8", 1, 1)]
     assert chunked["steps_per_run"] == 8 and (chunked["runs"], chunked["up"]) == (1, 2)

@@ -25,6 +25,7 @@ ENGINES = {  # how a bucketed engine runs: its buffers' place, graphs and steps 
     "host": {},
     "host, 3 steps per run": {"steps_per_run": 3},
     "device": {"io_binding": True},
+    "device, graphs": {"io_binding": True, "cuda_graphs": True},
     "device, graphs, 3 steps per run": {"io_binding": True, "cuda_graphs": True, "steps_per_run": 3},
 }
 

@@ -13,11 +13,20 @@ import onnxruntime as ort
 import pytest
 
 from runtime.backend import OrtBackend
-from runtime.contract import CANDIDATE_OUTPUTS, HOST_INPUTS, K_STEP_OUTPUTS, ON_DEVICE
+from runtime.contract import (
+    CANDIDATE_OUTPUTS,
+    GREEDY_PACKED,
+    HOST_INPUTS,
+    K_STEP_OUTPUTS,
+    LIVE,
+    NEXT_STATE,
+    ON_DEVICE,
+    STEP_OUTPUTS,
+)
 from runtime.offline import translate_ids
 from runtime.options import EngineSettings, RuntimeOptions
 from runtime.search import default_max_output
-from runtime.step_graphs import greedy_step_graph, k_step_graph, split_host_feeds
+from runtime.step_graphs import device_greedy_graph, greedy_step_graph, k_step_graph, split_host_feeds
 from testkit.arrivals import decode_arriving, full_step_batch
 from tests.conftest import own_sentences
 from tests.runtime.spies import counted
@@ -182,3 +191,53 @@ def test_the_captured_step_reads_host_feeds_where_their_kernels_want_them(tiny_e
     got = ort.InferenceSession(split.SerializeToString()).run(None, feeds | {"top_k" + ON_DEVICE: feeds["top_k"]})
     for a, b in zip(expected, got, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.fixture(scope="module")
+def default_depth_step(tmp_path_factory) -> onnx.ModelProto:
+    """The decoder step of a tiny model as deep as the default one (3 decoder layers): node counts grow by layer."""
+    from export.__main__ import main
+    from tests.conftest import make_tiny_checkpoint
+
+    folder = tmp_path_factory.mktemp("three_layers")
+    make_tiny_checkpoint(folder / "checkpoint", 0, {"name": "three-layers"}, decoder_layers=3)
+    assert main(["--checkpoint", str(folder / "checkpoint"), "--out", str(folder / "model")]) == 0
+    return onnx.load(str(folder / "model" / "decoder.onnx"))
+
+
+def test_the_device_greedy_step_runs_at_most_60_nodes_at_the_default_depth(default_depth_step, tmp_path: Path):
+    """As ONNX Runtime runs it on the CPU, after its own optimizations (the engine's: runtime/providers.py)."""
+    from runtime.providers import disabled_optimizers
+
+    device = device_greedy_graph(default_depth_step)
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(
+        device.SerializeToString(), options, ["CPUExecutionProvider"], disabled_optimizers=disabled_optimizers("cpu")
+    )
+    runs = Counter(node.op_type for node in onnx.load(options.optimized_model_filepath).graph.node)
+    assert sum(runs.values()) <= 60, runs
+    assert runs["SkipLayerNormalization"] == 9 and not runs["LayerNormalization"] and not runs["Memcpy"]
+    assert len(default_depth_step.graph.node) == 97  # the full step it comes from, as the default model's
+    assert [value.name for value in device.graph.output][:3] == [GREEDY_PACKED, *NEXT_STATE]
+    assert LIVE in {value.name for value in device.graph.input}
+
+
+def test_the_device_greedy_steps_state_is_its_token_and_each_live_rows_next_length(tiny_export: Path):
+    step = onnx.load(str(tiny_export / "decoder.onnx"))
+    session = ort.InferenceSession(device_greedy_graph(step).SerializeToString(), providers=["CPUExecutionProvider"])
+    greedy = ort.InferenceSession(greedy_step_graph(step).SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    feeds = {"tokens": np.array([5, 17, 9], np.int64), "lengths": np.array([4, 0, 6], np.int32)}
+    feeds |= {"total_length": np.array(7, np.int32), "src_mask": np.ones((3, 5), np.int32)}
+    for value in greedy.get_inputs():
+        if value.name not in feeds:
+            shape = [{"rows": 3, "sources": 3, "cache_len": 8, "src_len": 5}.get(a, a) for a in value.shape]
+            feeds[value.name] = rng.standard_normal(shape).astype(np.float32)
+    log_p, ids = greedy.run(STEP_OUTPUTS[:2], feeds)
+    live = np.array([1, 0, 1], np.int32)  # the second row a free slot's
+    packed, next_tokens, next_lengths = session.run(None, feeds | {LIVE: live})[:3]
+    assert packed.dtype == np.float32 and packed.shape == (3, 2)
+    np.testing.assert_array_equal(packed[:, 0].astype(np.int64), ids[:, 0])
+    np.testing.assert_allclose(packed[:, 1], log_p[:, 0], atol=1e-5)
+    assert next_tokens.tolist() == ids[:, 0].tolist() and next_lengths.tolist() == [5, 0, 7]
