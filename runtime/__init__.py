@@ -18,7 +18,8 @@
   replayed as one CUDA graph per bucket;
 - ``binding``: a decoder step bound by reference and run in place, and the bindings a session keeps per batch;
 - ``step_graphs``: the graphs made at load time from the loaded step (several greedy steps per run, the step
-  split for capture, the beam reorder on a device), in one place;
+  split for capture, a device's greedy step, the beam reorder on a device), in one place; ``fusions``: fusions
+  written into a step graph with ONNX Runtime's contrib operators (SkipLayerNormalization);
 - ``options``: the engine's settings (``EngineSettings``, ``RuntimeOptions``); ``providers``: ONNX Runtime's
   execution providers and how a graph's session is opened on one;
 - ``plan``: every choice the backend acts on, resolved once and checked together (``EnginePlan``);
