@@ -45,6 +45,7 @@ class SlottedRows:
         self.bucket: Bucket | None = None
         self.slots: list[tuple[Hashable, Search] | None] = []
         self.where: dict[Hashable, int] = {}  # each live source's slot
+        self._placed: list[Placed] | None = None  # placed(), kept while the slots hold the same sources
         self.buckets_used = 0  # buckets this batch has allocated (a test reads it: joins within one reuse it)
         self._small_steps = 0  # steps in a row with a quarter of the slots or fewer in use
         self._release()
@@ -76,8 +77,10 @@ class SlottedRows:
         return sum(map(self.buffers.nbytes, self.cross))
 
     def placed(self) -> list[Placed]:
-        group = self.bucket.group
-        return [Placed(*self.slots[n], n, n * group) for n in self.where.values()]
+        if self._placed is None:  # made again once sources joined, left or moved (``_placed`` reset)
+            group = self.bucket.group
+            self._placed = [Placed(*self.slots[n], n, n * group) for n in self.where.values()]
+        return self._placed
 
     def greedy_only(self) -> bool:
         return self.bucket.group == 1
@@ -130,6 +133,7 @@ class SlottedRows:
             n = next(free)
             slots.append(n)
             self.slots[n], self.where[key] = (key, search), n
+            self._placed = None
             self.src_mask[n] = 0
             self.src_mask[n, :length] = mask[i]
             self.lengths[n * self.bucket.group] = 0  # an empty cache: the slot's rows attend to what they write
@@ -191,7 +195,7 @@ class SlottedRows:
     def _free(self, n: int) -> None:
         key, _ = self.slots[n]
         del self.where[key]
-        self.slots[n] = None
+        self.slots[n], self._placed = None, None
         group = self.bucket.group
         rows = slice(n * group, (n + 1) * group)
         self.live[rows], self.lengths[rows], self.tokens[rows] = 0, 0, self.start_id
@@ -224,7 +228,7 @@ class SlottedRows:
         """No sources: no buffers, and the next bucket's inputs are a new batch's to a step function."""
         if self.set is not None:
             self.buffers.give_back(self.set)
-        self.bucket, self.slots, self.where, self.set = None, [], {}, None
+        self.bucket, self.slots, self.where, self.set, self._placed = None, [], {}, None, None
         self._inputs = None
         self._key = BatchKey()
         self._small_steps = 0
@@ -274,6 +278,7 @@ class SlottedRows:
             setattr(self, name, value)
         self.slots = [slot for _, slot in moved] + [None] * (bucket.sources - len(moved))
         self.where = {slot[0]: n for n, slot in enumerate(self.slots) if slot is not None}
+        self._placed = None
         self.total_length = np.zeros((), np.int32)
         self.groups = np.arange(rows, dtype=np.int64).reshape(bucket.sources, group)
         self.row_position = np.arange(rows, dtype=np.int64)
