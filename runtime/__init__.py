@@ -9,7 +9,8 @@
 - ``device_cache``: the self-attention cache on the step's device, moved by one-node graphs there;
 - ``batch``: the running batch (``DecodeBatch``: add / step / remove, and ``drain``, the one fill-and-drain
   loop; the searches' loop), each step's inputs as a value (``StepInputs``), and its pluggable row layout
-  (``RowLayout``); ``layout``: where a compact batch's rows sit in a step;
+  (``RowLayout``); ``layout``: where a compact batch's rows sit in a step; ``greedy_rows``: a batch's greedy
+  bookkeeping over numpy (eos, length and the stop rules' cheap tests for every row at once);
 - ``compact_rows``: a batch's rows packed (``CompactRows``), gaps filled by sources from the end;
 - ``slotted_rows``: a batch's rows in fixed-capacity buffers (``SlottedRows``): sources join and leave without
   moving others, and the step's inputs keep their memory and shape, as a captured CUDA step needs;

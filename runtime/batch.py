@@ -20,6 +20,8 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
+from runtime.caches import FEW_ROWS
+from runtime.greedy_rows import GreedyRows
 from runtime.search import Decoding, Hypothesis, Search
 
 
@@ -163,9 +165,9 @@ class RowLayout(Protocol):
     def after_beam_step(self, advanced: list[Advanced], finished: list[Placed]) -> None:
         """Move rows as the searches decided: ``advanced`` go on, ``finished`` leave."""
 
-    def after_greedy_step(self, last: np.ndarray, best: list[list[int]], finished: list[Placed]) -> None:
-        """Greedy rows took their tokens (``last``: each row's latest; ``best``: each row's run, as lists); the
-        ``finished`` leave."""
+    def after_greedy_step(self, last: np.ndarray, best: list[list[int]] | None, finished: list[Placed]) -> None:
+        """Greedy rows took their tokens (``last``: each row's latest; ``best``: each row's run, as lists, where
+        the step had FEW_ROWS rows or fewer, else None); the ``finished`` leave."""
 
     def remove(self, key: Hashable) -> None: ...
 
@@ -191,6 +193,7 @@ class DecodeBatch:
         self.steps_per_run = steps_per_run if k_steps_fn is not None else 1
         self.decoding = decoding
         self.layout = layout
+        self.greedy_rows = GreedyRows(decoding.eos_id, decoding.stop_rules)
 
     @property
     def rows(self) -> int:
@@ -265,16 +268,19 @@ class DecodeBatch:
     def _greedy_step(self, top_log_probs: np.ndarray, top_ids: np.ndarray) -> list[tuple[Any, Hypothesis]]:
         """Every source greedy, one row each: each row's search takes the row's tokens, a column per step the run
         made (one, or a k-step run's), until it ends; a row that ended leaves, and what the run wrote for it after its
-        end is never read."""
-        finished, results = [], []
-        best, best_log_probs = top_ids.tolist(), top_log_probs.tolist()
-        for placed in self.layout.placed():  # each a OneRowSearch, its row its first
-            key, search, _, row = placed
-            if not all(map(search.take, best[row], best_log_probs[row])):
-                finished.append(placed)
-                results.append((key, search.result()))
+        end is never read. One step of more than FEW_ROWS rows is checked over numpy (``GreedyRows``)."""
+        placed = self.layout.placed()  # each a OneRowSearch, its row its first
+        best = None  # the layout reads it only for FEW_ROWS rows or fewer
+        if top_ids.shape[1] == 1 and len(placed) > FEW_ROWS:
+            finished = self.greedy_rows.step(placed, top_ids, top_log_probs)
+        else:
+            finished, best, best_log_probs = [], top_ids.tolist(), top_log_probs.tolist()
+            for source in placed:
+                search, row = source.search, source.first_row
+                if not all(map(search.take, best[row], best_log_probs[row])):
+                    finished.append(source)
         self.layout.after_greedy_step(top_ids[:, -1], best, finished)
-        return results
+        return [(source.key, source.search.result()) for source in finished]
 
     def drain(self) -> dict[Any, Hypothesis]:
         """Step until every source is done (no more joining): each source's hypothesis, by key."""

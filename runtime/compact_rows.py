@@ -124,7 +124,7 @@ class CompactRows:
         rows = [[placed.first_row + origin for origin in origins] for placed, _, origins, _ in advanced]
         self._keep(rows, [tokens for *_, tokens in advanced], [move.placed.index for move in advanced])
 
-    def after_greedy_step(self, last: np.ndarray, best: list[list[int]], finished: list[Placed]) -> None:
+    def after_greedy_step(self, last: np.ndarray, best: list[list[int]] | None, finished: list[Placed]) -> None:
         if not finished:  # nothing changes shape: the next step reuses its binding
             if self.rows <= FEW_ROWS:
                 tokens = memoryview(self.tokens)

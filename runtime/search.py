@@ -67,8 +67,13 @@ class OneRowSearch(Search, Protocol):
     """A search of one row (width 1): when every source's is, the batch hands each its row's tokens, one per step
     the run made, without ranking."""
 
+    tokens: list[int]  # taken so far
+
     def take(self, token: int, log_prob: float) -> bool:
         """The step's best token and its log-probability: whether the row goes on."""
+
+    def append(self, token: int, log_prob: float) -> None:
+        """``take`` of a token known to go on (not eos, under the longest output, no stop rule's cheap test)."""
 
 
 @runtime_checkable
@@ -122,6 +127,10 @@ class GreedySearch:
                 self.stopped, self.rows = rule.reason, 0
                 return False
         return True
+
+    def append(self, token: int, log_prob: float) -> None:
+        self.tokens.append(token)
+        self.log_prob += log_prob
 
     def result(self) -> Hypothesis:
         chosen = len(self.tokens) + (self.stopped == "eos")

@@ -161,7 +161,7 @@ class SlottedRows:
             self.buffers.reorder(self.cache, origins_all, targets_all, int(self.lengths.max()))
         self._after_step()
 
-    def after_greedy_step(self, last: np.ndarray, best: list[list[int]], finished: list[Placed]) -> None:
+    def after_greedy_step(self, last: np.ndarray, best: list[list[int]] | None, finished: list[Placed]) -> None:
         for placed in finished:
             self._free(placed.index)
         self.tokens[:] = last  # free rows' too: nothing reads them, and a join sets its own

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
+
 
 class StopRule(Protocol):
     reason: str  # why a hypothesis it ends stopped (``Hypothesis.stopped``)
@@ -20,6 +22,10 @@ class StopRule(Protocol):
     def may_stop(self, tail: Sequence[int], token: int) -> bool:
         """Whether ``token`` after a row whose last tokens are ``tail`` (``window`` of them at most) may end it:
         a cheap test; False means ``ends`` of the row with it is None."""
+
+    def may_stop_rows(self, tails: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        """``may_stop`` for many rows at once (runtime/greedy_rows.py): ``tails`` (rows, window), each row's
+        last tokens in any order (-1 where it has fewer), ``tokens`` (rows,) -> (rows,) bool."""
 
     def ends(self, tokens: Sequence[int]) -> int | None:
         """Whether the hypothesis ``tokens`` (its newest last) ends: None when it goes on, else how many of its
@@ -51,6 +57,9 @@ class RepetitionGuard:
     def may_stop(self, tail: Sequence[int], token: int) -> bool:
         """Only a token among the row's last ``ngram`` can repeat an n-gram of its tail."""
         return token in tail
+
+    def may_stop_rows(self, tails: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        return (tails == tokens[:, None]).any(axis=1)
 
     def ends(self, tokens: Sequence[int]) -> int | None:
         return self.excess(tokens) or None

@@ -87,6 +87,9 @@ class StopAfter:
     def may_stop(self, tail: Sequence[int], token: int) -> bool:
         return token == self.token
 
+    def may_stop_rows(self, tails: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        return tokens == self.token
+
     def ends(self, tokens: Sequence[int]) -> int | None:
         return 0 if tokens[-1] == self.token else None  # it ends keeping every token
 
