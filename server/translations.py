@@ -192,7 +192,7 @@ class Translations:
 
         def parse() -> tuple[list[markup.ParsedText], list[list[str]] | None]:
             documents = [markup.parse(text, options.format) for text in texts]
-            return documents, (glossary.apply(documents) if glossary is not None else None)
+            return glossary.apply(documents) if glossary is not None else (documents, None)
 
         documents, applied = await self.work(sum(map(len, texts)), parse)
         if applied is not None:
@@ -257,8 +257,9 @@ class Translations:
     async def glossed(self, engine: Engine, segment: DecodedSentence, glossary: Glossary) -> tuple[str, list[str]]:
         """A streamed sentence's translation with the glossary's terms in place (as Translate places them, on the
         sentence as the model read it), and the entries applied."""
-        piece = markup.Piece(html=False, text=segment.spec.source, paths=[()] * len(segment.spec.source))
-        applied = glossary.apply([markup.ParsedText([piece])])[0]
+        sentence = markup.Piece(html=False, text=segment.spec.source, paths=[()] * len(segment.spec.source))
+        (glossed,), (applied,) = glossary.apply([markup.ParsedText([sentence])])
+        (piece,) = glossed.parts
         if not applied:
             return answers.detokenized(engine, [segment])[id(segment)], []
         self.metrics.glossary_applied.labels(engine.name).observe(len(applied))

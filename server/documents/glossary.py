@@ -17,8 +17,8 @@ import csv
 import functools
 import html
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
@@ -93,12 +93,24 @@ class Glossary:
                     f"{source_language}→{target_language}: use a glossary of that pair"
                 )
 
-    def apply(self, documents: list[ParsedText]) -> list[list[str]]:
-        """Each document's occurrences made atoms of its pieces (see the module's doc); per document, the entries
-        applied (their source terms), one per occurrence, in order."""
-        return [[key for piece in document.pieces for key in self._apply(piece)] for document in documents]
+    def apply(self, documents: Sequence[ParsedText]) -> tuple[list[ParsedText], list[list[str]]]:
+        """The documents with each occurrence made an atom of its piece (see the module's doc), new pieces where
+        one matched (``documents`` are left as they are); and per document, the entries applied (their source
+        terms), one per occurrence, in order."""
+        glossed, applied = [], []
+        for document in documents:
+            parts, keys = [], []
+            for part in document.parts:
+                if isinstance(part, Piece) and part.translatable:
+                    part, found = self._apply(part)
+                    keys += found
+                parts.append(part)
+            glossed.append(ParsedText(parts) if keys else document)
+            applied.append(keys)
+        return glossed, applied
 
-    def _apply(self, piece: Piece) -> list[str]:
+    def _apply(self, piece: Piece) -> tuple[Piece, list[str]]:
+        """The piece with its occurrences as atoms (a new one where any matched), and the entries applied."""
         atoms, applied = [], []
         inside = sorted(atom.offset for atom in piece.atoms)
         for occurrence in self.find(piece.text):
@@ -112,9 +124,12 @@ class Glossary:
             before = piece.text[:start][len(piece.text[:start].rstrip()) :]
             atoms.append(Atom(text, start, before, piece.paths[start], covers=end - start))
             applied.append(occurrence.key)
-        if atoms:  # in order of offset, an atom taken out at a term's start before the term
-            piece.atoms = sorted(piece.atoms + atoms, key=lambda atom: (atom.offset, atom.covers > 0))
-        return applied
+        if not atoms:
+            return piece, applied
+        # in order of offset, an atom taken out at a term's start before the term
+        return replace(
+            piece, atoms=sorted(piece.atoms + atoms, key=lambda atom: (atom.offset, atom.covers > 0))
+        ), applied
 
 
 def _word(c: str) -> bool:

@@ -116,7 +116,7 @@ def glossary(data: bytes) -> None:
         document = parse(document_text, format)
     except (InvalidRequest, MarkupError):
         return
-    terms_of = Glossary(entries).apply([document])[0]
+    (document,), (terms_of,) = Glossary(entries).apply([document])
     outputs = []
     for piece in document.pieces:
         sentence = _translation(fdp, piece)

@@ -35,8 +35,7 @@ def found(glossary: Glossary, text: str) -> list[str]:
 def translated(text: str, glossary: Glossary, format: str = "text", aligned: list[int | None] | None = None) -> str:
     """The text placed back after a 'translation' of made-up words w0, w1…, one per source word, each aligned to
     the word ``aligned`` says (by default its own)."""
-    document = parse(text, format)
-    glossary.apply([document])
+    (document,), _ = glossary.apply([parse(text, format)])
     pieces = []
     for piece in document.pieces:
         words = len(WORD.findall(piece.text))
@@ -149,6 +148,18 @@ def test_html_only_in_text_never_in_tags_attributes_notranslate_or_placeholders(
     assert "<b>Velo</b>" in out
 
 
+def test_applying_a_glossary_returns_new_pieces_and_leaves_the_documents_it_was_given():
+    glossary = Glossary({"bike": "Velo"})
+    documents = [parse("A <b>red</b> bike here.", "html"), parse("No term at all.", "text")]
+    before = [[(piece.text, list(piece.atoms)) for piece in document.pieces] for document in documents]
+    glossed, applied = glossary.apply(documents)
+    assert applied == [["bike"], []]
+    assert [[(piece.text, list(piece.atoms)) for piece in document.pieces] for document in documents] == before
+    (piece,) = glossed[0].pieces
+    assert piece is not documents[0].pieces[0] and [atom.text for atom in piece.atoms if atom.covers] == ["Velo"]
+    assert glossed[1] is documents[1]  # nothing matched: the same document
+
+
 def test_a_term_across_a_placeholder_or_an_element_edge_is_not_matched():
     glossary = Glossary({"red bike": "Rotvelo"})
     assert "Rotvelo" not in translated("A red {x} bike.", glossary)
@@ -170,7 +181,7 @@ def test_every_occurrence_gives_its_term_once_whatever_the_alignment(words: list
         document = parse(text, "html")
     except Exception:
         return  # unbalanced tags: refused before any glossary (tests/server/documents/test_markup.py)
-    applied = glossary.apply([document])[0]
+    (document,), (applied,) = glossary.apply([document])
     rendered = []
     for piece in document.pieces:
         words_in = len(WORD.findall(piece.text))
