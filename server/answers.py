@@ -112,6 +112,27 @@ def distinct_alternatives(translation: str, candidates: Sequence[str]) -> tuple[
     return tuple(dict.fromkeys(other for other in candidates if other != translation))
 
 
+@dataclass(frozen=True)
+class SentenceAnswer:
+    """One sentence's finished answer, as a stream sends it (Translations.streamed): the sentence as decoded, its
+    translation (as its source was written, the glossary's terms in place), its alternatives unlike it, and the
+    glossary entries written into it."""
+
+    decoded: DecodedSentence
+    translation: str
+    alternatives: tuple[str, ...] = ()
+    glossary_applied: tuple[str, ...] = ()
+
+
+def sentence_answer(engine: Engine, segment: DecodedSentence, translation: str | None = None) -> SentenceAnswer:
+    """A sentence's answer: its output and alternatives detokenized as its source was written; ``translation``, where
+    given, in place of its output's (a glossary's terms placed in it)."""
+    outputs = engine.detokenize([segment.output, *segment.alternatives])
+    texts = [casing.written(text, segment.spec.capitals) for text in outputs]
+    own = texts[0] if translation is None else translation
+    return SentenceAnswer(segment, own, distinct_alternatives(own, texts[1:]))
+
+
 def summary(texts: Sequence[str], parts: Sequence[DecodedSentence], min_confidence: float | None) -> TextTranslation:
     """A text's translation (texts[0]) with the others as its alternatives."""
     text = texts[0]

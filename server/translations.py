@@ -21,7 +21,7 @@ from opentelemetry.trace import INVALID_SPAN
 from runtime.manifest import ModelFolderError
 from runtime.search import Hypothesis
 from server import answers
-from server.answers import DecodedSentence, TextTranslation
+from server.answers import DecodedSentence, SentenceAnswer, TextTranslation
 from server.cache import TranslationCache
 from server.config import ServerConfig
 from server.documents import aligned, formatting, markup, placement
@@ -32,8 +32,8 @@ from server.doors.door import SHORT, Door, DoorLimits, kind_of
 from server.errors import InvalidRequest, ServiceError
 from server.interface import Engine
 from server.operations.access import Exchange
-from server.operations.metrics import Metrics, length_label
-from server.operations.tracing import child_span, record_sentences
+from server.operations.metrics import Metrics
+from server.operations.tracing import child_span
 from server.options import TranslateOptions
 from server.scheduling.jobs import Job, QueuedSentence
 from server.scheduling.scheduler import Scheduler
@@ -254,26 +254,35 @@ class Translations:
             for t in range(len(documents))
         ]
 
-    async def glossed(self, engine: Engine, segment: DecodedSentence, glossary: Glossary) -> tuple[str, list[str]]:
-        """A streamed sentence's translation with the glossary's terms in place (as Translate places them, on the
-        sentence as the model read it), and the entries applied."""
+    async def streamed(
+        self, engine: Engine, texts: Sequence[str], options: TranslateOptions, exchange: Exchange | None = None
+    ) -> AsyncIterator[SentenceAnswer]:
+        """The texts' sentences as ``segments`` yields them, each answered; the request observed once all are."""
+        started, decoded = time.monotonic(), []
+        if options.glossary is not None:
+            options.glossary.check_pair(engine.source_language, engine.target_language)
+        async for segment in self.segments(engine, texts, options):
+            decoded.append(segment)
+            yield await self._answer(engine, segment, options.glossary)
+        self.observe(engine, decoded, started, exchange)
+
+    async def _answer(self, engine: Engine, segment: DecodedSentence, glossary: Glossary | None) -> SentenceAnswer:
+        """A sentence's answer, the glossary's terms placed as Translate places them (on the sentence as read)."""
+        if glossary is None:
+            return answers.sentence_answer(engine, segment)
         sentence = markup.Piece(html=False, text=segment.spec.source, paths=[()] * len(segment.spec.source))
         (glossed,), (applied,) = glossary.apply([markup.ParsedText([sentence])])
-        (piece,) = glossed.parts
         if not applied:
-            return answers.detokenized(engine, [segment])[id(segment)], []
+            return answers.sentence_answer(engine, segment)
         self.metrics.glossary_applied.labels(engine.name).observe(len(applied))
         alignments = iter(await asyncio.to_thread(engine.align, [(segment.spec.ids, segment.output)]))
         first = replace(segment, spec=replace(segment.spec, chunk=0))  # the sentence is the piece, whatever its chunk
-        return placement.place(piece, aligned.sentences_for(engine, piece, [first], alignments)), applied
+        piece = glossed.parts[0]
+        translation = placement.place(piece, aligned.sentences_for(engine, piece, [first], alignments))
+        return replace(answers.sentence_answer(engine, segment, translation), glossary_applied=tuple(applied))
 
     async def _passing_through(
-        self,
-        engine: Engine,
-        texts: Sequence[str],
-        kept: set[int],
-        options: TranslateOptions,
-        exchange: Exchange | None,
+        self, engine: Engine, texts: Sequence[str], kept: set[int], options: TranslateOptions, exchange: Exchange | None
     ) -> list[TextTranslation]:
         """The texts' translations, those at ``kept`` (nothing to translate) as themselves, without the engine."""
         others = [text for t, text in enumerate(texts) if t not in kept]
@@ -334,16 +343,7 @@ class Translations:
     def observe(
         self, engine: Engine, segments: list[DecodedSentence], started: float, exchange: Exchange | None = None
     ) -> None:
-        """Request latency per text, by model and the text's length class; the request's tokens and queue
-        wait into its ``exchange`` (the access log's record)."""
+        """Request latency per text; the request's sentences into its ``exchange`` (access log, trace)."""
         if exchange is not None:
-            record_sentences(exchange.span, ((i, s.timings) for i, s in enumerate(segments) if s.timings))
-            exchange.input_tokens = sum(s.source_tokens for s in segments)
-            exchange.output_tokens = sum(len(s.output) for s in segments)
-            exchange.queue_seconds = max((s.queue_seconds for s in segments), default=0.0)
-        per_text: dict[int, int] = {}
-        for s in segments:
-            per_text[s.spec.text_index] = per_text.get(s.spec.text_index, 0) + s.source_tokens
-        elapsed = time.monotonic() - started
-        for tokens in per_text.values():
-            self.metrics.request_latency.labels(engine.name, length_label(tokens)).observe(elapsed)
+            exchange.record(segments)
+        self.metrics.observe_request(engine.name, segments, started)

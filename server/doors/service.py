@@ -13,9 +13,7 @@ from collections import Counter
 import grpc
 
 from proto import translate_pb2, translate_pb2_grpc
-from server.answers import distinct_alternatives
 from server.config import ServerConfig
-from server.documents import casing
 from server.documents.detect import Detected
 from server.documents.glossaries import GlossaryInfo, new_glossary
 from server.documents.glossary import Glossary, inline_glossary
@@ -224,25 +222,14 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
                     text_index=t, source=result.text, translation=result.text, last_in_text=True
                 )
             return
-        if options.glossary is not None:
-            options.glossary.check_pair(engine.source_language, engine.target_language)
-        segments = []
-        async for segment in self.translations.segments(engine, exchange.texts, options):
-            segments.append(segment)
-            spec = segment.spec
-            translation, *alternatives = (
-                casing.written(text, spec.capitals)
-                for text in engine.detokenize([segment.output, *segment.alternatives])
-            )
-            applied: list[str] = []
-            if options.glossary is not None:
-                translation, applied = await self.translations.glossed(engine, segment, options.glossary)
+        async for answer in self.translations.streamed(engine, exchange.texts, options, exchange):
+            segment, spec = answer.decoded, answer.decoded.spec
             yield translate_pb2.TranslationSegment(
                 text_index=spec.text_index,
                 segment_index=spec.segment_index,
                 source=spec.source,
-                translation=translation,
-                alternatives=distinct_alternatives(translation, alternatives),
+                translation=answer.translation,
+                alternatives=answer.alternatives,
                 input_tokens=segment.source_tokens,
                 output_tokens=len(segment.output),
                 last_in_text=segment.last_in_text,
@@ -250,9 +237,8 @@ class TranslatorService(translate_pb2_grpc.TranslatorServicer):
                 confidence=segment.result.score,
                 guard=segment.guard,
                 low_confidence=segment.low_confidence(options.min_confidence),
-                glossary_applied=Counter(applied),
+                glossary_applied=Counter(answer.glossary_applied),
             )
-        self.translations.observe(engine, segments, exchange.started, exchange)
 
     @rpc("GetModelInfo")
     async def GetModelInfo(self, request, context, exchange: Exchange):  # noqa: N802

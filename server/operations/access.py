@@ -22,12 +22,18 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from opentelemetry import trace
 
 from server.interface import Engine
 from server.operations.metrics import Metrics
+from server.operations.tracing import record_sentences
+
+if TYPE_CHECKING:
+    from server.answers import DecodedSentence
 
 REQUEST_ID_HEADER = "x-request-id"
 PREVIOUS_ATTEMPTS = "grpc-previous-rpc-attempts"  # what a retrying gRPC client sends with each retry
@@ -57,6 +63,13 @@ class Exchange:
     previous_attempts: int = 0  # the caller's gRPC retried it this many times before (at some replica)
     span: trace.Span = trace.INVALID_SPAN  # its trace span (server.operations.tracing), when traces are on
     finished: bool = False
+
+    def record(self, sentences: Sequence[DecodedSentence]) -> None:
+        """Its sentences: their tokens, the longest queue wait, and each one's spans under its own."""
+        record_sentences(self.span, ((i, s.timings) for i, s in enumerate(sentences) if s.timings))
+        self.input_tokens = sum(s.source_tokens for s in sentences)
+        self.output_tokens = sum(len(s.output) for s in sentences)
+        self.queue_seconds = max((s.queue_seconds for s in sentences), default=0.0)
 
 
 class AccessLog:

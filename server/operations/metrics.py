@@ -4,6 +4,8 @@ buckets below."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
@@ -13,6 +15,7 @@ from server.operations.thread_cpu import ThreadCpuCollector
 
 if TYPE_CHECKING:
     from runtime.search import Hypothesis
+    from server.answers import DecodedSentence
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5)
@@ -226,6 +229,15 @@ class Metrics:
             batches = [other.batch for other in lanes if other.batch is not None]
             self.kv_cache_bytes.set(sum(batch.cache_bytes for batch in batches))
             self.cross_cache_bytes.set(sum(batch.cross_bytes for batch in batches))
+
+    def observe_request(self, model: str, sentences: Sequence[DecodedSentence], started: float) -> None:
+        """A request's latency since ``started`` (time.monotonic()), once per text, by the text's length class."""
+        per_text: dict[int, int] = {}
+        for s in sentences:
+            per_text[s.spec.text_index] = per_text.get(s.spec.text_index, 0) + s.source_tokens
+        elapsed = time.monotonic() - started
+        for tokens in per_text.values():
+            self.request_latency.labels(model, length_label(tokens)).observe(elapsed)
 
     def observe_sentence(self, model: str, source_tokens: int, hypothesis: Hypothesis) -> None:
         """A sentence finished decoding."""
