@@ -20,8 +20,7 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from runtime.caches import FEW_ROWS
-from runtime.greedy_rows import GreedyRows
+from runtime.greedy_rows import MANY_ROWS, GreedyRows
 from runtime.search import Decoding, Hypothesis, Search
 
 
@@ -268,10 +267,10 @@ class DecodeBatch:
     def _greedy_step(self, top_log_probs: np.ndarray, top_ids: np.ndarray) -> list[tuple[Any, Hypothesis]]:
         """Every source greedy, one row each: each row's search takes the row's tokens, a column per step the run
         made (one, or a k-step run's), until it ends; a row that ended leaves, and what the run wrote for it after its
-        end is never read. One step of more than FEW_ROWS rows is checked over numpy (``GreedyRows``)."""
+        end is never read. One step of MANY_ROWS rows or more is checked over numpy (``GreedyRows``)."""
         placed = self.layout.placed()  # each a OneRowSearch, its row its first
         best = None  # the layout reads it only for FEW_ROWS rows or fewer
-        if top_ids.shape[1] == 1 and len(placed) > FEW_ROWS:
+        if top_ids.shape[1] == 1 and len(placed) >= MANY_ROWS:
             finished = self.greedy_rows.step(placed, top_ids, top_log_probs)
         else:
             finished, best, best_log_probs = [], top_ids.tolist(), top_log_probs.tolist()

@@ -17,6 +17,14 @@ if TYPE_CHECKING:
     from runtime.batch import Placed
 
 
+# From this many rows a greedy step is checked over numpy. Under load a server's batch changes its sources at
+# almost every step, and each change makes the arrays again: at 32 clients of single sentences (batches of
+# 4-20 rows) the arrays took 3.5% of a lane's time where the searches' own ``take`` calls took 0.1%
+# (benchmarks/lane_profile.py); a steady batch of 128 rows spends 24-36 µs of host time per step instead of
+# 59-60 (benchmarks/step_anatomy.py, runs stubbed; 2-core AMD EPYC).
+MANY_ROWS = 64
+
+
 class GreedyRows:
     """The arrays of one running batch's greedy sources, aligned with its layout's ``placed()`` list and made
     again whenever that list is a new one (a source joined, left or moved): each source's row, tokens taken,
@@ -52,16 +60,18 @@ class GreedyRows:
         return finished
 
     def _follow(self, placed: Sequence[Placed]) -> None:
-        self._placed, count = placed, len(placed)
+        self._placed, count, window = placed, len(placed), self.window
         self.searches = [source.search for source in placed]
-        self.rows = np.fromiter((source.first_row for source in placed), np.int64, count)
-        self.order = np.arange(count)
-        self.taken = np.fromiter((len(search.tokens) for search in self.searches), np.int64, count)
+        self.rows = np.array([source.first_row for source in placed], np.int64)
+        taken = [len(search.tokens) for search in self.searches]
+        self.order, self.taken = np.arange(count), np.array(taken, np.int64)
         # a token with this many taken before it ends the row by length, as ``GreedySearch.take`` says
-        self.limits = np.fromiter((search.max_length - 1 for search in self.searches), np.int64, count)
-        if self.window:
-            self.tails = np.full((count, self.window), -1, np.int64)
-            for i, search in enumerate(self.searches):
-                tokens = search.tokens
-                for position in range(max(0, len(tokens) - self.window), len(tokens)):
-                    self.tails[i, position % self.window] = tokens[position]
+        self.limits = np.array([search.max_length - 1 for search in self.searches], np.int64)
+        if window:
+            tails = []
+            for search, length in zip(self.searches, taken, strict=True):
+                tail = [-1] * window
+                for position in range(max(0, length - window), length):
+                    tail[position % window] = search.tokens[position]
+                tails.append(tail)
+            self.tails = np.array(tails, np.int64).reshape(count, window)

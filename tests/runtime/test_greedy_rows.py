@@ -4,12 +4,18 @@ leaving, and joining mid-way."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
+import runtime.batch
+from runtime.backend import OrtBackend
 from runtime.batch import Placed
-from runtime.greedy_rows import GreedyRows
+from runtime.greedy_rows import MANY_ROWS, GreedyRows
+from runtime.options import EngineSettings, RuntimeOptions
 from runtime.search import GreedySearch
 from runtime.stops import RepetitionGuard, stop_rules
+from tests.conftest import own_sentences
 
 EOS = 3
 
@@ -67,3 +73,24 @@ def test_a_rules_test_over_rows_sends_just_the_rows_it_flags_to_take():
     finished = rows.step(placed, tokens, np.zeros((10, 1), np.float32))
     assert [p.key for p in finished] == [9] and searches[9].stopped == "repetition"
     assert all(search.tokens == [5] for search in searches[:9])
+
+
+def test_a_batch_of_many_greedy_rows_decodes_what_each_rows_take_decodes(tiny_export: Path, monkeypatch):
+    """Through the running batch, MANY_ROWS sources and more, the runaway guard on, sources joining mid-way: the
+    same hypotheses as with the searches' own ``take`` (MANY_ROWS out of reach), on the same steps."""
+    engine = OrtBackend(tiny_export, RuntimeOptions(settings=EngineSettings(provider="cpu", intra_op_threads=1)))
+    sources = engine.tokenizer.encode_source(own_sentences(MANY_ROWS + 16))
+
+    def decode() -> dict:
+        batch = engine.new_batch(engine.decoding(stop_rules(2)))
+        first, rest = sources[:MANY_ROWS], sources[MANY_ROWS:]
+        batch.add(list(range(MANY_ROWS)), engine.encode_sources(first), [1] * MANY_ROWS, [30] * MANY_ROWS)
+        results = dict(batch.step())
+        keys = list(range(MANY_ROWS, MANY_ROWS + len(rest)))
+        batch.add(keys, engine.encode_sources(rest), [1] * len(rest), [30] * len(rest))
+        return results | batch.drain()
+
+    vectorized = decode()
+    monkeypatch.setattr(runtime.batch, "MANY_ROWS", 10**6)
+    assert decode() == vectorized and len(vectorized) == MANY_ROWS + 16
+    assert {hypothesis.stopped for hypothesis in vectorized.values()} >= {"repetition"}
