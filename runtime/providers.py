@@ -19,9 +19,9 @@ DRIVER_CUDA = re.compile(r"CUDA Version:\s*(\d+)\.(\d+)")  # nvidia-smi's header
 # Runtime 1.32 is still no faster (0.97-1.00x, fp32 greedy at batch 1 and 32, 2-core AMD EPYC, 2026-11-28). On
 # CUDA they stay on: the fused step runs 18 fewer kernels and is 10-14% faster (NVIDIA H200, fp16, captured,
 # 1 to 128 rows: benchmarks/gpu_check.md, 2026-11-28).
-# Written into the greedy step with the bias folded in as well (runtime/fusions.py) a run takes 0.93-0.97x the
-# time in fp32 and 0.98-1.08x in int8, but end to end batch-1 greedy shows no gain (benchmarks/skip_layer_norm.md):
-# only the device greedy step has it.
+# Written into the CPU's greedy step (runtime/fusions.py, the same nodes) a run takes 0.93-0.97x the time in fp32
+# and 0.98-1.08x in int8, but end to end batch-1 greedy shows no gain (benchmarks/skip_layer_norm.md): only the
+# device greedy step has it written in.
 NO_FUSIONS = ["SkipLayerNormFusion"]
 FUSIONS_OFF = {"cpu"}  # the providers whose sessions turn NO_FUSIONS off
 
