@@ -139,8 +139,9 @@ class DeviceSteps:
     @staticmethod
     def _written(bound: _Bound, feeds: dict, outputs: Outputs) -> None:
         """After a state graph's run: what it wrote into the other state set (its tokens, read back with the
-        packed output the host reads anyway; lengths + live), which the next run reads."""
-        bound.holds = {"tokens": outputs[0][:, 0].astype(np.int64), "lengths": feeds["lengths"] + feeds[LIVE]}
+        packed output the host reads anyway, as floats that hold them exactly; lengths + live), which the next run
+        reads."""
+        bound.holds = {"tokens": outputs[0][:, 0], "lengths": feeds["lengths"] + feeds[LIVE]}
         bound.parity ^= 1
 
     def _bind(self, inputs: StepInputs) -> _Bound:
