@@ -13,24 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from runtime.fusions import fuse_skip_layer_norm
 from runtime.step_graphs import greedy_step_graph
-
-AXES = {"rows": 3, "sources": 3, "cache_len": 16, "src_len": 7}
-
-
-def feeds(session: ort.InferenceSession) -> dict[str, np.ndarray]:
-    """A greedy step's feeds for 3 rows at length 5, the caches and sources' keys random."""
-    rng = np.random.default_rng(0)
-    values = {
-        "tokens": np.array([5, 17, 9], np.int64),
-        "lengths": np.array([5, 5, 5], np.int32),
-        "total_length": np.array(6, np.int32),
-        "src_mask": np.ones((3, AXES["src_len"]), np.int32),
-    }
-    for value in session.get_inputs():
-        if value.name not in values:
-            shape = [AXES.get(axis, axis) for axis in value.shape]
-            values[value.name] = (0.5 * rng.standard_normal(shape)).astype(np.float32)
-    return values
+from tests.runtime.step_feeds import greedy_step_feeds
 
 
 def test_the_fused_greedy_step_computes_what_the_greedy_step_computes(tiny_export: Path):
@@ -41,7 +24,7 @@ def test_the_fused_greedy_step_computes_what_the_greedy_step_computes(tiny_expor
     assert ops["SkipLayerNormalization"] == before["LayerNormalization"] == 3 * layers and not ops["LayerNormalization"]
     assert before["Add"] - ops["Add"] == 2 * 3 * layers  # each sub-layer's bias and residual
     sessions = [ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]) for m in (plain, fused)]
-    inputs = feeds(sessions[0])
+    inputs = greedy_step_feeds(sessions[0], [5, 17, 9], [5, 5, 5], cache_len=16, src_len=7)
     (log_p, ids, *presents), (fused_log_p, fused_ids, *fused_presents) = (s.run(None, inputs) for s in sessions)
     np.testing.assert_array_equal(fused_ids, ids)
     np.testing.assert_allclose(fused_log_p, log_p, atol=1e-5)

@@ -30,6 +30,7 @@ from runtime.step_graphs import device_greedy_graph, greedy_step_graph, k_step_g
 from testkit.arrivals import decode_arriving, full_step_batch
 from tests.conftest import own_sentences
 from tests.runtime.spies import counted
+from tests.runtime.step_feeds import greedy_step_feeds
 
 
 def backend(folder: Path, k: int, batch_layout: str = "compact", **options) -> OrtBackend:
@@ -227,13 +228,7 @@ def test_the_device_greedy_steps_state_is_its_token_and_each_live_rows_next_leng
     step = onnx.load(str(tiny_export / "decoder.onnx"))
     session = ort.InferenceSession(device_greedy_graph(step).SerializeToString(), providers=["CPUExecutionProvider"])
     greedy = ort.InferenceSession(greedy_step_graph(step).SerializeToString(), providers=["CPUExecutionProvider"])
-    rng = np.random.default_rng(0)
-    feeds = {"tokens": np.array([5, 17, 9], np.int64), "lengths": np.array([4, 0, 6], np.int32)}
-    feeds |= {"total_length": np.array(7, np.int32), "src_mask": np.ones((3, 5), np.int32)}
-    for value in greedy.get_inputs():
-        if value.name not in feeds:
-            shape = [{"rows": 3, "sources": 3, "cache_len": 8, "src_len": 5}.get(a, a) for a in value.shape]
-            feeds[value.name] = rng.standard_normal(shape).astype(np.float32)
+    feeds = greedy_step_feeds(greedy, [5, 17, 9], [4, 0, 6], cache_len=8, src_len=5)
     log_p, ids = greedy.run(STEP_OUTPUTS[:2], feeds)
     live = np.array([1, 0, 1], np.int32)  # the second row a free slot's
     packed, next_tokens, next_lengths = session.run(None, feeds | {LIVE: live})[:3]
