@@ -61,9 +61,9 @@ class PrefixRows(CompactRows):
     def _select_rows(self, rows: np.ndarray) -> None:
         self.prefix = self.prefix[rows]
 
-    def _keep_sources(self, positions: np.ndarray) -> None:
+    def _keep_sources(self, positions: list[int]) -> None:
         super()._keep_sources(positions)
-        self.memory = self.memory[torch.from_numpy(positions)]
+        self.memory = self.memory[torch.tensor(positions, dtype=torch.int64)]
 
 
 def row_shape(config: ModelConfig) -> RowShape:

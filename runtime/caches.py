@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from runtime.held_copies import copy_slots
+
 # Up to this many rows, the arrays a step reads are updated through a memoryview, element by element: the
 # first numpy ufunc after ONNX Runtime's run costs 8-14 µs (its dispatch runs from caches the run evicted),
 # more than a few Python item writes (batch 1 greedy: 7 µs less per step, 1.1% faster).
@@ -94,13 +96,10 @@ class KVCache:
     def _move(self, origins: Sequence[int], targets: Sequence[int], longest: int) -> None:
         """Row targets[i] takes row origins[i]'s first ``longest`` slots, in place: the origins are all read
         before any target is written, so rows may swap or repeat. A few rows none of which is both an origin
-        and a target (beam search's usual step) are copied one by one, without the temporary that fancy
-        indexing gathers them into first."""
+        and a target (beam search's usual step, a departure) are copied one by one, the lock held (``copy_slots``)."""
         buffers = self.keys + self.values
         if len(targets) <= FEW_ROWS and set(targets).isdisjoint(origins):
-            for buffer in buffers:
-                for origin, target in zip(origins, targets, strict=True):
-                    buffer[target, :, :longest] = buffer[origin, :, :longest]
+            copy_slots(buffers, buffers, list(zip(targets, origins, strict=True)), 0, longest)
             return
         origins, targets = np.asarray(origins, np.int64), np.asarray(targets, np.int64)
         for buffer in buffers:
@@ -295,29 +294,27 @@ class SourceCache:
         self.mask[slots] = False
         self.mask[slots, :length] = mask
         if k is not None:
-            self.k[:, slots, :, :length] = k
-            self.v[:, slots, :, :length] = v
+            copy_slots((self.k, self.v), (k, v), [(self.count + i, i) for i in range(count)], 1, length)
         self.lengths[slots] = mask.sum(axis=1)
         self.count += count
         self._placed = None
 
-    def keep(self, positions: np.ndarray) -> None:
+    def keep(self, positions: Sequence[int]) -> None:
         """Keep these live sources, in this order; only those whose slot changes are copied, in place: when no slot
         is both read and written (a departure: sources from the end fill the gaps), each alone and only its real
-        tokens (the rest of its slot is masked), without the temporary fancy indexing gathers them into."""
-        moved = np.flatnonzero(positions != np.arange(len(positions)))
-        if len(moved):
-            origins, arrays = positions[moved], [array for array in (self.k, self.v) if array is not None]
-            targets, sources = moved.tolist(), origins.tolist()
-            if set(targets).isdisjoint(sources):
-                for target, origin in zip(targets, sources, strict=True):
-                    tokens = int(self.lengths[origin])
-                    for array in arrays:
-                        array[:, target, :, :tokens] = array[:, origin, :, :tokens]
+        tokens (the rest of its slot is masked), the lock held (``copy_slots``)."""
+        moved = [slot for slot, origin in enumerate(positions) if origin != slot]
+        if moved:
+            origins, arrays = [positions[slot] for slot in moved], [x for x in (self.k, self.v) if x is not None]
+            if set(moved).isdisjoint(origins):
+                for target, origin in zip(moved, origins, strict=True):
+                    copy_slots(arrays, arrays, [(target, origin)], 1, int(self.lengths[origin]))
+                    self.mask[target], self.lengths[target] = self.mask[origin], self.lengths[origin]
             else:
+                moved, origins = np.array(moved, np.int64), np.array(origins, np.int64)
                 for array in arrays:  # fancy indexing reads them all before any slot is written
                     array[:, moved] = array[:, origins]
-            self.mask[moved], self.lengths[moved] = self.mask[origins], self.lengths[origins]
+                self.mask[moved], self.lengths[moved] = self.mask[origins], self.lengths[origins]
         self.count = len(positions)
         self._placed = None
 

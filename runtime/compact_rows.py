@@ -152,7 +152,7 @@ class CompactRows:
     def _select_rows(self, rows: np.ndarray) -> None:
         self.cache.select(rows)
 
-    def _keep_sources(self, positions: np.ndarray) -> None:
+    def _keep_sources(self, positions: list[int]) -> None:
         self.sources.keep(positions)
 
     def _keep(self, rows: list[Sequence[int]], tokens: list[Sequence[int]], sources: list[int]) -> None:
@@ -170,7 +170,7 @@ class CompactRows:
             rows, tokens, sources = [rows[i] for i in order], [tokens[i] for i in order], [sources[i] for i in order]
             items = list(self.searches.items())
             self.searches = dict(items[i] for i in order)
-            self._keep_sources(np.array(sources, np.int64))
+            self._keep_sources(sources)
         if self.rows <= FEW_ROWS and sum(map(len, rows)) <= FEW_ROWS:  # in Python: no numpy call (FEW_ROWS)
             kept_rows, next_tokens = list(itertools.chain(*rows)), list(itertools.chain(*tokens))
             if kept_rows != list(range(self.rows)):
