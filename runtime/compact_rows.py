@@ -215,5 +215,6 @@ class CompactRows:
         """The step's view of which rows are whose, how many candidates it keeps per row and per source, and
         which of them each source takes (``step_layout``)."""
         counts, wanted = tuple(self._count_list), tuple(search.top_k for search in self.searches.values())
-        make = step_layout if sum(counts) <= FEW_ROWS else step_layout.__wrapped__  # kept only while small
+        rows, greedy = sum(counts), sum(wanted) == len(wanted) == sum(counts)  # greedy: one row, one candidate each
+        make = step_layout if rows <= FEW_ROWS or greedy else step_layout.__wrapped__  # shapes that come back
         self.groups, self.row_position, self.source_index, self.candidate_bias, self.top_k[0] = make(counts, wanted)

@@ -28,8 +28,9 @@ def step_layout(counts: tuple[int, ...], wanted: tuple[int, ...]) -> tuple[np.nd
     """For sources with ``counts`` rows each, taking ``wanted`` candidates each: ``row_groups``, then
     ``candidate_bias`` (N, G, K), 0 on each real row's candidates its source takes and -inf elsewhere, and
     ``top_k``, the most any source takes (K). Read-only, so that batches can bind the same arrays: those of up
-    to FEW_ROWS rows are kept for the shapes that come back (every batch of one beam source, a greedy batch of
-    n), where building them costs more than the step's other host work; the cache stays under a few MiB."""
+    to FEW_ROWS rows, and greedy batches of any size, are kept for the shapes that come back (every batch of one
+    beam source, a greedy batch of n), where building them costs more than the step's other host work; the
+    cache stays under a few MiB."""
     count_array, wanted_array = np.array(counts, np.int64), np.array(wanted, np.int64)
     groups, row_position, source_index = row_groups(count_array)
     k = int(wanted_array.max(initial=1))

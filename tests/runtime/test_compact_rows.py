@@ -44,11 +44,15 @@ def test_a_leaving_source_takes_one_source_from_the_end_into_its_place(tiny_mode
     assert batch.layout.sources.lengths[:3].tolist() == [4, 5, 2]  # SOURCES[0], [3] and [2] with eos, in that order
 
 
-def test_only_small_step_layouts_are_kept(tiny_model: Transformer):
-    """A batch of a few rows takes the kept layout; a larger one builds its own, so the cache stays small."""
+def test_small_and_greedy_step_layouts_are_kept(tiny_model: Transformer):
+    """A batch of a few rows, or of greedy rows (one layout per size), takes the kept layout; a larger beam batch
+    builds its own, so the cache stays small."""
     translator = TorchTranslator(tiny_model, tokenizer=None, max_output_tokens=12)
-    for sources, kept in ((2, True), (FEW_ROWS + 1, False)):
+    for sources, beam, kept in ((2, 1, True), (FEW_ROWS + 1, 1, True), (FEW_ROWS + 1, 2, False)):
         batch = torch_batch(tiny_model, translator)
         with torch.inference_mode():
-            batch.add(list(range(sources)), encode(tiny_model, (SOURCES * 4)[:sources]), [1] * sources, [12] * sources)
-        assert (batch.layout.groups is step_layout((1,) * sources, (1,) * sources)[0]) is kept
+            batch.add(
+                list(range(sources)), encode(tiny_model, (SOURCES * 4)[:sources]), [beam] * sources, [12] * sources
+            )
+        wanted = tuple(search.top_k for search in batch.layout.searches.values())
+        assert (batch.layout.groups is step_layout((1,) * sources, wanted)[0]) is kept
