@@ -18,6 +18,10 @@ from runtime.held_copies import copy_slots
 # first numpy ufunc after ONNX Runtime's run costs 8-14 µs (its dispatch runs from caches the run evicted),
 # more than a few Python item writes (batch 1 greedy: 7 µs less per step, 1.1% faster).
 FEW_ROWS = 8
+# Up to this many rows, a batch's rows are chosen anew (a join, a departure, a beam's reorder) over Python lists:
+# numpy's fancy indexing lets go of the interpreter lock at any size, and a lane then waits behind the event loop
+# and the other lanes to take it back (runtime/held_copies.py).
+LISTED_ROWS = 64
 
 
 class KVCache:
@@ -173,8 +177,8 @@ class KVCache:
     def select(self, rows: Sequence[int]) -> None:
         """Keep these rows, in this order (indices may repeat)."""
         count = len(rows)
-        if 0 < count <= FEW_ROWS and self.moves_in_place:
-            self._select_few(rows)
+        if 0 < count <= LISTED_ROWS and self.moves_in_place:
+            self._select_listed(list(rows))
             return
         rows = np.asarray(rows, np.int64)
         longest = self.longest  # only live slots: the rest may not even be paged in
@@ -201,8 +205,8 @@ class KVCache:
         self.longest = int(self.live_lengths.max(initial=0))
         self.version += 1
 
-    def _select_few(self, rows: Sequence[int]) -> None:
-        """``select`` for a few rows, in Python: no numpy call (see FEW_ROWS)."""
+    def _select_listed(self, rows: list[int]) -> None:
+        """``select`` over a list (see LISTED_ROWS)."""
         count, longest = len(rows), self.longest
         self.reserve(count, self.capacity)  # a beam's first step turns one row into several
         changed = [target for target, origin in enumerate(rows) if origin != target]
@@ -245,7 +249,7 @@ class SourceCache:
 
     k, v: (L, N, H, S, d_k) with room for N sources of up to S tokens; the first ``count``
     slots are live and slot i holds the batch's i-th source, so the decoder step reaches a
-    source's keys/values without an index. mask (N, S) is True on a source's real tokens.
+    source's keys/values without an index. mask (N, S) is 1 on a source's real tokens.
     A joining source is written into the next slot in place (the others are not copied);
     the batch fills a leaving source's slot with one from the end (see ``gap_filling_order``). The buffer is
     replaced only when room runs out (growing geometrically) or when the longest live
@@ -260,7 +264,7 @@ class SourceCache:
         self.place, self.round_to = place, round_to
         self.k: np.ndarray | None = None
         self.v: np.ndarray | None = None
-        self.mask = np.zeros((0, 0), bool)
+        self.mask = np.zeros((0, 0), np.int32)  # as the step reads it: its live rows bind as they are
         self.lengths = np.zeros(0, np.int64)  # real tokens per slot
         self.count = 0  # live slots, at the front
         self._placed: tuple[list[Any], np.ndarray] | None = None
@@ -279,7 +283,7 @@ class SourceCache:
         if self._placed is None:
             place, n = self.place or (lambda array: array), self.count
             layers = [] if self.k is None else [place(x[i, :n]) for i in range(len(self.k)) for x in (self.k, self.v)]
-            self._placed = (layers, self.mask[:n].astype(np.int32))
+            self._placed = (layers, self.mask[:n])
         return self._placed
 
     def add(self, k: Any, v: Any, mask: np.ndarray) -> None:
@@ -291,7 +295,7 @@ class SourceCache:
         if self.count + count > self.capacity[0] or length > self.capacity[1] or 2 * want_length <= self.capacity[1]:
             self._resize(self.count + count, want_length, k)
         slots = slice(self.count, self.count + count)
-        self.mask[slots] = False
+        self.mask[slots] = 0
         self.mask[slots, :length] = mask
         if k is not None:
             copy_slots((self.k, self.v), (k, v), [(self.count + i, i) for i in range(count)], 1, length)
@@ -327,7 +331,7 @@ class SourceCache:
         # Grow geometrically, so resizing stays rare; shrink when far too big.
         slots = max(needed, 2 * current) if needed > current else min(current, 2 * needed)
         keep = min(length, self.capacity[1])
-        mask = np.zeros((slots, length), bool)
+        mask = np.zeros((slots, length), np.int32)
         mask[:live, :keep] = self.mask[:live, :keep]
         lengths = np.zeros(slots, np.int64)
         lengths[:live] = self.lengths[:live]

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from runtime.batch import Advanced, BatchKey, EncodedSources, Placed, RowShape, StepInputs
-from runtime.caches import FEW_ROWS, KVCache, SourceCache
+from runtime.caches import FEW_ROWS, LISTED_ROWS, KVCache, SourceCache
 from runtime.contract import layer_names
 from runtime.layout import gap_filling_order, step_layout
 from runtime.search import Search
@@ -135,9 +135,9 @@ class CompactRows:
             return
         for placed in finished:
             del self.searches[placed.key]
-        gone = {placed.index for placed in finished}
+        gone, tokens = {placed.index for placed in finished}, last.tolist()
         kept = [row for row in range(self.rows) if row not in gone]
-        self._keep([np.array([row]) for row in kept], [last[row : row + 1] for row in kept], kept)
+        self._keep([[row] for row in kept], [[tokens[row]] for row in kept], kept)
 
     def remove(self, key: Hashable) -> None:
         rows, kept, offset = [], [], 0
@@ -171,7 +171,7 @@ class CompactRows:
             items = list(self.searches.items())
             self.searches = dict(items[i] for i in order)
             self._keep_sources(sources)
-        if self.rows <= FEW_ROWS and sum(map(len, rows)) <= FEW_ROWS:  # in Python: no numpy call (FEW_ROWS)
+        if self.rows <= LISTED_ROWS and sum(map(len, rows)) <= LISTED_ROWS:  # over lists (LISTED_ROWS)
             kept_rows, next_tokens = list(itertools.chain(*rows)), list(itertools.chain(*tokens))
             if kept_rows != list(range(self.rows)):
                 self._select_rows(kept_rows)
