@@ -33,7 +33,7 @@ from runtime.cpu import describe_cpu  # noqa: E402
 RUN_CALL = re.compile(r"\.run\(|run_with_iobinding\(")
 # Else its part is the first whose pattern a frame matches, innermost first.
 PARTS = [
-    ("KV-cache moves", r"\((?:.*/)?runtime/caches\.py"),
+    ("KV-cache moves", r"\((?:.*/)?runtime/(caches|source_cache)\.py"),
     ("search and stops", r"\((?:.*/)?runtime/(search|stops)\.py"),
     ("rows and feeds", r"\((?:.*/)?runtime/(compact_rows|slotted_rows|layout|batch|binding|bucket_buffers)\.py"),
     ("ONNX Runtime's binding (Python)", r"onnxruntime/"),

@@ -14,10 +14,11 @@ from typing import Any
 import numpy as np
 
 from runtime.batch import Advanced, BatchKey, EncodedSources, Placed, RowShape, StepInputs
-from runtime.caches import FEW_ROWS, LISTED_ROWS, KVCache, SourceCache
+from runtime.caches import FEW_ROWS, LISTED_ROWS, KVCache
 from runtime.contract import layer_names
 from runtime.layout import gap_filling_order, step_layout
 from runtime.search import Search
+from runtime.source_cache import SourceCache
 
 
 class CompactRows:

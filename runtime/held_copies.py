@@ -55,9 +55,9 @@ def copy_slots(
     held = len(slots) * len(starts) <= HELD_RUNS and targets[0].dtype == sources[0].dtype
     if not (held and targets[0].flags.c_contiguous and sources[0].flags.c_contiguous):
         for target, source in zip(targets, sources, strict=True):
-            for to, at in slots:
+            for to, at, count in _consecutive(slots):  # a block of slots in one assignment
                 where, out = [slice(None)] * len(shape), [slice(None)] * len(from_shape)
-                where[axis], out[axis] = to, at
+                where[axis], out[axis] = slice(to, to + count), slice(at, at + count)
                 target[tuple(where)][..., :length, :] = source[tuple(out)][..., :length, :]
         return
     run = length * strides[-2]  # bytes: the last axis is contiguous in both
@@ -72,3 +72,14 @@ def copy_slots(
         out_of = into if source is target else memoryview(source).cast("B")
         for to, at in runs:
             into[to : to + run] = out_of[at : at + run]
+
+
+def _consecutive(slots: Sequence[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """(t, s, n) for each block of ``slots`` that goes on (t + i, s + i) for i < n."""
+    blocks: list[list[int]] = []
+    for to, at in slots:
+        if blocks and blocks[-1][0] + blocks[-1][2] == to and blocks[-1][1] + blocks[-1][2] == at:
+            blocks[-1][2] += 1
+        else:
+            blocks.append([to, at, 1])
+    return [(to, at, count) for to, at, count in blocks]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runtime.caches import FEW_ROWS, CachePool, KVCache, SourceCache
+from runtime.caches import FEW_ROWS, CachePool, KVCache
+from runtime.source_cache import SourceCache
 
 
 def _write_step(cache: KVCache, value: float) -> None:
@@ -120,11 +121,16 @@ def test_sources_join_and_leave_in_place_and_resize_only_when_out_of_room():
     assert cache.k is not buffer and cache.capacity == (8, 8) and cache.count == 7
     assert cache.k[0, 2, 0, :, 0].tolist() == [11.0, 11.0, 0, 0, 0, 0, 0, 0]
     assert cache.lengths[:7].tolist() == [3, 3, 2, 6, 6, 6, 6]
+    grown = cache.k
+    assert cache.nbytes == (buffer.nbytes + grown.nbytes) * 2  # k and v, and the pair before, kept for the next
     cache.keep(np.arange(3))
     cache.add(*sources(1, 1, 30.0))  # the longest live source needs 3 of 8 tokens: S shrinks
     assert cache.capacity[1] == 4 and cache.count == 4 and cache.k[0, 3, 0, 0, 0] == 30.0
+    assert np.shares_memory(cache.k, buffer)  # into the first buffers again: their pages are written already
+    assert cache.k[0, :3, 0, :3, 0].tolist() == [[2.0] * 3, [3.0] * 3, [11.0, 11.0, 0.0]]
     cache.add(*sources(8, 2, 40.0))  # 4 live + 8 > 8 slots: the buffer doubles
     assert cache.capacity == (16, 4) and cache.k[0, :12, 0, 0, 0].tolist() == [2, 3, 11, 30, *range(40, 48)]
+    assert np.shares_memory(cache.k, grown)  # as many elements as the (8, 8) buffers held
 
 
 def test_a_departure_copies_only_the_real_tokens_of_the_source_that_fills_its_slot():

@@ -62,3 +62,8 @@ def test_many_runs_and_strided_arrays_go_through_numpy_with_the_same_result():
     expected = _expected(strided, strided, [(3, 0)], 0, 2)
     copy_slots([strided], [strided], [(3, 0)], 0, 2)
     np.testing.assert_array_equal(strided, expected)
+    blocks = rng.standard_normal((HELD_RUNS, 8, 3, 5, 2)).astype(np.float32)  # numpy, a block of slots at once
+    slots = [(0, 4), (1, 5), (2, 6), (7, 1)]
+    expected = _expected(blocks, blocks, slots, 1, 3)
+    copy_slots([blocks], [blocks], slots, 1, 3)
+    np.testing.assert_array_equal(blocks, expected)
