@@ -5,7 +5,8 @@
 - ``search``: the searches of one source (greedy, beam, the length penalty), which end on eos, at their longest
   output, or by the stop rules they take; ``stops``: the stop rules (``StopRule``; ``RepetitionGuard``, the
   runaway-output guard);
-- ``caches``: the self-attention cache and its pool, the cross-attention cache, on the host;
+- ``caches``: the self-attention cache and its pool, on the host; ``source_cache``: the sources' cross-attention
+  keys and values, on the host; ``held_copies``: a cache slot's copy made with the interpreter lock held;
 - ``device_cache``: the self-attention cache on the step's device, moved by one-node graphs there;
 - ``batch``: the running batch (``DecodeBatch``: add / step / remove, and ``drain``, the one fill-and-drain
   loop; the searches' loop), each step's inputs as a value (``StepInputs``), and its pluggable row layout
