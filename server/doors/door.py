@@ -20,6 +20,7 @@ requests let in keep being answered.
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import threading
 import time
@@ -72,7 +73,9 @@ class Door:
         self.departures: deque[tuple[float, int]] = deque(maxlen=RATE_WINDOW)  # (when, characters) of long ones
         self.loop_lag_s = 0.0  # the event loop's smoothed lag (watch_loop)
         self.shed = random.Random(0).random  # which requests a lagging loop refuses
-        self._show(SHORT, LONG)
+        for kind in (SHORT, LONG):  # read when scraped, not set at every request (4 label lookups each)
+            metrics.door_requests.labels(kind).set_function(functools.partial(self.requests.get, kind))
+            metrics.door_chars.labels(kind).set_function(functools.partial(self.chars.get, kind))
 
     async def watch_loop(self) -> None:
         """Sample the running event loop's lag every LAG_INTERVAL_S, for ever (cancel it to stop)."""
@@ -129,11 +132,6 @@ class Door:
         rate = sum(chars for _, chars in list(self.departures)[1:]) / max(last - first, 1e-3)
         return min(high, max(low, self.chars[LONG] / max(rate, 1.0)))
 
-    def _show(self, *kinds: str) -> None:
-        for kind in kinds:
-            self.metrics.door_requests.labels(kind).set(self.requests[kind])
-            self.metrics.door_chars.labels(kind).set(self.chars[kind])
-
 
 class Held:
     """One request's place at the door, given back once (``leave``, or the end of a ``with`` block)."""
@@ -146,15 +144,12 @@ class Held:
         changes kind where it crosses SHORT_REQUEST_CHARS; growing may be refused (Overloaded), shrinking never."""
         door = self.door
         with door.lock:
-            grows, before = not self.inside or chars > self.chars, self.kind
+            grows = not self.inside or chars > self.chars
             if self.inside:
                 door._give(self.kind, self.chars, None)
                 self.inside = False
-            try:
-                door._take(kind_of(chars), chars, check=grows)
-                self.kind, self.chars, self.inside = kind_of(chars), chars, True
-            finally:
-                door._show(*{before, kind_of(chars)})
+            door._take(kind_of(chars), chars, check=grows)
+            self.kind, self.chars, self.inside = kind_of(chars), chars, True
 
     def leave(self) -> None:
         door = self.door
@@ -162,7 +157,6 @@ class Held:
             if self.inside:
                 door._give(self.kind, self.chars, time.monotonic())
                 self.inside = False
-                door._show(self.kind)
 
     def __enter__(self) -> Held:
         return self
