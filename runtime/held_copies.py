@@ -18,9 +18,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-# Above this many contiguous runs, the copy goes through numpy (which lets other threads run meanwhile): a run
-# costs ~0.15 µs of Python, so the lock is held for at most ~40 µs.
+# Above this many contiguous runs, or this many bytes in all, the copy goes through numpy, which lets other threads
+# run meanwhile: a run costs ~0.15 µs of Python and 256 KiB ~25 µs of memcpy, so the lock is held for at most
+# ~65 µs. A single sentence's slot (20 tokens, 3 layers and 4 heads, float32: 120 KiB for keys and values) is
+# under both; a long document's rows and sources go through numpy, whose copy is then worth the wait.
 HELD_RUNS = 256
+HELD_BYTES = 256 * 1024
 
 
 @functools.lru_cache(maxsize=64)
@@ -52,7 +55,9 @@ def copy_slots(
         return
     strides, from_strides = targets[0].strides, sources[0].strides
     starts = _run_starts(shape, strides, axis)
-    held = len(slots) * len(starts) <= HELD_RUNS and targets[0].dtype == sources[0].dtype
+    run = length * strides[-2]  # bytes: the last axis is contiguous in both
+    count = len(slots) * len(starts) * len(targets)
+    held = count <= HELD_RUNS and count * run <= HELD_BYTES and targets[0].dtype == sources[0].dtype
     if not (held and targets[0].flags.c_contiguous and sources[0].flags.c_contiguous):
         for target, source in zip(targets, sources, strict=True):
             for to, at, count in _consecutive(slots):  # a block of slots in one assignment
@@ -60,7 +65,6 @@ def copy_slots(
                 where[axis], out[axis] = slice(to, to + count), slice(at, at + count)
                 target[tuple(where)][..., :length, :] = source[tuple(out)][..., :length, :]
         return
-    run = length * strides[-2]  # bytes: the last axis is contiguous in both
     from_starts = starts if from_strides == strides else _run_starts(from_shape, from_strides, axis)
     runs = [
         (to * strides[axis] + start, at * from_strides[axis] + from_start)

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from runtime.held_copies import HELD_RUNS, copy_slots
+from runtime.held_copies import HELD_BYTES, HELD_RUNS, copy_slots
 
 
 def _expected(target, source, slots, axis, length):
@@ -67,3 +67,7 @@ def test_many_runs_and_strided_arrays_go_through_numpy_with_the_same_result():
     expected = _expected(blocks, blocks, slots, 1, 3)
     copy_slots([blocks], [blocks], slots, 1, 3)
     np.testing.assert_array_equal(blocks, expected)
+    long = rng.standard_normal((3, 2, HELD_BYTES // 64, 8)).astype(np.float32)  # a slot of over HELD_BYTES
+    expected = _expected(long, long, [(0, 2)], 0, HELD_BYTES // 64)
+    copy_slots([long], [long], [(0, 2)], 0, HELD_BYTES // 64)
+    np.testing.assert_array_equal(long, expected)
