@@ -101,9 +101,12 @@ class KVCache:
         """Row targets[i] takes row origins[i]'s first ``longest`` slots, in place: the origins are all read
         before any target is written, so rows may swap or repeat. A few rows none of which is both an origin
         and a target (beam search's usual step, a departure) are copied one by one, the lock held (``copy_slots``)."""
-        buffers = self.keys + self.values
-        if len(targets) <= FEW_ROWS and set(targets).isdisjoint(origins):
-            copy_slots(buffers, buffers, list(zip(targets, origins, strict=True)), 0, longest)
+        buffers, pairs = self.keys + self.values, list(zip(targets, origins, strict=True))
+        if (
+            len(pairs) <= FEW_ROWS
+            and set(targets).isdisjoint(origins)
+            and copy_slots(buffers, buffers, pairs, 0, longest)
+        ):
             return
         origins, targets = np.asarray(origins, np.int64), np.asarray(targets, np.int64)
         for buffer in buffers:

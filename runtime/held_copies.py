@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-# Above this many contiguous runs, or this many bytes in all, the copy goes through numpy, which lets other threads
+# Above this many contiguous runs, or this many bytes in all, the caller copies with numpy, which lets other threads
 # run meanwhile: a run costs ~0.15 µs of Python and 256 KiB ~25 µs of memcpy, so the lock is held for at most
 # ~65 µs. A single sentence's slot (20 tokens, 3 layers and 4 heads, float32: 120 KiB for keys and values) is
 # under both; a long document's rows and sources go through numpy, whose copy is then worth the wait.
@@ -43,28 +43,25 @@ def copy_slots(
     slots: Sequence[tuple[int, int]],
     axis: int,
     length: int,
-) -> None:
+) -> bool:
     """``target[.., t, .., :length, :] = source[.., s, .., :length, :]`` for each pair of ``targets`` and
-    ``sources`` and each (t, s) of ``slots``, a slot's index on ``axis`` (not one of the last two). The targets
-    are arrays of one shape and dtype, as are the sources, and the two match but for ``axis`` and the
-    second-to-last, which needs ``length`` positions in both. No slot copied from may be one copied to earlier
-    (a target may be its own source)."""
+    ``sources`` and each (t, s) of ``slots``, a slot's index on ``axis`` (not one of the last two), the lock held;
+    or False, nothing copied, where the copy is over HELD_RUNS or HELD_BYTES or its arrays are not C-contiguous
+    arrays of one dtype (the caller then copies with numpy). The targets have one shape, as do the sources, and
+    the two match but for ``axis`` and the second-to-last, which needs ``length`` positions in both. No slot copied
+    from may be one copied to earlier (a target may be its own source)."""
     shape, from_shape = targets[0].shape, sources[0].shape
     length = min(length, shape[-2], from_shape[-2])  # as numpy's slices do
     if length <= 0 or not slots:
-        return
+        return True
     strides, from_strides = targets[0].strides, sources[0].strides
     starts = _run_starts(shape, strides, axis)
     run = length * strides[-2]  # bytes: the last axis is contiguous in both
     count = len(slots) * len(starts) * len(targets)
-    held = count <= HELD_RUNS and count * run <= HELD_BYTES and targets[0].dtype == sources[0].dtype
-    if not (held and targets[0].flags.c_contiguous and sources[0].flags.c_contiguous):
-        for target, source in zip(targets, sources, strict=True):
-            for to, at, count in _consecutive(slots):  # a block of slots in one assignment
-                where, out = [slice(None)] * len(shape), [slice(None)] * len(from_shape)
-                where[axis], out[axis] = slice(to, to + count), slice(at, at + count)
-                target[tuple(where)][..., :length, :] = source[tuple(out)][..., :length, :]
-        return
+    if count > HELD_RUNS or count * run > HELD_BYTES or targets[0].dtype != sources[0].dtype:
+        return False
+    if not (targets[0].flags.c_contiguous and sources[0].flags.c_contiguous):
+        return False
     from_starts = starts if from_strides == strides else _run_starts(from_shape, from_strides, axis)
     runs = [
         (to * strides[axis] + start, at * from_strides[axis] + from_start)
@@ -76,14 +73,4 @@ def copy_slots(
         out_of = into if source is target else memoryview(source).cast("B")
         for to, at in runs:
             into[to : to + run] = out_of[at : at + run]
-
-
-def _consecutive(slots: Sequence[tuple[int, int]]) -> list[tuple[int, int, int]]:
-    """(t, s, n) for each block of ``slots`` that goes on (t + i, s + i) for i < n."""
-    blocks: list[list[int]] = []
-    for to, at in slots:
-        if blocks and blocks[-1][0] + blocks[-1][2] == to and blocks[-1][1] + blocks[-1][2] == at:
-            blocks[-1][2] += 1
-        else:
-            blocks.append([to, at, 1])
-    return [(to, at, count) for to, at, count in blocks]
+    return True

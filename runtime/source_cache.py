@@ -67,8 +67,9 @@ class SourceCache:
         slots = slice(self.count, self.count + count)
         self.mask[slots] = 0
         self.mask[slots, :length] = mask
-        if k is not None:
-            copy_slots((self.k, self.v), (k, v), [(self.count + i, i) for i in range(count)], 1, length)
+        joining = [(self.count + i, i) for i in range(count)]
+        if k is not None and not copy_slots((self.k, self.v), (k, v), joining, 1, length):
+            self.k[:, slots, :, :length], self.v[:, slots, :, :length] = k, v
         self.lengths[slots] = mask.sum(axis=1)
         self.count += count
         self._placed = None
@@ -82,7 +83,10 @@ class SourceCache:
             origins, arrays = [positions[slot] for slot in moved], [x for x in (self.k, self.v) if x is not None]
             if set(moved).isdisjoint(origins):
                 for target, origin in zip(moved, origins, strict=True):
-                    copy_slots(arrays, arrays, [(target, origin)], 1, int(self.lengths[origin]))
+                    tokens = int(self.lengths[origin])
+                    if not copy_slots(arrays, arrays, [(target, origin)], 1, tokens):
+                        for array in arrays:
+                            array[:, target, :, :tokens] = array[:, origin, :, :tokens]
                     self.mask[target], self.lengths[target] = self.mask[origin], self.lengths[origin]
             else:
                 moved, origins = np.array(moved, np.int64), np.array(origins, np.int64)
@@ -111,8 +115,8 @@ class SourceCache:
             shape = (layers, slots, heads, length, d_head)
             memory = self._room(math.prod(shape), reference.dtype)
             k, v = (flat[: math.prod(shape)].reshape(shape) for flat in memory)
-            if self.k is not None:
-                copy_slots((k, v), (self.k, self.v), [(slot, slot) for slot in range(live)], 1, keep)
+            if self.k is not None and not copy_slots((k, v), (self.k, self.v), [(i, i) for i in range(live)], 1, keep):
+                k[:, :live, :, :keep], v[:, :live, :, :keep] = self.k[:, :live, :, :keep], self.v[:, :live, :, :keep]
             self._memory, self._spare = memory, self._memory
             self.k, self.v = k, v
         self.mask, self.lengths = mask, lengths
