@@ -58,7 +58,7 @@ class PrefixRows(CompactRows):
         log_probs = torch.log_softmax(logits[:, -1].float(), dim=-1).numpy()
         return top_candidates(log_probs, int(feeds["top_k"][0]), self.model.config.eos_id)
 
-    def _select_rows(self, rows: np.ndarray) -> None:
+    def _select_rows(self, rows: Sequence[int]) -> None:
         self.prefix = self.prefix[rows]
 
     def _keep_sources(self, positions: list[int]) -> None:

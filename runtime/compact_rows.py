@@ -150,7 +150,7 @@ class CompactRows:
         del self.searches[key]
         self._keep(rows, [self.tokens[part] for part in rows], kept)
 
-    def _select_rows(self, rows: np.ndarray) -> None:
+    def _select_rows(self, rows: Sequence[int]) -> None:
         self.cache.select(rows)
 
     def _keep_sources(self, positions: list[int]) -> None:
