@@ -63,14 +63,17 @@ def copy_slots(
     if not (targets[0].flags.c_contiguous and sources[0].flags.c_contiguous):
         return False
     from_starts = starts if from_strides == strides else _run_starts(from_shape, from_strides, axis)
-    runs = [
-        (to * strides[axis] + start, at * from_strides[axis] + from_start)
-        for to, at in slots
-        for start, from_start in zip(starts, from_starts, strict=True)
+    runs = [  # (bytes written, bytes read), made once for every pair of arrays
+        (slice(to, to + run), slice(at, at + run))
+        for to, at in (
+            (to * strides[axis] + start, at * from_strides[axis] + from_start)
+            for to, at in slots
+            for start, from_start in zip(starts, from_starts, strict=True)
+        )
     ]
     for target, source in zip(targets, sources, strict=True):
         into = memoryview(target).cast("B")
         out_of = into if source is target else memoryview(source).cast("B")
-        for to, at in runs:
-            into[to : to + run] = out_of[at : at + run]
+        for written, read in runs:
+            into[written] = out_of[read]
     return True
