@@ -82,7 +82,7 @@ class OrtBackend:
         self.step_bindings = StepBindings(self.decoder, self.device)
         small_steps = self.small_decoder is not self.decoder
         self.small_step_bindings = StepBindings(self.small_decoder, self.device) if small_steps else self.step_bindings
-        self.aligner = Aligner(self.folder, self.manifest, self.config, self.encode)
+        self.aligner = Aligner(self.folder, self.manifest, self.config, self.encode, self.variant)
         # Buckets on a device (io_binding): their steps (DeviceSteps) own the buffers there that they run over
         self.device_steps: DeviceSteps | None = None
         self.device_k_steps: DeviceSteps | None = None  # greedy buckets' runs: k steps, or the device greedy step

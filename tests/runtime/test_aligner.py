@@ -1,10 +1,12 @@
 """The aligner (runtime/aligner.py) on the tiny model: its graph's cross-attention probabilities against PyTorch's
 ``Transformer.alignment`` within 1e-5, one pair at a time, batched with padding on both sides and in groups;
-``align`` is the mean of the manifest's readings; a folder exported without the graph is refused with what to do."""
+``align`` is the mean of the manifest's readings; an int8 engine runs the int8 form, within the export's int8 tolerance,
+and the fp32 graph where the folder has none; a folder exported without the graph is refused with what to do."""
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -12,10 +14,12 @@ import pytest
 import torch
 
 from export.aligner import aligner_layers
+from export.pipeline import INT8_ALIGNER_TOLERANCE
 from model.checkpoint import load_checkpoint
 from runtime import aligner, offline
 from runtime.backend import OrtBackend
 from runtime.manifest import ModelFolderError, read_manifest, write_manifest
+from runtime.options import EngineSettings, RuntimeOptions
 from tests.conftest import own_sentences
 from tests.runtime.spies import counted
 
@@ -60,6 +64,45 @@ def test_align_is_the_mean_of_the_manifests_readings(tiny_checkpoint: Path, tiny
         np.testing.assert_allclose(got, expected, atol=TOLERANCE)
 
 
+def older_export(export: Path, tmp_path: Path, left_out: str, forget: Callable[[dict], object]) -> Path:
+    """A copy of ``export`` without the file ``left_out``, its manifest as ``forget`` leaves it: a folder exported
+    before that file existed."""
+    folder = tmp_path / "older"
+    folder.mkdir()
+    manifest = read_manifest(export)
+    for name in manifest.pop("files"):
+        if name != left_out:
+            (folder / name).write_bytes((export / name).read_bytes())
+    forget(manifest)
+    del manifest["manifest_revision"]
+    write_manifest(folder, manifest)
+    return folder
+
+
+def int8(folder: Path) -> OrtBackend:
+    return OrtBackend(folder, RuntimeOptions(settings=EngineSettings(variant="int8")))
+
+
+def test_an_int8_engine_aligns_with_the_int8_graph_within_its_tolerance(tiny_export: Path, pairs):
+    quantized = int8(tiny_export)
+    encoded = quantized.encode_sources([source for source, _ in pairs])
+    kept = [encoded.source(i) for i in range(len(pairs))]
+    got, expected = quantized.aligner.align(pairs, kept), OrtBackend(tiny_export).aligner.align(pairs, kept)
+    for one, other in zip(got, expected, strict=True):
+        assert 0 < np.abs(one - other).max() <= INT8_ALIGNER_TOLERANCE  # another graph, near the same
+
+
+def test_an_int8_engine_without_an_int8_aligner_runs_the_fp32_one(tiny_export: Path, tmp_path: Path, pairs):
+    """A folder exported before the int8 aligner existed (or whose int8 form failed its tolerance)."""
+    folder = older_export(tiny_export, tmp_path, "aligner.int8.onnx", lambda manifest: manifest["aligner"].pop("int8"))
+    quantized = int8(folder)
+    encoded = quantized.encode_sources([source for source, _ in pairs])
+    kept = [encoded.source(i) for i in range(len(pairs))]  # one encoder's output for both: the graphs alone differ
+    got, expected = quantized.aligner.align(pairs, kept), OrtBackend(folder).aligner.align(pairs, kept)
+    for one, other in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(one, other)
+
+
 def test_pairs_aligned_in_several_groups_come_back_in_their_own_order(tiny_export: Path, pairs, monkeypatch):
     """Pairs are aligned in groups of ALIGN_GROUP by length: each result is its own pair's, as in one group."""
     runtime = OrtBackend(tiny_export)
@@ -77,14 +120,7 @@ def test_pairs_aligned_in_several_groups_come_back_in_their_own_order(tiny_expor
 
 
 def test_a_folder_without_an_aligner_says_to_export_again(tiny_export: Path, tmp_path: Path, pairs):
-    folder = tmp_path / "old"
-    folder.mkdir()
-    manifest = read_manifest(tiny_export)
-    for name in manifest["files"]:
-        if name != "aligner.onnx":
-            (folder / name).write_bytes((tiny_export / name).read_bytes())
-    del manifest["aligner"], manifest["files"], manifest["manifest_revision"]
-    write_manifest(folder, manifest)
+    folder = older_export(tiny_export, tmp_path, "aligner.onnx", lambda manifest: manifest.pop("aligner"))
     with pytest.raises(ModelFolderError, match="exported without an aligner.*python -m export --out"):
         OrtBackend(folder).aligner.align(pairs[:1])
 
