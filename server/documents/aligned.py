@@ -55,19 +55,24 @@ def source_words(pieces: Sequence[str]) -> list[int]:
 
 def align_units(alignment: np.ndarray, words: Sequence[int], spans: Sequence[tuple[int, int]]) -> list[int | None]:
     """The source word each output unit is aligned to: the word with the most attention from the unit's
-    tokens (alignment: output tokens × source tokens); None when the unit attended to nothing."""
+    tokens (alignment: output tokens × source tokens; ``spans``: consecutive, from token 0); None when the unit
+    attended to nothing."""
     if not len(words) or not len(spans):
         return [None] * len(spans)
     # Columns from the first word on: a later chunk of a long sentence numbers its words from the sentence's start,
     # and a column per word before it would make the chunks' cost quadratic in the sentence.
     first = min(words)
-    by_word = np.zeros((alignment.shape[0], max(words) - first + 1), np.float32)
-    np.add.at(by_word.T, np.asarray(words[: alignment.shape[1]]) - first, alignment[:, : len(words)].T)
-    result: list[int | None] = []
-    for start, end in spans:
-        scores = by_word[start:end].sum(axis=0)
-        result.append(first + int(scores.argmax()) if end > start and scores.max() > 0 else None)
-    return result
+    columns = np.asarray(words[: alignment.shape[1]]) - first
+    one_word = np.zeros((len(columns), max(words) - first + 1), np.float32)  # source token × its word
+    one_word[np.arange(len(columns)), columns] = 1.0
+    by_word = alignment[:, : len(columns)] @ one_word  # output token × source word
+    starts = [start for start, _ in spans]
+    by_unit = np.add.reduceat(by_word[: spans[-1][1]], starts, axis=0)  # output unit × source word
+    best, scores = by_unit.argmax(axis=1).tolist(), by_unit.max(axis=1).tolist()
+    return [
+        first + word if end > start and score > 0 else None
+        for word, score, (start, end) in zip(best, scores, spans, strict=True)
+    ]
 
 
 @dataclass(frozen=True)
