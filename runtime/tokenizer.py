@@ -7,6 +7,7 @@ import io
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -122,7 +123,7 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return len(self.vocab) if self.vocab else self.source.get_piece_size()
 
-    @property
+    @cached_property
     def special_ids(self) -> SpecialIds:
         if self.vocab:
             v = self.vocab
@@ -148,15 +149,19 @@ class Tokenizer:
 
     def source_pieces(self, ids: Sequence[int]) -> list[str]:
         """The pieces of source ids ("▁" starts a word)."""
-        return [self.pieces[i] for i in ids] if self.pieces else [self.source.id_to_piece(int(i)) for i in ids]
+        return [self.pieces[i] for i in ids] if self.pieces else self.source.id_to_piece(list(map(int, ids)))
 
     def target_pieces(self, ids: Sequence[int]) -> list[str]:
         """The pieces of target ids ("▁" starts a word)."""
-        return [self.pieces[i] for i in ids] if self.pieces else [self.target.id_to_piece(int(i)) for i in ids]
+        return [self.pieces[i] for i in ids] if self.pieces else self.target.id_to_piece(list(map(int, ids)))
+
+    @cached_property
+    def _special(self) -> frozenset[int]:
+        return frozenset(vars(self.special_ids).values())
 
     def decode(self, ids: Sequence[Sequence[int]]) -> list[str]:
         """Detokenized target texts; special ids are dropped."""
-        special = set(vars(self.special_ids).values())
+        special = self._special
         rows = [[i for i in row if i not in special] for row in ids]
         if self.pieces is None:
             return [self.target.decode(row) for row in rows] if len(rows) < LIST_CALL_MIN else self.target.decode(rows)
