@@ -106,6 +106,7 @@ def main() -> int:
     parser.add_argument("--split", default="test_2016_flickr")
     parser.add_argument("--limit", type=int, default=0, help="the first N sentences only (0: all)")
     parser.add_argument("--out", type=Path, help="append the report (markdown) to this file")
+    parser.add_argument("--variant", default="fp32", help="the engine's variant (the server's default: auto, int8)")
     args = parser.parse_args()
     manifest = json.loads((args.model / "manifest.json").read_text())
     source_language, target_language = manifest["source_language"], manifest["target_language"]
@@ -113,7 +114,7 @@ def main() -> int:
     references = read_lines(corpus_path(args.data, args.split, target_language))
     if args.limit:
         sources, references = sources[: args.limit], references[: args.limit]
-    server = start_server(args.model, max_output_tokens=256)
+    server = start_server(args.model, max_output_tokens=256, variant=args.variant)
     try:
         engine = server.server.models.default
         started = time.monotonic()
@@ -137,7 +138,7 @@ def main() -> int:
     lines = [
         f"command: `python benchmarks/glossary_eval.py {' '.join(sys.argv[1:])}`",
         f"model: {manifest['name']} ({source_language}→{target_language}); {args.split}, {len(sources)} sentences, "
-        f"{with_terms} with a glossary ({entries} entries, built in {built:.0f} s); fp32, greedy",
+        f"{with_terms} with a glossary ({entries} entries, built in {built:.0f} s); {args.variant}, greedy",
         "",
         "| | expected target terms present | BLEU |",
         "|---|---|---|",
