@@ -326,17 +326,15 @@ class Translations:
             raise InvalidRequest(f"model {engine.name} cannot keep markup or placeholders: {e}") from e
 
         def place() -> list[str]:
-            flat = [s for sentences in by_piece for s in sentences]
+            placed = set(marked)  # their sentences are detokenized unit by unit, for placement
+            flat = [s for i, sentences in enumerate(by_piece) if i not in placed for s in sentences]
             detokenized = answers.detokenized(engine, flat)
-            results = [
-                answers.joined(piece.text, sentences, detokenized)
-                for piece, sentences in zip(pieces, by_piece, strict=True)
+            return [
+                placement.place(piece, aligned.sentences_for(engine, piece, sentences, alignments))
+                if i in placed
+                else answers.joined(piece.text, sentences, detokenized)
+                for i, (piece, sentences) in enumerate(zip(pieces, by_piece, strict=True))
             ]
-            for i in marked:
-                results[i] = placement.place(
-                    pieces[i], aligned.sentences_for(engine, pieces[i], by_piece[i], alignments)
-                )
-            return results
 
         return await self.work(chars, place)
 
