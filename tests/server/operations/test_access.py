@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import logging
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,9 +16,10 @@ import grpc
 import pytest
 
 from proto import translate_pb2
-from server.operations.access import BatchedLines, request_id
+from server.operations.access import FRESH_IDS, BatchedLines, request_id
 from testkit.sentences import own_sentences
 from testkit.servers import RunningServer, free_port, http, server_config
+from tests.conftest import ROOT
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +81,33 @@ def test_texts_are_logged_only_when_asked(tiny_export: Path, caplog):
 @pytest.mark.parametrize("given", [None, "", "has space", "x" * 129, "ünïcode"])
 def test_unusable_request_ids_are_replaced(given):
     assert len(request_id(given)) == 32 and request_id(given) != given
+
+
+def test_new_request_ids_are_hex_and_distinct_past_each_draw_from_the_system():
+    made = [request_id(None) for _ in range(3 * FRESH_IDS + 1)]
+    assert all(re.fullmatch(r"[0-9a-f]{32}", made_id) for made_id in made)
+    assert len(set(made)) == len(made)
+
+
+def test_the_servers_log_records_skip_what_its_lines_never_print():
+    """``python -m server``'s logging (its own process: the settings are the process's): a line reads as
+    LOG_FORMAT says, from a record without the caller's frame, thread or process name."""
+    script = """
+import logging
+from server.__main__ import configure_logging
+configure_logging()
+records = []
+handler = logging.Handler()
+handler.emit = records.append
+logging.getLogger("probe").addHandler(handler)
+logging.getLogger("probe").warning("written")
+(record,) = records
+print(record.pathname, record.threadName, record.processName, logging.Formatter().format(record), sep="|")
+"""
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "(unknown file)|None|None|written"
+    assert re.fullmatch(r"\S+ \S+ WARNING probe: written", done.stderr.strip())
 
 
 def test_sampling_logs_a_share_of_successes_and_every_error(caplog):
