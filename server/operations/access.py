@@ -43,9 +43,10 @@ log = logging.getLogger("server.operations.access")
 ACCESS_FLUSH_S = 0.5  # the longest an access line waits before it is written
 ACCESS_FLUSH_LINES = 256  # a batch this long is written at once
 # New request IDs drawn from the system at once, this many in one 4 KiB read of os.urandom (10 µs). os.urandom lets go
-# of the interpreter lock, so a uuid4 per request handed it to a waiting thread and back: with it, 4.1-4.5 context
-# switches and 0.68-0.74 ms of server CPU per HTTP JSON request, without, 3.0-3.4 and 0.61-0.67 (null engine,
-# benchmarks/front_door.py, 2-core Intel Xeon, 6 rounds alternating).
+# of the interpreter lock, so a uuid4 per request handed it to a waiting thread and back. With a uuid4 each and the
+# full log records (server/__main__.py), 4.1-4.5 context switches and 0.68-0.74 ms of server CPU per HTTP JSON
+# request; with neither, 3.0-3.4 and 0.61-0.67 (null engine, benchmarks/front_door.py, 2-core Intel Xeon, 6 rounds
+# alternating).
 FRESH_IDS = 256
 _fresh_ids: list[str] = []
 
