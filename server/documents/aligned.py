@@ -55,8 +55,8 @@ def source_words(pieces: Sequence[str]) -> list[int]:
 
 def align_units(alignment: np.ndarray, words: Sequence[int], spans: Sequence[tuple[int, int]]) -> list[int | None]:
     """The source word each output unit is aligned to: the word with the most attention from the unit's
-    tokens (alignment: output tokens × source tokens; ``spans``: consecutive, from token 0); None when the unit
-    attended to nothing."""
+    tokens (alignment: output tokens × source tokens; ``spans``: consecutive, from token 0 to the alignment's last
+    row, as unit_spans makes them from the same output); None when the unit attended to nothing."""
     if not len(words) or not len(spans):
         return [None] * len(spans)
     # Columns from the first word on: a later chunk of a long sentence numbers its words from the sentence's start,

@@ -52,12 +52,12 @@ _fresh_ids: list[str] = []
 
 
 def request_id(given: str | None) -> str:
-    """The caller's request ID when it is a valid one, else a new one (32 hex digits of the system's randomness,
-    as uuid4's 122 bits are)."""
+    """The caller's request ID when it is a valid one, else a new one: 32 hex digits of the system's randomness
+    (os.urandom, as a uuid4 draws its bits), so that one request's ID tells nothing of another's."""
     if given and VALID_REQUEST_ID.fullmatch(given):
         return given
     try:
-        return _fresh_ids.pop()  # list.pop is atomic: the front doors' threads may share the list
+        return _fresh_ids.pop()  # list.pop is atomic: safe from any thread
     except IndexError:
         block = os.urandom(16 * FRESH_IDS).hex()
         _fresh_ids.extend(block[i : i + 32] for i in range(0, len(block), 32))
