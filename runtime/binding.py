@@ -151,9 +151,8 @@ def bind_k_steps(session: ort.InferenceSession, feeds: dict[str, Any], device: s
         value = ort.OrtValue.ortvalue_from_numpy(array)  # the same memory
         values.append(value)
         binding.bind_ortvalue_input(name, value)
-        if name in pasts:
-            for names in presents:
-                binding.bind_ortvalue_output(names[pasts.index(name)], value)
+        for names in presents:
+            binding.bind_ortvalue_output(names[pasts.index(name)], value)
     rows = len(feeds["tokens"])
     outputs = (np.empty((rows, k), np.int64), np.empty((rows, k), np.float32))
     for name, array in zip(K_STEP_OUTPUTS, outputs, strict=True):
